@@ -1,0 +1,1 @@
+"""Retrieval: chunking, embeddings, the Qdrant store, the canonical prompt."""

@@ -1,0 +1,59 @@
+"""The `ragwarm` command: a thin shell that loads each sub-command's module on demand.
+
+Sub-commands import torch, faust or qdrant only when run, so `ragwarm --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import click
+
+# name -> "module:attribute" of a click command or group.
+COMMANDS: dict[str, str] = {
+    "kafka": "ragwarm.kafka_cli:kafka",
+    "topics": "ragwarm.kafka_cli:topics",
+    "models": "ragwarm.models:models",
+    "stack": "ragwarm.stack:stack",
+    "worker": "ragwarm.worker_cli:worker",
+    "streams": "ragwarm.streams_cli:streams",
+    "bench": "ragwarm.bench:bench",
+    "ingest": "ragwarm.ingest:ingest",
+    "query": "ragwarm.query:query",
+    "replay": "ragwarm.replay:replay",
+    "up": "ragwarm.stack:up",
+    "down": "ragwarm.stack:down",
+    "status": "ragwarm.stack:status",
+    "demo": "ragwarm.demo:demo",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name in COMMANDS if self._available(name))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    @staticmethod
+    def _available(name: str) -> bool:
+        return importlib.util.find_spec(COMMANDS[name].partition(":")[0]) is not None
+
+
+@click.group(cls=LazyGroup)
+@click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level.")
+def main(verbose: bool) -> None:
+    """ragwarm: keep LLM inference workers warm for RAG, driven by knowledge-base events."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Event models shared by every part of ragwarm; this package imports nothing else of ours."""
+
+from schemas.codec import SchemaError, decode, encode, registry
+from schemas.events import (
+    MAX_TEXT_BYTES,
+    ChunkRef,
+    DeadLetter,
+    Event,
+    KbChange,
+    QueryEvent,
+    WarmupCommand,
+    WorkerEvent,
+)
+from schemas.topics import TOPICS, TopicSpec
+
+__all__ = [
+    "MAX_TEXT_BYTES",
+    "TOPICS",
+    "ChunkRef",
+    "DeadLetter",
+    "Event",
+    "KbChange",
+    "QueryEvent",
+    "SchemaError",
+    "TopicSpec",
+    "WarmupCommand",
+    "WorkerEvent",
+    "decode",
+    "encode",
+    "registry",
+]

@@ -1,0 +1,84 @@
+"""JSON encoding of events, and a decoder that names the offending field on bad input."""
+
+from __future__ import annotations
+
+import json
+from typing import TypeVar
+
+from pydantic import ValidationError
+
+from schemas.events import EVENT_TYPES, Event
+
+E = TypeVar("E", bound=Event)
+
+# Bounds a single record so a hostile producer cannot make a consumer parse megabytes of JSON.
+MAX_RECORD_BYTES = 4_000_000
+
+registry: dict[tuple[str, int], type[Event]] = {(t.SCHEMA, t.VERSION): t for t in EVENT_TYPES}
+
+
+class SchemaError(ValueError):
+    """A record that is not a valid event; `field` names what was wrong ('' for the record)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field or '<record>'}: {message}")
+        self.field = field or "<record>"
+        self.message = message
+
+
+def encode(event: Event) -> bytes:
+    """Serialize an event as compact UTF-8 JSON."""
+    return event.model_dump_json(exclude_none=False).encode("utf-8")
+
+
+def decode(data: bytes | str, expected: type[E] | None = None) -> E | Event:
+    """Parse and validate one record; raise `SchemaError` naming the field on any problem."""
+    obj = _parse(data)
+    name = obj.get("schema_name")
+    version = obj.get("schema_version", 1)
+    if not isinstance(name, str):
+        raise SchemaError("schema_name", "missing or not a string")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise SchemaError("schema_version", "must be an integer")
+    model = registry.get((name, version))
+    if model is None:
+        known = sorted({n for n, _ in registry})
+        if name in known:
+            raise SchemaError("schema_version", f"unsupported version {version} of {name!r}")
+        raise SchemaError("schema_name", f"unknown schema {name!r}; known: {', '.join(known)}")
+    if expected is not None and model is not expected:
+        raise SchemaError("schema_name", f"expected {expected.SCHEMA!r}, got {name!r}")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        raise _first_error(exc) from None
+
+
+def _parse(data: bytes | str) -> dict:
+    if isinstance(data, bytes | bytearray | memoryview):
+        if len(data) > MAX_RECORD_BYTES:
+            raise SchemaError("", f"record larger than {MAX_RECORD_BYTES} bytes")
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SchemaError("", f"invalid UTF-8 at byte {exc.start}") from None
+    elif not isinstance(data, str):
+        raise SchemaError("", f"expected bytes or str, got {type(data).__name__}")
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise SchemaError("", f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise SchemaError("", f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _first_error(exc: ValidationError) -> SchemaError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    msg = err.get("msg", "invalid")
+    # Model-level validators report their field as the message prefix ("text: ...").
+    if not loc and ":" in msg:
+        field, _, rest = msg.removeprefix("Value error, ").partition(":")
+        return SchemaError(field.strip(), rest.strip())
+    return SchemaError(loc, msg)

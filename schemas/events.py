@@ -1,0 +1,158 @@
+"""One pydantic model per event type; `schema_name` + `schema_version` tag every record."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+# A document or question larger than this is refused rather than truncated silently.
+MAX_TEXT_BYTES = 1_000_000
+MAX_TOKENS = 32_768
+
+Id = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+Hash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,128}$")]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Event(BaseModel):
+    """Base of every record on a ragwarm topic."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    SCHEMA: ClassVar[str] = "event"
+    VERSION: ClassVar[int] = 1
+
+    schema_name: str
+    schema_version: int = 1
+    timestamp: datetime = Field(default_factory=_now)
+
+
+class ChunkRef(BaseModel):
+    """A chunk a cached prefix was built from: `doc_id#ordinal` and sha256 of its text."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chunk_id: Id
+    content_hash: Hash
+
+    @property
+    def doc_id(self) -> str:
+        return self.chunk_id.rsplit("#", 1)[0]
+
+
+class KbChange(Event):
+    """An upsert or delete of one knowledge-base document, with its per-document version."""
+
+    SCHEMA: ClassVar[str] = "kb_change"
+
+    schema_name: Literal["kb_change"] = "kb_change"
+    op: Literal["upsert", "delete"]
+    doc_id: Id
+    version: int = Field(ge=0)
+    tenant: Id = "default"
+    text: str | None = None
+    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _text_matches_op(self) -> KbChange:
+        if self.op == "upsert" and self.text is None:
+            raise ValueError("text: required for op 'upsert'")
+        if self.op == "delete" and self.text is not None:
+            raise ValueError("text: must be null for op 'delete'")
+        if self.text is not None and len(self.text.encode("utf-8")) > MAX_TEXT_BYTES:
+            raise ValueError(f"text: larger than {MAX_TEXT_BYTES} bytes")
+        return self
+
+
+class QueryEvent(Event):
+    """One answered RAG query: what was retrieved, which prefix it used, how fast it was."""
+
+    SCHEMA: ClassVar[str] = "query"
+
+    schema_name: Literal["query"] = "query"
+    tenant: Id = "default"
+    question: Annotated[str, StringConstraints(min_length=1, max_length=8192)]
+    qid: Id | None = None
+    chunk_refs: list[ChunkRef] = Field(default_factory=list, max_length=64)
+    prefix_hash: Hash | None = None
+    block_hashes: list[Hash] = Field(default_factory=list, max_length=4096)
+    prefix_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    prompt_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    cached_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    ttft_ms: float | None = Field(default=None, ge=0)
+    worker_id: Id | None = None
+
+
+class WarmupCommand(Event):
+    """An order from the streams app to one worker (or all, `worker_id=None`)."""
+
+    SCHEMA: ClassVar[str] = "warmup_command"
+
+    schema_name: Literal["warmup_command"] = "warmup_command"
+    command_id: Id
+    op: Literal["prefill", "invalidate", "extend_ttl", "release"]
+    worker_id: Id | None = None
+    tenant: Id = "default"
+    prefix_hash: Hash | None = None
+    token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=MAX_TOKENS)
+    chunk_refs: list[ChunkRef] = Field(default_factory=list, max_length=256)
+    ttl_s: float | None = Field(default=None, gt=0)
+    pin: bool = False
+    reason: Annotated[str, StringConstraints(max_length=512)] = ""
+
+    @model_validator(mode="after")
+    def _fields_match_op(self) -> WarmupCommand:
+        if self.op == "prefill" and not self.token_ids:
+            raise ValueError("token_ids: required for op 'prefill'")
+        if self.op == "invalidate" and not (self.chunk_refs or self.prefix_hash):
+            raise ValueError("chunk_refs: 'invalidate' needs chunk_refs or prefix_hash")
+        if self.op in ("extend_ttl", "release") and not self.prefix_hash:
+            raise ValueError(f"prefix_hash: required for op '{self.op}'")
+        return self
+
+
+class WorkerEvent(Event):
+    """What a worker reports: cache changes, readiness and heartbeats with memory figures."""
+
+    SCHEMA: ClassVar[str] = "worker_event"
+
+    schema_name: Literal["worker_event"] = "worker_event"
+    worker_id: Id
+    kind: Literal[
+        "stored", "evicted", "invalidated", "ttl_extended", "cleared",
+        "ready", "heartbeat", "stopped", "released",
+    ]
+    url: Annotated[str, StringConstraints(max_length=2048)] | None = None
+    tenant: Id | None = None
+    prefix_hash: Hash | None = None
+    prefix_tokens: int = Field(default=0, ge=0)
+    chunk_refs: list[ChunkRef] = Field(default_factory=list, max_length=256)
+    bytes: int = Field(default=0, ge=0)
+    command_id: Id | None = None
+    mem_used_bytes: int = Field(default=0, ge=0)
+    mem_total_bytes: int = Field(default=0, ge=0)
+    entries: int = Field(default=0, ge=0)
+    warm_prefixes: list[Hash] = Field(default_factory=list, max_length=65_536)
+
+
+class DeadLetter(Event):
+    """A record that could not be processed: its original bytes and the reason."""
+
+    SCHEMA: ClassVar[str] = "dead_letter"
+
+    schema_name: Literal["dead_letter"] = "dead_letter"
+    source_topic: Id
+    partition: int | None = None
+    offset: int | None = None
+    key_b64: str | None = None
+    value_b64: str
+    reason: Annotated[str, StringConstraints(max_length=4096)]
+    error_field: str | None = None
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (KbChange, QueryEvent, WarmupCommand, WorkerEvent, DeadLetter)

@@ -1,0 +1,1 @@
+"""Inference workers: engines, KV-cache bookkeeping, the HTTP API, the command consumer."""
