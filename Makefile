@@ -1,0 +1,35 @@
+# The two set-up commands of the README: `make demo` (the main job) and `make test`.
+# Each creates .venv, installs the project, fetches the models and Kafka jars as needed.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-unit lint models install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+models: $(STAMP)
+	$(BIN)/ragwarm models fetch
+
+demo: models
+	$(BIN)/ragwarm demo
+
+test: models
+	$(BIN)/pytest -p no:cacheprovider -ra tests
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -p no:cacheprovider -m "not integration" tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy workers/cache.py workers/eviction.py workers/memory.py schemas streams/logic.py
+
+clean:
+	rm -rf $(VENV)
