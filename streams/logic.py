@@ -1,0 +1,292 @@
+"""The streams app's decisions as pure functions: event + current state in, actions out.
+
+Agents in `streams/agents.py` only decode, look state up, call these, and send what they
+return. Nothing here does I/O, so every rule is tested by calling it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from schemas import ChunkRef, KbChange, WarmupCommand, WorkerEvent
+from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState
+
+# Seeds 000/003: no new warmup on a worker whose memory use is above this share.
+MEMORY_THRESHOLD = 0.7
+MAX_QUESTIONS_PER_PREFIX = 8
+
+
+def command_id() -> str:
+    return uuid.uuid4().hex
+
+
+# --- KB changes (keyed by doc_id) ---------------------------------------------------------
+
+
+@dataclass
+class KbPlan:
+    """What a KB change does: the document's new state and one op per dependent prefix."""
+
+    stale: bool
+    state: DocState | None = None
+    ops: list[PrefixOp] = field(default_factory=list)
+
+
+def is_stale(change: KbChange, prior: DocState | None) -> bool:
+    """An event older than the stored version changes nothing, so replays are safe."""
+    return prior is not None and change.version < prior.version
+
+
+def plan_kb_change(
+    change: KbChange,
+    prior: DocState | None,
+    new_chunks: Mapping[str, str],
+    dependents: Mapping[str, Sequence[ChunkRef]],
+    now: float,
+) -> KbPlan:
+    """Compare the document's new chunk hashes with what each dependent prefix was built from.
+
+    `new_chunks` is chunk_id -> content hash after indexing (empty on delete);
+    `dependents` is prefix hash -> the refs of this document's chunks it depends on.
+    A prefix with any ref no longer current is invalidated; the others get a longer TTL.
+    """
+    if is_stale(change, prior):
+        return KbPlan(stale=True)
+    state = DocState(
+        version=change.version, tenant=change.tenant, chunks=dict(new_chunks),
+        deleted=change.op == "delete",
+    )
+    ops = []
+    for prefix_hash, refs in sorted(dependents.items()):
+        changed = [r for r in refs if new_chunks.get(r.chunk_id) != r.content_hash]
+        ops.append(PrefixOp(
+            op="invalidate" if changed else "extend_ttl",
+            prefix_hash=prefix_hash, tenant=change.tenant, chunk_refs=list(refs),
+            reason=_reason(change, changed), origin_ts=now,
+        ))
+    return KbPlan(stale=False, state=state, ops=ops)
+
+
+def _reason(change: KbChange, changed: Sequence[ChunkRef]) -> str:
+    if not changed:
+        return f"{change.doc_id} v{change.version}: dependent chunks unchanged"
+    ids = ", ".join(r.chunk_id for r in changed[:3])
+    return f"{change.doc_id} v{change.version} {change.op}: changed {ids}"
+
+
+def apply_doc_link(links: Mapping[str, list], link: DocLink) -> dict[str, list]:
+    """The doc_prefixes entry after adding or removing one dependent prefix."""
+    updated = dict(links)
+    if link.link:
+        updated[link.prefix_hash] = [r.model_dump(mode="json") for r in link.chunk_refs]
+    else:
+        updated.pop(link.prefix_hash, None)
+    return updated
+
+
+# --- Prefix ops (keyed by prefix hash) -----------------------------------------------------
+
+
+@dataclass
+class PrefixPlan:
+    """Commands for workers, the prefix's new state (None: drop it), links, re-retrievals."""
+
+    commands: list[WarmupCommand] = field(default_factory=list)
+    state: PrefixState | None = None
+    links: list[DocLink] = field(default_factory=list)
+    rewarm_questions: list[str] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+def plan_prefix_op(
+    op: PrefixOp,
+    state: PrefixState | None,
+    workers: Sequence[WorkerState],
+    now: float,
+    ttl_s: float,
+) -> PrefixPlan:
+    """Decide what one op does to one prefix, given the workers' reported state."""
+    handler = {
+        "invalidate": _invalidate, "extend_ttl": _extend_ttl, "warm": _warm,
+        "warm_on": _warm, "cool": _cool,
+    }[op.op]
+    return handler(op, state, workers, now, ttl_s)
+
+
+def _invalidate(op, state, workers, now, ttl_s) -> PrefixPlan:
+    refs = state.chunk_refs if state else op.chunk_refs
+    # Broadcast: any worker may hold it (a reactive cache or a previous placement).
+    cmd = WarmupCommand(
+        command_id=command_id(), op="invalidate", prefix_hash=op.prefix_hash,
+        tenant=op.tenant, chunk_refs=refs, reason=op.reason,
+    )
+    plan = PrefixPlan(commands=[cmd], counters={"invalidations": 1})
+    if state is not None:
+        plan.links = _links(op.prefix_hash, state.chunk_refs, link=False)
+        plan.rewarm_questions = list(state.questions)
+    return plan
+
+
+def _extend_ttl(op, state, workers, now, ttl_s) -> PrefixPlan:
+    if state is None:
+        return PrefixPlan()
+    cmd = WarmupCommand(
+        command_id=command_id(), op="extend_ttl", prefix_hash=op.prefix_hash,
+        tenant=state.tenant, ttl_s=ttl_s, reason=op.reason,
+    )
+    new_state = state.model_copy(update={"expires_at": now + ttl_s, "updated_at": now})
+    return PrefixPlan(commands=[cmd], state=new_state, counters={"ttl_extensions": 1})
+
+
+def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
+    questions = _merge_questions(state.questions if state else [], op.question)
+    holders = holders_of(op.prefix_hash, workers)
+    target = op.target_worker if op.op == "warm_on" else None
+    pin = op.pin or bool(state and state.hot)
+    base = state or PrefixState(
+        tenant=op.tenant, chunk_refs=op.chunk_refs, token_ids=op.token_ids, expires_at=0.0,
+    )
+    new_state = base.model_copy(update={
+        "questions": questions, "expires_at": now + ttl_s, "updated_at": now, "hot": pin,
+    })
+    plan = PrefixPlan(state=new_state)
+    if state is None:
+        plan.links = _links(op.prefix_hash, op.chunk_refs, link=True)
+    if target is not None and target in holders or target is None and holders:
+        return plan  # already warm where it is wanted
+    if target is None and state is not None and state.worker_id and state.updated_at > now - 30:
+        return plan  # a prefill is already on its way; wait for the worker's report
+    worker = target or choose_worker(workers, [op.prefix_hash])
+    if worker is None:
+        plan.counters = {"no_worker": 1}
+        return plan
+    plan.state = new_state.model_copy(update={"worker_id": worker})
+    plan.commands = [WarmupCommand(
+        command_id=command_id(), op="prefill", worker_id=worker, prefix_hash=op.prefix_hash,
+        tenant=base.tenant, token_ids=base.token_ids, chunk_refs=base.chunk_refs,
+        ttl_s=ttl_s, pin=pin, reason=op.reason,
+    )]
+    plan.counters = {"prefills": 1}
+    return plan
+
+
+def _cool(op, state, workers, now, ttl_s) -> PrefixPlan:
+    if state is None or not state.hot:
+        return PrefixPlan(state=state)
+    cmd = WarmupCommand(
+        command_id=command_id(), op="release", prefix_hash=op.prefix_hash,
+        tenant=state.tenant, reason=op.reason or "cooled down",
+    )
+    return PrefixPlan(commands=[cmd], state=state.model_copy(update={"hot": False}),
+                      counters={"releases": 1})
+
+
+def _merge_questions(questions: Sequence[str], question: str | None) -> list[str]:
+    merged = [q for q in questions if q != question]
+    if question:
+        merged.insert(0, question)
+    return merged[:MAX_QUESTIONS_PER_PREFIX]
+
+
+def _links(prefix_hash: str, refs: Iterable[ChunkRef], *, link: bool) -> list[DocLink]:
+    by_doc: dict[str, list[ChunkRef]] = {}
+    for ref in refs:
+        by_doc.setdefault(ref.doc_id, []).append(ref)
+    return [DocLink(doc_id=d, prefix_hash=prefix_hash, chunk_refs=r, link=link)
+            for d, r in sorted(by_doc.items())]
+
+
+# --- Placement -------------------------------------------------------------------------------
+
+
+def holders_of(prefix_hash: str, workers: Iterable[WorkerState]) -> list[str]:
+    return [w.worker_id for w in workers if prefix_hash in w.prefixes]
+
+
+def cold_weight(worker: WorkerState) -> float:
+    """Seed 000's router weight for a worker that holds nothing useful: 1 - (used/total)^2."""
+    return 1.0 - worker.mem_ratio**2
+
+
+def choose_worker(
+    workers: Sequence[WorkerState],
+    block_hashes: Sequence[str],
+    threshold: float = MEMORY_THRESHOLD,
+) -> str | None:
+    """The ready worker holding the longest prefix of `block_hashes`, else the least loaded.
+
+    Workers above the memory threshold take no new warmup. Ties go to the lower id, so
+    the choice is deterministic and testable.
+    """
+    eligible = [w for w in workers if w.ready and w.mem_ratio <= threshold]
+    if not eligible:
+        return None
+    best_len, best = 0, None
+    for w in sorted(eligible, key=lambda w: w.worker_id):
+        held = set(w.prefixes)
+        length = max((i + 1 for i, h in enumerate(block_hashes) if h in held), default=0)
+        if length > best_len:
+            best_len, best = length, w.worker_id
+    if best is not None:
+        return best
+    return max(sorted(eligible, key=lambda w: w.worker_id), key=cold_weight).worker_id
+
+
+def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float) -> WorkerState:
+    """The worker's row after one of its events."""
+    ws = state or WorkerState(worker_id=event.worker_id)
+    update: dict = {"last_seen": now}
+    if event.url:
+        update["url"] = event.url
+    if event.kind in ("ready", "heartbeat"):
+        update.update(ready=True, mem_used=event.mem_used_bytes, mem_total=event.mem_total_bytes,
+                      entries=event.entries)
+        if event.kind == "heartbeat" or event.warm_prefixes:
+            update["prefixes"] = list(event.warm_prefixes)
+    elif event.kind == "stopped":
+        update.update(ready=False, prefixes=[])
+    elif event.kind == "cleared":
+        update["prefixes"] = []
+    elif event.prefix_hash and event.kind == "stored":
+        update["prefixes"] = [*[p for p in ws.prefixes if p != event.prefix_hash],
+                              event.prefix_hash]
+    elif event.prefix_hash and event.kind in ("evicted", "invalidated"):
+        update["prefixes"] = [p for p in ws.prefixes if p != event.prefix_hash]
+    if event.kind not in ("ready", "heartbeat", "stopped") and event.mem_total_bytes:
+        update.update(mem_used=event.mem_used_bytes, mem_total=event.mem_total_bytes)
+    return ws.model_copy(update=update)
+
+
+# --- Hot set (keyed by tenant) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HotCandidate:
+    prefix_hash: str
+    count: float
+    tokens: int
+
+
+def plan_hot_set(
+    ranked: Sequence[HotCandidate],
+    budget_bytes: int,
+    bytes_per_token: int,
+    previously_hot: Iterable[str],
+    min_count: float = 2.0,
+) -> tuple[list[str], list[str]]:
+    """The hottest prefixes that fit the hot-token budget, and those that cooled down.
+
+    Greedy by count: a prefix too large for what is left is skipped, smaller ones after
+    it may still fit. Returns (hot now, to release).
+    """
+    hot, used = [], 0
+    for cand in ranked:
+        need = cand.tokens * bytes_per_token
+        if cand.count < min_count or used + need > budget_bytes:
+            continue
+        hot.append(cand.prefix_hash)
+        used += need
+    cooled = sorted(set(previously_hot) - set(hot))
+    return hot, cooled

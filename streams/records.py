@@ -1,0 +1,83 @@
+"""State kept in the streams app's tables and the records of its internal topics.
+
+Tables store these as JSON (`model_dump(mode="json")`), never pickle.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas import ChunkRef
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DocState(_Record):
+    """The current chunk hashes of one document (table `docs`, key doc_id)."""
+
+    version: int
+    tenant: str = "default"
+    chunks: dict[str, str] = Field(default_factory=dict)
+    deleted: bool = False
+
+
+class PrefixState(_Record):
+    """A prefix the app asked workers to keep warm (table `prefixes`, key prefix hash)."""
+
+    tenant: str
+    chunk_refs: list[ChunkRef]
+    token_ids: list[int]
+    questions: list[str] = Field(default_factory=list)
+    expires_at: float
+    hot: bool = False
+    worker_id: str | None = None
+    updated_at: float = 0.0
+
+
+class WorkerState(_Record):
+    """What one worker reported (table `workers`, key worker id)."""
+
+    worker_id: str
+    url: str | None = None
+    ready: bool = False
+    mem_used: int = 0
+    mem_total: int = 0
+    entries: int = 0
+    prefixes: list[str] = Field(default_factory=list)
+    last_seen: float = 0.0
+
+    @property
+    def mem_ratio(self) -> float:
+        return self.mem_used / self.mem_total if self.mem_total else 0.0
+
+
+class PrefixOp(_Record):
+    """Work on one prefix, sent through `ragwarm.prefix-ops` keyed by the prefix hash.
+
+    Decisions taken where the data is keyed by doc or tenant reach the prefix table this
+    way, so each table is only read and written by the partition that owns its key.
+    """
+
+    op: Literal["invalidate", "extend_ttl", "warm", "cool", "warm_on"]
+    prefix_hash: str
+    tenant: str = "default"
+    chunk_refs: list[ChunkRef] = Field(default_factory=list)
+    token_ids: list[int] = Field(default_factory=list)
+    question: str | None = None
+    target_worker: str | None = None
+    pin: bool = False
+    reason: str = ""
+    origin_ts: float | None = None
+
+
+class DocLink(_Record):
+    """Adds or removes a prefix from a document's dependents (`ragwarm.doc-links`, key doc_id)."""
+
+    doc_id: str
+    prefix_hash: str
+    chunk_refs: list[ChunkRef] = Field(default_factory=list)
+    link: bool = True

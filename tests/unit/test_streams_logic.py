@@ -1,0 +1,211 @@
+"""The streams app's pure decisions: KB changes, prefix ops, placement, hot set."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas import ChunkRef, KbChange, WorkerEvent
+from streams.hot import HoppingHeavyHitters, SpaceSaving
+from streams.logic import (
+    HotCandidate,
+    apply_doc_link,
+    apply_worker_event,
+    choose_worker,
+    plan_hot_set,
+    plan_kb_change,
+    plan_prefix_op,
+)
+from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState
+
+H1, H2, H3 = "a" * 32, "b" * 32, "c" * 32
+P1, P2 = "1" * 32, "2" * 32
+
+
+def ref(cid: str, h: str) -> ChunkRef:
+    return ChunkRef(chunk_id=cid, content_hash=h)
+
+
+def upsert(version: int, text: str = "t") -> KbChange:
+    return KbChange(op="upsert", doc_id="d.md", version=version, text=text)
+
+
+def worker(wid: str, used: int = 0, total: int = 100, prefixes=(), ready=True) -> WorkerState:
+    return WorkerState(worker_id=wid, ready=ready, mem_used=used, mem_total=total,
+                       prefixes=list(prefixes))
+
+
+class TestKbChange:
+    def test_changed_chunk_invalidates_and_unchanged_extends(self):
+        prior = DocState(version=1, chunks={"d.md#0": H1, "d.md#1": H2})
+        deps = {P1: [ref("d.md#0", H1)], P2: [ref("d.md#1", H2)]}
+        plan = plan_kb_change(upsert(2), prior, {"d.md#0": H3, "d.md#1": H2}, deps, now=5.0)
+        ops = {op.prefix_hash: op.op for op in plan.ops}
+        assert ops == {P1: "invalidate", P2: "extend_ttl"}
+        assert plan.state.chunks == {"d.md#0": H3, "d.md#1": H2}
+        assert plan.state.version == 2
+
+    def test_identical_reingest_only_extends(self):
+        prior = DocState(version=3, chunks={"d.md#0": H1})
+        plan = plan_kb_change(upsert(3), prior, {"d.md#0": H1}, {P1: [ref("d.md#0", H1)]}, 0.0)
+        assert [op.op for op in plan.ops] == ["extend_ttl"]
+
+    def test_removed_chunk_invalidates(self):
+        prior = DocState(version=1, chunks={"d.md#0": H1, "d.md#1": H2})
+        plan = plan_kb_change(upsert(2), prior, {"d.md#0": H1}, {P1: [ref("d.md#1", H2)]}, 0.0)
+        assert [op.op for op in plan.ops] == ["invalidate"]
+
+    def test_delete_invalidates_everything(self):
+        change = KbChange(op="delete", doc_id="d.md", version=4)
+        plan = plan_kb_change(change, DocState(version=3), {}, {P1: [ref("d.md#0", H1)]}, 0.0)
+        assert plan.state.deleted and [op.op for op in plan.ops] == ["invalidate"]
+
+    def test_older_version_changes_nothing(self):
+        prior = DocState(version=5, chunks={"d.md#0": H1})
+        plan = plan_kb_change(upsert(4), prior, {"d.md#0": H3}, {P1: [ref("d.md#0", H1)]}, 0.0)
+        assert plan.stale and plan.ops == [] and plan.state is None
+
+    def test_doc_links_add_and_remove(self):
+        links = apply_doc_link({}, DocLink(doc_id="d.md", prefix_hash=P1,
+                                           chunk_refs=[ref("d.md#0", H1)]))
+        assert list(links) == [P1]
+        assert apply_doc_link(links, DocLink(doc_id="d.md", prefix_hash=P1, link=False)) == {}
+
+
+def state(**kw) -> PrefixState:
+    base = dict(tenant="default", chunk_refs=[ref("d.md#0", H1)], token_ids=[1] * 32,
+                questions=["why?"], expires_at=10.0)
+    base.update(kw)
+    return PrefixState(**base)
+
+
+class TestPrefixOps:
+    def test_invalidate_broadcasts_unlinks_and_requeues_questions(self):
+        op = PrefixOp(op="invalidate", prefix_hash=P1, reason="edit")
+        plan = plan_prefix_op(op, state(), [worker("w1", prefixes=[P1])], 0.0, 60.0)
+        (cmd,) = plan.commands
+        assert cmd.op == "invalidate" and cmd.worker_id is None and cmd.prefix_hash == P1
+        assert plan.state is None
+        assert [(lk.doc_id, lk.link) for lk in plan.links] == [("d.md", False)]
+        assert plan.rewarm_questions == ["why?"]
+
+    def test_extend_ttl_unknown_prefix_does_nothing(self):
+        plan = plan_prefix_op(PrefixOp(op="extend_ttl", prefix_hash=P1), None, [], 0.0, 60.0)
+        assert plan.commands == [] and plan.state is None
+
+    def test_extend_ttl_moves_expiry(self):
+        plan = plan_prefix_op(PrefixOp(op="extend_ttl", prefix_hash=P1), state(), [], 100.0, 60.0)
+        assert plan.commands[0].op == "extend_ttl" and plan.state.expires_at == 160.0
+
+    def test_warm_new_prefix_prefills_on_least_loaded_worker(self):
+        op = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32,
+                      chunk_refs=[ref("d.md#0", H1)], question="q?")
+        workers = [worker("w1", used=60), worker("w2", used=10)]
+        plan = plan_prefix_op(op, None, workers, 0.0, 60.0)
+        (cmd,) = plan.commands
+        assert (cmd.op, cmd.worker_id, cmd.token_ids) == ("prefill", "w2", [5] * 32)
+        assert plan.state.questions == ["q?"] and plan.state.worker_id == "w2"
+        assert [lk.link for lk in plan.links] == [True]
+
+    def test_warm_already_held_adds_question_only(self):
+        op = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32, question="new?")
+        plan = plan_prefix_op(op, state(), [worker("w1", prefixes=[P1])], 0.0, 60.0)
+        assert plan.commands == [] and plan.state.questions == ["new?", "why?"]
+
+    def test_warm_on_targets_the_new_worker(self):
+        op = PrefixOp(op="warm_on", prefix_hash=P1, target_worker="w9", token_ids=[5] * 32)
+        plan = plan_prefix_op(op, state(hot=True), [worker("w1", prefixes=[P1])], 0.0, 60.0)
+        assert plan.commands[0].worker_id == "w9" and plan.commands[0].pin
+
+    def test_warm_with_all_workers_full_sends_nothing(self):
+        op = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32)
+        plan = plan_prefix_op(op, None, [worker("w1", used=80)], 0.0, 60.0)
+        assert plan.commands == [] and plan.counters == {"no_worker": 1}
+
+    def test_cool_releases_pin(self):
+        plan = plan_prefix_op(PrefixOp(op="cool", prefix_hash=P1), state(hot=True), [], 0.0, 60.0)
+        assert plan.commands[0].op == "release" and not plan.state.hot
+
+
+class TestPlacement:
+    def test_longest_shared_prefix_wins(self):
+        ws = [worker("w1", prefixes=[H1]), worker("w2", used=0, prefixes=[H2])]
+        assert choose_worker(ws, [H1, H2, H3]) == "w2"
+
+    def test_above_threshold_never_chosen(self):
+        ws = [worker("w1", used=71, prefixes=[H1]), worker("w2", used=50)]
+        assert choose_worker(ws, [H1]) == "w2"
+
+    def test_not_ready_never_chosen(self):
+        assert choose_worker([worker("w1", ready=False)], [H1]) is None
+
+    @given(st.lists(st.integers(0, 100), min_size=1, max_size=6))
+    def test_cold_choice_is_least_loaded(self, used):
+        ws = [worker(f"w{i}", used=u) for i, u in enumerate(used)]
+        chosen = choose_worker(ws, [H1])
+        eligible = [w for w in ws if w.mem_ratio <= 0.7]
+        if not eligible:
+            assert chosen is None
+        else:
+            assert next(w for w in ws if w.worker_id == chosen).mem_used == min(
+                w.mem_used for w in eligible)
+
+
+class TestWorkerEvents:
+    def test_stored_and_invalidated_update_prefixes(self):
+        ws = apply_worker_event(None, WorkerEvent(worker_id="w", kind="ready", url="http://x",
+                                                  mem_total_bytes=100), 1.0)
+        ws = apply_worker_event(ws, WorkerEvent(worker_id="w", kind="stored", prefix_hash=P1), 2.0)
+        assert ws.prefixes == [P1] and ws.ready and ws.url == "http://x"
+        ws = apply_worker_event(ws, WorkerEvent(worker_id="w", kind="invalidated",
+                                                prefix_hash=P1), 3.0)
+        assert ws.prefixes == []
+        ws = apply_worker_event(ws, WorkerEvent(worker_id="w", kind="stopped"), 4.0)
+        assert not ws.ready
+
+
+class TestHotSet:
+    def test_budget_and_min_count(self):
+        ranked = [HotCandidate(P1, 10, 100), HotCandidate(P2, 5, 1000), HotCandidate(H1, 4, 50),
+                  HotCandidate(H2, 1, 10)]
+        hot, cooled = plan_hot_set(ranked, budget_bytes=200, bytes_per_token=1,
+                                   previously_hot=[H3])
+        assert hot == [P1, H1] and cooled == [H3]
+
+    @given(st.lists(st.tuples(st.floats(0, 100), st.integers(1, 500)), max_size=30),
+           st.integers(0, 5000))
+    def test_hot_set_never_exceeds_budget(self, items, budget):
+        ranked = [HotCandidate(f"{i:032x}", c, t) for i, (c, t) in enumerate(items)]
+        hot, _ = plan_hot_set(ranked, budget, 1, [])
+        size = {c.prefix_hash: c.tokens for c in ranked}
+        assert sum(size[h] for h in hot) <= budget
+
+
+class TestHeavyHitters:
+    def test_space_saving_keeps_frequent_keys(self):
+        sketch = SpaceSaving(capacity=3)
+        for key in ["a"] * 50 + list("bcdefghij") + ["a"] * 10:
+            sketch.add(key)
+        assert max(sketch.counts, key=sketch.counts.get) == "a"
+        assert len(sketch.counts) == 3
+
+    @given(st.lists(st.sampled_from("abcdefghijklmnop"), max_size=300), st.integers(1, 8))
+    def test_space_saving_bounds(self, keys, capacity):
+        sketch = SpaceSaving(capacity)
+        for k in keys:
+            sketch.add(k)
+        assert len(sketch.counts) <= capacity
+        assert sum(sketch.counts.values()) == pytest.approx(len(keys))
+        for k, c in sketch.counts.items():
+            assert c >= keys.count(k)  # Space-Saving never underestimates a tracked key
+
+    def test_hopping_window_forgets_old_steps(self):
+        hh = HoppingHeavyHitters(window_s=600, step_s=60, capacity=8)
+        hh.observe("old", now=0.0)
+        hh.observe("new", now=500.0, payload={"q": 1})
+        assert {k for k, _, _ in hh.top(now=500.0)} == {"old", "new"}
+        assert [k for k, _, _ in hh.top(now=700.0)] == ["new"]
+        assert hh.top(now=700.0)[0][2] == {"q": 1}
+        hh.observe("x", now=1300.0)
+        assert set(k for b in hh.buckets.values() for k in b.counts) == {"x"}
