@@ -1,0 +1,91 @@
+"""Memory tiers and KV budgets: how much a worker may cache and pin for warmup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1024**3
+
+# Seed memory tiers: "<4 GB warmup disabled, max batch 2; 4–16 GB ≤30% for warmup,
+# batch 4–8; >16 GB ≤50%, batch 12+". GB is read as GiB, as accelerators report it.
+SMALL_TIER_MAX_BYTES = 4 * GiB
+MEDIUM_TIER_MAX_BYTES = 16 * GiB
+SMALL_WARM_SHARE = 0.0
+MEDIUM_WARM_SHARE = 0.30
+LARGE_WARM_SHARE = 0.50
+# Seed: "keep a 10% burst buffer" free of any KV, warm or not.
+BURST_BUFFER_SHARE = 0.10
+# Seed router config: memory_threshold 0.7, "stop warming above it".
+MEMORY_THRESHOLD = 0.7
+# Seed strategy table: dynamic hot-token warmup uses 15–20% of KV memory.
+HOT_TOKEN_SHARE = 0.20
+DEFAULT_MAX_ENTRIES = 4096
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bounds of one cache: all bytes, entry count, and bytes pinned by warmup."""
+
+    max_bytes: int
+    max_entries: int
+    warm_bytes: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_bytes", "max_entries", "warm_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Budget.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class MemoryTier:
+    """A seed memory tier: its name, the warmup share and the suggested max batch."""
+
+    name: str
+    warm_share: float
+    max_batch: int
+
+
+SMALL = MemoryTier("small", SMALL_WARM_SHARE, 2)
+MEDIUM = MemoryTier("medium", MEDIUM_WARM_SHARE, 8)
+LARGE = MemoryTier("large", LARGE_WARM_SHARE, 12)
+
+
+def memory_tier(total_bytes: int) -> MemoryTier:
+    """The seed tier of an accelerator with `total_bytes` of memory."""
+    if total_bytes < SMALL_TIER_MAX_BYTES:
+        return SMALL
+    if total_bytes <= MEDIUM_TIER_MAX_BYTES:
+        return MEDIUM
+    return LARGE
+
+
+def warm_share(total_bytes: int) -> float:
+    """Largest share of total memory that warmup may pin (0 disables warmup)."""
+    return memory_tier(total_bytes).warm_share
+
+
+def plan_budget(
+    total_memory_bytes: int, kv_bytes_cap: int, *, max_entries: int = DEFAULT_MAX_ENTRIES
+) -> Budget:
+    """A cache budget: KV within its cap and 90% of total; pins within the tier's share."""
+    if total_memory_bytes < 0 or kv_bytes_cap < 0:
+        raise ValueError("memory figures must be >= 0")
+    burst_cap = int(total_memory_bytes * (1.0 - BURST_BUFFER_SHARE))
+    max_bytes = min(kv_bytes_cap, burst_cap)
+    warm_bytes = min(int(total_memory_bytes * warm_share(total_memory_bytes)), max_bytes)
+    return Budget(max_bytes=max_bytes, max_entries=max_entries, warm_bytes=warm_bytes)
+
+
+def accepts_warmup(used_bytes: int, total_bytes: int, threshold: float = MEMORY_THRESHOLD) -> bool:
+    """Whether a worker at this memory use may take new warmup (at or under the threshold)."""
+    if total_bytes <= 0:
+        return False
+    return used_bytes / total_bytes <= threshold
+
+
+def cold_weight(used: int | float, total: int | float) -> float:
+    """Router weight of a cold worker, 1 - (used/total)^2, clamped to [0, 1]."""
+    if total <= 0:
+        return 0.0
+    ratio = min(max(used / total, 0.0), 1.0)
+    return 1.0 - ratio * ratio
