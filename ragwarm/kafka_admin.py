@@ -1,0 +1,117 @@
+"""Topic administration with kafka-python: idempotent creation from `schemas.topics`, listing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+
+from kafka import KafkaAdminClient
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from schemas.topics import TOPICS, TopicSpec
+
+CLIENT_ID = "ragwarm-admin"
+
+
+@contextmanager
+def admin_client(
+    bootstrap: str, client_options: Mapping[str, object], timeout_s: float = 30.0
+) -> Iterator[KafkaAdminClient]:
+    """A connected admin client that is closed on exit."""
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap.split(","),
+        client_id=CLIENT_ID,
+        bootstrap_timeout_ms=int(timeout_s * 1000),
+        request_timeout_ms=int(timeout_s * 1000),
+        **client_options,
+    )
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
+def probe(
+    bootstrap: str, client_options: Mapping[str, object], timeout_s: float
+) -> dict[str, object] | None:
+    """Cluster metadata (brokers, controller, cluster id) if the cluster answers, else None."""
+    try:
+        with admin_client(bootstrap, client_options, timeout_s) as admin:
+            return dict(admin.describe_cluster())
+    except (KafkaError, OSError):
+        return None
+
+
+def _request(spec: TopicSpec) -> dict[str, object]:
+    # -1 replicas: the cluster's default.replication.factor (1 locally, 3 on most clusters).
+    return {"num_partitions": spec.partitions, "replication_factor": -1, "configs": spec.config}
+
+
+def create_topics(
+    bootstrap: str,
+    client_options: Mapping[str, object],
+    specs: Iterable[TopicSpec] = TOPICS.values(),
+    timeout_s: float = 30.0,
+) -> tuple[list[str], list[str]]:
+    """Create the topics that are missing; return (created, already existing) names."""
+    specs = list(specs)
+    with admin_client(bootstrap, client_options, timeout_s) as admin:
+        present = set(admin.list_topics())
+        missing = {s.name: _request(s) for s in specs if s.name not in present}
+        created: list[str] = []
+        if missing:
+            result = admin.create_topics(
+                missing, timeout_ms=int(timeout_s * 1000), raise_errors=False
+            )
+            created = _check_created(result)
+            admin.wait_for_topics(created, timeout_ms=int(timeout_s * 1000))
+    existing = [s.name for s in specs if s.name not in created]
+    return created, existing
+
+
+def _check_created(result: Mapping[str, object]) -> list[str]:
+    """Names the broker created; a concurrent creator's topic counts as existing."""
+    created, failures = [], []
+    for topic in result["topics"]:  # type: ignore[attr-defined]
+        code = topic["error_code"]
+        if code == 0:
+            created.append(topic["name"])
+        elif code != TopicAlreadyExistsError.errno:
+            failures.append(f"{topic['name']}: {topic.get('error_message') or f'error {code}'}")
+    if failures:
+        raise KafkaError("could not create topics: " + "; ".join(failures))
+    return created
+
+
+def wait_for_topics(
+    bootstrap: str,
+    client_options: Mapping[str, object],
+    names: Iterable[str],
+    timeout_s: float = 30.0,
+) -> None:
+    """Block until every topic exists with a leader on each partition."""
+    with admin_client(bootstrap, client_options, timeout_s) as admin:
+        admin.wait_for_topics(list(names), timeout_ms=int(timeout_s * 1000))
+
+
+def list_topics(
+    bootstrap: str, client_options: Mapping[str, object], timeout_s: float = 30.0
+) -> dict[str, int]:
+    """Every topic of the cluster with its partition count, internal topics excluded."""
+    with admin_client(bootstrap, client_options, timeout_s) as admin:
+        topics = admin.describe_topics()
+    return {
+        t["name"]: len(t["partitions"])
+        for t in sorted(topics, key=lambda t: t["name"])
+        if not t.get("is_internal")
+    }
+
+
+def delete_topics(
+    bootstrap: str, client_options: Mapping[str, object], names: Iterable[str]
+) -> None:
+    """Delete topics (used by tests to clean up the ones they made)."""
+    names = list(names)
+    if names:
+        with admin_client(bootstrap, client_options) as admin:
+            admin.delete_topics(names)
