@@ -79,3 +79,42 @@ class HoppingHeavyHitters:
 
     def size(self) -> int:
         return sum(len(b.counts) for b in self.buckets.values())
+
+
+@dataclass(frozen=True)
+class HotPayload:
+    """What the newest query of a prefix said about it: enough to rebuild and warm it."""
+
+    tenant: str
+    question: str
+    chunk_refs: tuple[Any, ...]
+    prefix_tokens: int
+
+
+@dataclass
+class HotTracker:
+    """Prefix and question frequencies of `rag.queries`, and the set currently kept hot."""
+
+    window_s: float = 600.0
+    step_s: float = 60.0
+    capacity: int = 256
+    prefixes: HoppingHeavyHitters = field(init=False)
+    questions: HoppingHeavyHitters = field(init=False)
+    hot: dict[str, Any] = field(default_factory=dict)  # prefix hash -> its warm op
+
+    def __post_init__(self) -> None:
+        self.prefixes = HoppingHeavyHitters(self.window_s, self.step_s, self.capacity)
+        self.questions = HoppingHeavyHitters(self.window_s, self.step_s, self.capacity)
+
+    def observe(self, prefix_hash: str | None, payload: HotPayload, now: float) -> None:
+        self.questions.observe((payload.tenant, payload.question), now)
+        if prefix_hash:
+            self.prefixes.observe(prefix_hash, now, payload=payload)
+
+    def ranked(self, now: float) -> list[tuple[str, float, HotPayload]]:
+        return [(str(k), c, p) for k, c, p in self.prefixes.top(now) if p is not None]
+
+    def forget(self, prefix_hash: str) -> None:
+        """Drop hot entries that would warm `prefix_hash` (it was invalidated)."""
+        for key in [k for k, op in self.hot.items() if op.prefix_hash == prefix_hash]:
+            del self.hot[key]

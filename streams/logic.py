@@ -86,6 +86,25 @@ def apply_doc_link(links: Mapping[str, list], link: DocLink) -> dict[str, list]:
     return updated
 
 
+def plan_doc_link(
+    links: Mapping[str, list], link: DocLink, doc: DocState | None
+) -> tuple[dict[str, list], PrefixOp | None]:
+    """Record a link; a prefix linked after its document changed is invalidated at once.
+
+    A prefill decided from an older chunk can reach this partition after the change that
+    replaced the chunk; the docs table here is current, so the race is caught here.
+    """
+    updated = apply_doc_link(links, link)
+    if not link.link or doc is None:
+        return updated, None
+    stale = [r for r in link.chunk_refs if doc.chunks.get(r.chunk_id) != r.content_hash]
+    if not stale:
+        return updated, None
+    op = PrefixOp(op="invalidate", prefix_hash=link.prefix_hash, chunk_refs=link.chunk_refs,
+                  reason=f"{link.doc_id} changed before the prefix was linked")
+    return updated, op
+
+
 # --- Prefix ops (keyed by prefix hash) -----------------------------------------------------
 
 
@@ -97,6 +116,7 @@ class PrefixPlan:
     state: PrefixState | None = None
     links: list[DocLink] = field(default_factory=list)
     rewarm_questions: list[str] = field(default_factory=list)
+    rewarm_pin: bool = False
     counters: dict[str, int] = field(default_factory=dict)
 
 
@@ -126,6 +146,7 @@ def _invalidate(op, state, workers, now, ttl_s) -> PrefixPlan:
     if state is not None:
         plan.links = _links(op.prefix_hash, state.chunk_refs, link=False)
         plan.rewarm_questions = list(state.questions)
+        plan.rewarm_pin = state.hot
     return plan
 
 

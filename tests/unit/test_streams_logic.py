@@ -209,3 +209,15 @@ class TestHeavyHitters:
         assert hh.top(now=700.0)[0][2] == {"q": 1}
         hh.observe("x", now=1300.0)
         assert set(k for b in hh.buckets.values() for k in b.counts) == {"x"}
+
+
+def test_link_of_prefix_built_from_replaced_chunk_invalidates_it():
+    from streams.logic import plan_doc_link
+
+    doc = DocState(version=2, chunks={"d.md#0": H3})
+    link = DocLink(doc_id="d.md", prefix_hash=P1, chunk_refs=[ref("d.md#0", H1)])
+    links, op = plan_doc_link({}, link, doc)
+    assert P1 in links and op.op == "invalidate" and op.prefix_hash == P1
+    _, op = plan_doc_link({}, DocLink(doc_id="d.md", prefix_hash=P2,
+                                      chunk_refs=[ref("d.md#0", H3)]), doc)
+    assert op is None

@@ -1,0 +1,35 @@
+"""Settings of the streams app (env prefix `RAGWARM_STREAMS_`)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class StreamsSettings(BaseSettings):
+    """The Faust app: identity, web views, TTLs, hot-token windows and budgets."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_STREAMS_", extra="ignore")
+
+    app_id: str = Field(default="ragwarm-streams", description="Faust app id (consumer group).")
+    web_host: str = Field(default="127.0.0.1", description="Bind address of the web views.")
+    web_port: int = Field(default=6066, description="Port of the web views.")
+    partitions: int = Field(default=4, description="Partitions of internal topics and tables.")
+    prefix_ttl_s: float = Field(default=3600.0, description="TTL of a warmed prefix.")
+    hot_window_s: float = Field(default=600.0, description="Hopping window of the hot set.")
+    hot_step_s: float = Field(default=60.0, description="Step of the hopping window.")
+    hot_tick_s: float = Field(default=5.0, description="How often the hot set is re-planned.")
+    hot_capacity: int = Field(default=256, description="Counters per heavy-hitter sketch.")
+    hot_share: float = Field(
+        default=0.18, ge=0.0, le=0.5, description="Share of worker KV memory for hot tokens."
+    )
+    hot_min_count: float = Field(default=2.0, description="Queries in a window to count as hot.")
+    kv_bytes_per_token: int = Field(
+        default=46_080, description="KV bytes per token until workers report (SmolLM2, fp32)."
+    )
+    rewarm_questions: int = Field(default=4, description="Hot questions re-warmed per prefix.")
+    worker_stale_s: float = Field(default=30.0, description="Heartbeat age that marks a worker gone.")
+    warm_cron: str | None = Field(
+        default=None, description="Crontab (UTC) of scheduled hot-set warmups, e.g. '55 8 * * 1-5'."
+    )
+    tenant: str = Field(default="default", description="Tenant of documents without one.")
