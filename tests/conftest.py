@@ -1,0 +1,95 @@
+"""Shared fixtures: the session's Kafka broker (started once, on demand), topics and clients."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from ragwarm.settings import HomeSettings, KafkaSettings
+
+if TYPE_CHECKING:
+    from kafka import KafkaProducer
+
+
+def _kafka_version_line() -> str:
+    kafka = KafkaSettings()
+    if kafka.bootstrap:
+        return f"kafka: external cluster at {kafka.bootstrap} (RAGWARM_KAFKA_BOOTSTRAP)"
+    return f"kafka: Apache Kafka {kafka.version}, local KRaft broker at {kafka.local_bootstrap}"
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [_kafka_version_line()]
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    # `-q` hides the header; the Kafka version must still show when tests use the broker.
+    quiet = config.get_verbosity() < 0
+    uses_kafka = any("kafka_bootstrap" in getattr(i, "fixturenames", ()) for i in items)
+    return [_kafka_version_line()] if quiet and uses_kafka else []
+
+
+# --- Kafka ---------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def kafka_settings() -> KafkaSettings:
+    return KafkaSettings()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_settings: KafkaSettings) -> Iterator[str]:
+    """Bootstrap servers of a broker with the ragwarm topics; the local one is started once.
+
+    A broker that was already running is reused and left running; one started here is
+    stopped when the last test session sharing it ends.
+    """
+    from ragwarm.kafka_admin import create_topics
+    from ragwarm.kafka_local import LocalKafka
+
+    with LocalKafka(HomeSettings(), kafka_settings) as bootstrap:
+        create_topics(bootstrap, kafka_settings.client_options())
+        yield bootstrap
+
+
+@pytest.fixture
+def unique_name() -> Callable[[str], str]:
+    """Factory of names no other test (or earlier run) uses: `prefix.<12 hex>`."""
+
+    def make(prefix: str = "test") -> str:
+        return f"{prefix}.{uuid.uuid4().hex[:12]}"
+
+    return make
+
+
+@pytest.fixture
+def new_topic(
+    kafka_bootstrap: str, kafka_settings: KafkaSettings, unique_name: Callable[[str], str]
+) -> Iterator[Callable[..., str]]:
+    """Factory of fresh topics, `new_topic(prefix, partitions=1, config=None)`; deleted after."""
+    from ragwarm.kafka_admin import create_topics, delete_topics
+    from schemas.topics import TopicSpec
+
+    made: list[str] = []
+
+    def make(prefix: str = "test", partitions: int = 1, config: dict | None = None) -> str:
+        spec = TopicSpec(unique_name(prefix), "test", partitions, config or {})
+        create_topics(kafka_bootstrap, kafka_settings.client_options(), [spec])
+        made.append(spec.name)
+        return spec.name
+
+    yield make
+    delete_topics(kafka_bootstrap, kafka_settings.client_options(), made)
+
+
+@pytest.fixture
+def kafka_producer(kafka_bootstrap: str, kafka_settings: KafkaSettings) -> Iterator[KafkaProducer]:
+    """A kafka-python producer (bytes in, acks=all) closed after the test."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(
+        bootstrap_servers=kafka_bootstrap, acks="all", **kafka_settings.client_options()
+    )
+    yield producer
+    producer.close()

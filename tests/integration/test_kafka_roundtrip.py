@@ -1,0 +1,68 @@
+"""KbChange events survive a trip through the real broker byte for byte."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from ragwarm.settings import KafkaSettings
+from schemas import KbChange, decode, encode
+
+pytestmark = pytest.mark.integration
+
+N_EVENTS = 1_000
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _event(i: int) -> KbChange:
+    doc = f"doc-{i % 97}"
+    stamp = T0 + timedelta(milliseconds=i)
+    if i % 5 == 0:
+        return KbChange(op="delete", doc_id=doc, version=i, tenant="t1", timestamp=stamp)
+    return KbChange(
+        op="upsert",
+        doc_id=doc,
+        version=i,
+        tenant=f"t{i % 3}",
+        text=f"Paragraph {i}: 缓存预热 — café ✓ " * (1 + i % 7),
+        metadata={"source": "test", "page": i, "score": i / 7, "draft": i % 2 == 0, "n": None},
+        timestamp=stamp,
+    )
+
+
+def _consume(bootstrap: str, topic: str, count: int, options: dict) -> list[KbChange]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **options)
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        got: list[KbChange] = []
+        deadline = time.monotonic() + 60
+        while len(got) < count and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=1000).values():
+                got.extend(decode(r.value, KbChange) for r in records)
+        return got
+    finally:
+        consumer.close()
+
+
+def test_thousand_kb_changes_round_trip(
+    kafka_bootstrap: str,
+    kafka_settings: KafkaSettings,
+    kafka_producer: KafkaProducer,
+    new_topic: Callable[..., str],
+) -> None:
+    topic = new_topic("roundtrip", partitions=4)
+    sent = [_event(i) for i in range(N_EVENTS)]
+    for event in sent:
+        kafka_producer.send(topic, key=event.doc_id.encode(), value=encode(event))
+    kafka_producer.flush(timeout=60)
+
+    got = _consume(kafka_bootstrap, topic, N_EVENTS, kafka_settings.client_options())
+
+    assert len(got) == N_EVENTS
+    assert sorted(got, key=lambda e: e.version) == sent
