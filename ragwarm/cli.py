@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "down": "ragwarm.stack:down",
     "status": "ragwarm.stack:status",
     "demo": "ragwarm.demo:demo",
+    "config": "ragwarm.config:config",
 }
 
 
