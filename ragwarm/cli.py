@@ -15,7 +15,6 @@ COMMANDS: dict[str, str] = {
     "kafka": "ragwarm.kafka_cli:kafka",
     "topics": "ragwarm.kafka_cli:topics",
     "models": "ragwarm.models:models",
-    "stack": "ragwarm.stack:stack",
     "worker": "ragwarm.worker_cli:worker",
     "streams": "ragwarm.streams_cli:streams",
     "bench": "ragwarm.bench:bench",

@@ -95,3 +95,13 @@ class ModelSettings(BaseSettings):
     embed_path: Path | None = Field(
         default=None, description="A sentence-transformers directory instead of the packaged one."
     )
+
+
+class StackSettings(BaseSettings):
+    """The local stack of `ragwarm up`: how many workers, their ports, start time limits."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_STACK_", extra="ignore")
+
+    workers: int = Field(default=1, ge=1, le=8, description="Workers started by `ragwarm up`.")
+    worker_port: int = Field(default=8101, description="Port of the first worker (then +1, +2…).")
+    start_timeout_s: float = Field(default=180.0, description="Wait this long for each part.")

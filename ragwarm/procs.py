@@ -1,0 +1,122 @@
+"""Background processes of the local stack: start with a log and pid file, probe, stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+@dataclass
+class Proc:
+    """One ragwarm service run as `python -m ragwarm.cli <args>` in its own session."""
+
+    name: str
+    args: list[str]
+    run_dir: Path
+    health_url: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / f"{self.name}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.run_dir / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return pid
+        return pid if not _is_zombie(pid) else None
+
+    def start(self) -> bool:
+        """Start unless running; False when it already was."""
+        if self.pid() is not None:
+            return False
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_file.open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ragwarm.cli", *self.args],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env}, start_new_session=True,
+        )
+        self.pid_file.write_text(str(proc.pid))
+        return True
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        try:
+            return httpx.get(self.health_url, timeout=timeout).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.healthy():
+                return
+            if self.pid() is None:
+                raise RuntimeError(f"{self.name} exited during start:\n{tail(self.log_file)}")
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name} not healthy after {timeout_s:.0f} s:\n{tail(self.log_file)}")
+
+    def stop(self, grace_s: float = 20.0) -> bool:
+        """SIGTERM the process group, SIGKILL after `grace_s`; False when nothing ran."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and self.pid() is not None:
+            time.sleep(0.2)
+        if self.pid() is not None:
+            _signal_group(pid, signal.SIGKILL)
+            time.sleep(0.5)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    if state == "Z":
+        try:
+            os.waitpid(pid, os.WNOHANG)  # reap our own child so it stops counting as alive
+        except ChildProcessError:
+            pass
+        return True
+    return False
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
