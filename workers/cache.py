@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 import json
 import struct
 import time
@@ -158,6 +159,8 @@ class PrefixCache:
         self._policy: EvictionPolicy = make_policy(policy)
         self._clock = clock
         self._entries: dict[str, CacheEntry] = {}
+        self._stamp: dict[str, int] = {}
+        self._stamps = itertools.count()
         self._index = _Indexes()
         self._expiry: list[tuple[float, str]] = []
         self._events: list[CacheEvent] = []
@@ -459,6 +462,7 @@ class PrefixCache:
     def _attach(self, entry: CacheEntry) -> None:
         key = entry.prefix_hash
         self._entries[key] = entry
+        self._stamp[key] = next(self._stamps)
         self._index.add(entry)
         self._bytes_used += entry.nbytes
         if entry.pinned:
@@ -469,7 +473,7 @@ class PrefixCache:
             heapq.heappush(self._expiry, (entry.expires_at, key))
 
     def _detach(self, entry: CacheEntry, *, by_policy: bool) -> None:
-        del self._entries[entry.prefix_hash]
+        del self._entries[entry.prefix_hash], self._stamp[entry.prefix_hash]
         self._index.remove(entry)
         self._bytes_used -= entry.nbytes
         if entry.pinned:
@@ -494,11 +498,10 @@ class PrefixCache:
     def _remove_all(
         self, keys: set[str], kind: EventKind, command_id: str | None, reason: str
     ) -> list[CacheEntry]:
-        # Set order varies between runs; creation order keeps results and events stable.
-        entries = (self._entries[k] for k in keys)
-        ordered = sorted(entries, key=lambda e: (e.created_at, e.prefix_hash))
+        # Set order varies between runs; storing order keeps results and events stable.
+        ordered = sorted(keys, key=self._stamp.__getitem__)
         t = self._clock()
-        return [self._remove(e.prefix_hash, kind, command_id, reason, at=t) for e in ordered]
+        return [self._remove(k, kind, command_id, reason, at=t) for k in ordered]
 
     def _record(
         self, kind: EventKind, entry: CacheEntry, command_id: str | None, reason: str, t: float
