@@ -48,9 +48,8 @@ def block_hashes(
             data = packer.pack(*block)
         except struct.error as exc:
             raise ValueError(f"token ids must be integers in [0, 2**32): {list(block)}") from exc
-        digest = hashlib.sha256(parent + data).hexdigest()[:HASH_CHARS]
-        hashes.append(digest)
-        parent = bytes.fromhex(digest)
+        parent = hashlib.sha256(parent + data).digest()[: HASH_CHARS // 2]
+        hashes.append(parent.hex())
     return hashes
 
 
@@ -102,21 +101,25 @@ class WarmupRefused(Exception):
         self.reason = reason
 
 
+# Holders are insertion-ordered dicts used as sets, so "most recently stored" is O(1).
+Holders = dict[str, None]
+
+
 @dataclass
 class _Indexes:
     """Reverse indexes from block hash and chunk identity to prefix hashes."""
 
-    by_block: dict[str, set[str]] = field(default_factory=dict)
-    by_chunk: dict[ChunkKey, set[str]] = field(default_factory=dict)
-    by_chunk_id: dict[str, set[str]] = field(default_factory=dict)
+    by_block: dict[str, Holders] = field(default_factory=dict)
+    by_chunk: dict[ChunkKey, Holders] = field(default_factory=dict)
+    by_chunk_id: dict[str, Holders] = field(default_factory=dict)
 
     def add(self, entry: CacheEntry) -> None:
         key = entry.prefix_hash
         for h in entry.block_hashes:
-            self.by_block.setdefault(h, set()).add(key)
+            self.by_block.setdefault(h, {})[key] = None
         for ref in entry.chunk_refs:
-            self.by_chunk.setdefault(ref, set()).add(key)
-            self.by_chunk_id.setdefault(ref[0], set()).add(key)
+            self.by_chunk.setdefault(ref, {})[key] = None
+            self.by_chunk_id.setdefault(ref[0], {})[key] = None
 
     def remove(self, entry: CacheEntry) -> None:
         key = entry.prefix_hash
@@ -127,10 +130,10 @@ class _Indexes:
             _discard(self.by_chunk_id, ref[0], key)
 
 
-def _discard(index: dict[_K, set[str]], key: _K, value: str) -> None:
+def _discard(index: dict[_K, Holders], key: _K, value: str) -> None:
     holders = index.get(key)
     if holders is not None:
-        holders.discard(value)
+        holders.pop(value, None)
         if not holders:
             del index[key]
 
@@ -153,7 +156,7 @@ class PrefixCache:
     ) -> None:
         if default_ttl_s is not None and default_ttl_s <= 0:
             raise ValueError(f"default_ttl_s must be > 0 or None, got {default_ttl_s}")
-        self.budget = budget
+        self._budget = budget
         self.block_size = block_size
         self.default_ttl_s = default_ttl_s
         self._policy: EvictionPolicy = make_policy(policy)
@@ -168,6 +171,10 @@ class PrefixCache:
         self._pinned_bytes = 0
 
     # -- read side -------------------------------------------------------------------
+
+    @property
+    def budget(self) -> Budget:
+        return self._budget
 
     @property
     def policy_name(self) -> str:
@@ -248,12 +255,7 @@ class PrefixCache:
         only when the pin, size or chunk refs changed.
         """
         chain = tuple(hashes)
-        if not chain:
-            raise ValueError("admit needs at least one full block hash")
-        if nbytes < 0:
-            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-        if ttl_s is not None and ttl_s <= 0:
-            raise ValueError(f"ttl_s must be > 0 or None, got {ttl_s}")
+        _check_admission(chain, nbytes, ttl_s)
         t = self._clock()
         self.expire(t)
         old = self._entries.get(chain[-1])
@@ -268,11 +270,7 @@ class PrefixCache:
         if old is not None:
             self._detach(old, by_policy=False)
         self._attach(entry)
-        if old is None or (old.pinned, old.nbytes, old.chunk_refs) != (
-            entry.pinned,
-            entry.nbytes,
-            entry.chunk_refs,
-        ):
+        if old is None or _observable(old) != _observable(entry):
             self._record("stored", entry, command_id, "", t)
         return entry, victims
 
@@ -282,7 +280,7 @@ class PrefixCache:
         """Remove every entry built from any of `chunk_refs` (idempotent)."""
         keys: set[str] = set()
         for ref in chunk_refs:
-            keys |= self._index.by_chunk.get(ref, set())
+            keys.update(self._index.by_chunk.get(ref, ()))
         return self._remove_all(keys, "invalidated", command_id, "chunk_changed")
 
     def invalidate_chunks(
@@ -291,14 +289,14 @@ class PrefixCache:
         """Remove every entry built from any of `chunk_ids`, whatever the content hash."""
         keys: set[str] = set()
         for chunk_id in chunk_ids:
-            keys |= self._index.by_chunk_id.get(chunk_id, set())
+            keys.update(self._index.by_chunk_id.get(chunk_id, ()))
         return self._remove_all(keys, "invalidated", command_id, "chunk_changed")
 
     def invalidate_prefix(
         self, prefix_hash: str, *, command_id: str | None = None
     ) -> list[CacheEntry]:
         """Remove the entries whose chain contains `prefix_hash` (it and its extensions)."""
-        keys = set(self._index.by_block.get(prefix_hash, set()))
+        keys = set(self._index.by_block.get(prefix_hash, ()))
         return self._remove_all(keys, "invalidated", command_id, "prefix")
 
     def extend_ttl(
@@ -383,18 +381,16 @@ class PrefixCache:
         return any(not self._entries[k].expired(t) for k in holders)
 
     def _best_holder(self, block_hash: str, t: float) -> CacheEntry:
+        # The entry ending exactly there, else the most recently stored holder: O(1) even
+        # when thousands of entries share a system prompt, and deterministic.
         exact = self._entries.get(block_hash)
         if exact is not None and not exact.expired(t):
             return exact
-        live = (self._entries[k] for k in self._index.by_block[block_hash])
-        # Shortest chain first: the least KV to slice; then the most recently used.
-        return min(
-            (e for e in live if not e.expired(t)),
-            key=lambda e: (e.n_blocks, -e.last_used, e.prefix_hash),
-        )
+        holders = reversed(self._index.by_block[block_hash])
+        return next(e for e in map(self._entries.__getitem__, holders) if not e.expired(t))
 
     def _check_fit(self, nbytes: int, pinned: bool, old: CacheEntry | None) -> None:
-        budget = self.budget
+        budget = self._budget
         if budget.max_entries < 1:
             raise WarmupRefused("the cache budget allows no entries (max_entries=0)")
         if nbytes > budget.max_bytes:
@@ -408,8 +404,8 @@ class PrefixCache:
                 )
 
     def _plan_eviction(self, nbytes: int, old: CacheEntry | None) -> list[CacheEntry]:
-        need_bytes = self._bytes_used + nbytes - self.budget.max_bytes
-        need_entries = len(self._entries) + 1 - self.budget.max_entries
+        need_bytes = self._bytes_used + nbytes - self._budget.max_bytes
+        need_entries = len(self._entries) + 1 - self._budget.max_entries
         if old is not None:
             need_bytes -= old.nbytes
             need_entries -= 1
@@ -519,6 +515,20 @@ class PrefixCache:
                 reason=reason,
             )
         )
+
+
+def _check_admission(chain: tuple[str, ...], nbytes: int, ttl_s: float | None) -> None:
+    if not chain:
+        raise ValueError("admit needs at least one full block hash")
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    if ttl_s is not None and ttl_s <= 0:
+        raise ValueError(f"ttl_s must be > 0 or None, got {ttl_s}")
+
+
+def _observable(entry: CacheEntry) -> tuple[bool, int, frozenset[ChunkKey]]:
+    """What subscribers of `stored` events see change on a refresh."""
+    return entry.pinned, entry.nbytes, entry.chunk_refs
 
 
 def _later(a: float | None, b: float | None) -> float | None:

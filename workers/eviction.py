@@ -110,6 +110,7 @@ class _AgedPriorityPolicy(EvictionPolicy):
         if evicted:
             self._age = max(self._age, live[0])
         del self._freq[key], self._weight[key]
+        self._prune_top()
 
     def order(self) -> Iterator[str]:
         heap = self._heap
@@ -135,6 +136,15 @@ class _AgedPriorityPolicy(EvictionPolicy):
         heapq.heappush(self._heap, item)
         if len(self._heap) > 2 * len(self._live) + 64:
             self._compact()
+        else:
+            self._prune_top()
+
+    def _prune_top(self) -> None:
+        # Victims leave stale items at the top; dropping them keeps `order()` from
+        # walking past every past victim on the next eviction.
+        heap = self._heap
+        while heap and self._live.get(heap[0][2]) != heap[0][:2]:
+            heapq.heappop(heap)
 
     def _compact(self) -> None:
         self._heap = [(p, s, k) for k, (p, s) in self._live.items()]

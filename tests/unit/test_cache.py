@@ -227,8 +227,13 @@ def test_lookup_returns_longest_common_prefix() -> None:
     long, _ = cache.admit(tenant="t1", hashes=chain(1, 2, 3, 4, 5), nbytes=50)
     assert cache.lookup(chain(1, 2, 3, 4)) == (long, 4)
     assert cache.lookup(chain(1, 2, 3, 4, 5, 6)) == (long, 5)
-    assert cache.lookup(chain(1, 2, 9)) == (short, 2)
-    assert cache.lookup(chain(1, 2)) == (short, 2)
+    # No entry ends at block 2: the most recently stored holder serves it.
+    assert cache.lookup(chain(1, 2, 9)) == (long, 2)
+    assert cache.lookup(chain(1, 2)) == (long, 2)
+    assert cache.lookup(chain(1, 2, 3)) == (short, 3)
+    cache.admit(tenant="t1", hashes=chain(1, 2, 3), nbytes=30)  # a refresh re-stores it
+    entry, matched = cache.lookup(chain(1, 2, 9))
+    assert entry is not None and (entry.prefix_hash, matched) == (short.prefix_hash, 2)
     assert cache.lookup(chain(7, 2, 3)) == (None, 0)
     assert cache.lookup([]) == (None, 0)
 
