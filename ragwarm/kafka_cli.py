@@ -15,9 +15,15 @@ from schemas.topics import TOPICS
 
 
 def _quiet_client_logs() -> None:
-    # kafka-python logs every connection at INFO; only `ragwarm -v` (DEBUG) should show that.
+    # kafka-python logs every connection (and every refused probe) itself; failures reach the
+    # user as one error message, so its own lines only show with `ragwarm -v`.
     if not logging.getLogger().isEnabledFor(logging.DEBUG):
-        logging.getLogger("kafka").setLevel(logging.WARNING)
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+
+
+def _unreachable(settings: KafkaSettings, exc: KafkaError) -> click.ClickException:
+    hint = "" if settings.bootstrap else " (is the local broker running? `ragwarm kafka start`)"
+    return click.ClickException(f"{settings.servers}: {exc}{hint}")
 
 
 def _local() -> LocalKafka:
@@ -40,10 +46,11 @@ def start() -> None:
 
 
 @kafka.command()
-def stop() -> None:
+@click.option("--force", is_flag=True, help="Stop it even while test sessions or services use it.")
+def stop(force: bool) -> None:
     """Stop the broker; exits 0 when none is running."""
     try:
-        _local().stop()
+        _local().stop(force=force)
     except KafkaLaunchError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -57,9 +64,12 @@ def status(as_json: bool) -> None:
         click.echo(json.dumps(info))
         return
     click.echo(f"running:   {'yes' if info['running'] else 'no'}")
-    for key in ("pid", "bootstrap", "version", "data_dir", "log", "jars"):
+    for key in ("pid", "bootstrap", "version", "data_dir", "log", "jars", "users"):
         if key in info:
-            click.echo(f"{key + ':':<10} {info[key] if info[key] is not None else '-'}")
+            value = info[key]
+            if isinstance(value, list):
+                value = ", ".join(map(str, value))
+            click.echo(f"{key + ':':<10} {value if value not in (None, '') else '-'}")
     if info["external"]:
         click.echo("external:  yes (RAGWARM_KAFKA_BOOTSTRAP); version not managed by ragwarm")
 
@@ -77,7 +87,7 @@ def create() -> None:
     try:
         created, existing = create_topics(settings.servers, settings.client_options())
     except KafkaError as exc:
-        raise click.ClickException(f"{settings.servers}: {exc}") from None
+        raise _unreachable(settings, exc) from None
     for name in created:
         click.echo(f"created   {name} ({TOPICS[name].partitions} partitions)")
     for name in existing:
@@ -91,7 +101,7 @@ def list_() -> None:
     try:
         found = list_topics(settings.servers, settings.client_options())
     except KafkaError as exc:
-        raise click.ClickException(f"{settings.servers}: {exc}") from None
+        raise _unreachable(settings, exc) from None
     for name, partitions in found.items():
         mark = "  (ragwarm)" if name in TOPICS else ""
         click.echo(f"{name:<32} {partitions:>4} partitions{mark}")

@@ -360,12 +360,24 @@ class LocalKafka:
             f"{log_tail(self.log_file)}\n(more in {self.dir / 'logs' / 'server.log'})"
         )
 
-    def stop(self) -> bool:
-        """Stop the local broker; False (and no error) when none was running."""
+    def stop(self, force: bool = False) -> bool:
+        """Stop the local broker; False (and no error) when none was running.
+
+        While test sessions or services hold it (`with LocalKafka(...)`), it is only marked
+        to stop when the last of them exits, unless `force`.
+        """
         if self.external:
             self.say(f"RAGWARM_KAFKA_BOOTSTRAP is set ({self.bootstrap}): nothing to stop.")
             return False
         with self._lock():
+            users = sorted({p.name.split(".")[0] for p in self._live_leases()})
+            if users and not force and self.running_pid() is not None:
+                self._managed_file.touch()
+                self.say(
+                    f"Kafka is in use by process(es) {', '.join(users)}: it stops when the last "
+                    "of them exits (`ragwarm kafka stop --force` stops it now)."
+                )
+                return False
             return self._stop_locked()
 
     def _stop_locked(self) -> bool:
@@ -414,6 +426,7 @@ class LocalKafka:
             "data_dir": str(self.data_dir),
             "log": str(self.log_file),
             "jars": str(self.jars_dir),
+            "users": sorted({int(p.name.split(".")[0]) for p in self._live_leases()}),
         }
 
     # --- shared use by test sessions and the stack -------------------------------------

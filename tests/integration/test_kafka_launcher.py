@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ragwarm.kafka_local import LocalKafka
+from ragwarm.kafka_local import LocalKafka, LocalKafkaSettings
 from ragwarm.settings import HomeSettings, KafkaSettings
 
 pytestmark = pytest.mark.integration
@@ -87,3 +87,19 @@ def test_stop_with_nothing_running_exits_zero(cli_env: dict[str, str]) -> None:
     assert "not running" in result.stdout
     status = json.loads(_ragwarm(cli_env, "kafka", "status", "--json").stdout)
     assert status["running"] is False and status["pid"] is None
+
+
+def test_stop_waits_for_a_session_still_using_the_broker(cli_env: dict[str, str]) -> None:
+    home = HomeSettings(home=Path(cli_env["RAGWARM_HOME"]))
+    kafka = KafkaSettings(
+        bootstrap=None,
+        port=int(cli_env["RAGWARM_KAFKA_PORT"]),
+        controller_port=int(cli_env["RAGWARM_KAFKA_CONTROLLER_PORT"]),
+    )
+    local = LocalKafkaSettings(jars_dir=Path(cli_env["RAGWARM_KAFKA_JARS_DIR"]))
+    with LocalKafka(home, kafka, local, say=print):
+        pid = int(home.run_dir.joinpath("kafka.pid").read_text())
+        polite = _ragwarm(cli_env, "kafka", "stop")
+        assert polite.returncode == 0 and "in use by" in polite.stdout
+        assert _brokers_under(home.home) == [pid]
+    assert _brokers_under(home.home) == []
