@@ -1,0 +1,93 @@
+"""The RAG layer as the streams app sees it: index, retrieve, and build warmable prefixes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rag.embed import Embedder
+from rag.index import Indexer
+from rag.prompt import PromptBuilder
+from rag.retrieve import Retriever
+from rag.settings import QdrantSettings, RagSettings
+from rag.store import ChunkStore
+from ragwarm.settings import ModelSettings
+from schemas import ChunkRef, KbChange
+from streams.ports import WarmPrefix
+from workers.cache import BLOCK_SIZE, block_hashes
+
+
+class RagService:
+    """Implements `streams.ports.RagPort` over a store, an embedder and the LLM tokenizer.
+
+    Prefix hashes are computed exactly as workers compute them (same tokens, tenant and
+    model salt), so the app can tell which prefix a worker will report without asking it.
+    """
+
+    def __init__(self, store: ChunkStore, indexer: Indexer, retriever: Retriever,
+                 prompts: PromptBuilder, model_salt: str, block_size: int = BLOCK_SIZE):
+        self.store = store
+        self.indexer = indexer
+        self.retriever = retriever
+        self.prompts = prompts
+        self.model_salt = model_salt
+        self.block_size = block_size
+
+    @classmethod
+    def open(cls, models: ModelSettings, rag: RagSettings | None = None,
+             qdrant: QdrantSettings | None = None) -> RagService:
+        from ragwarm.models import embed_model_dir, llm_dir, load_tokenizer
+
+        rag = rag or RagSettings()
+        tokenizer = load_tokenizer(llm_dir(models=models))
+        embedder = Embedder.load(embed_model_dir(models), batch_size=rag.embed_batch_size)
+        store = ChunkStore.open(qdrant or QdrantSettings(), rag.collection, embedder.dim)
+        return cls(
+            store, Indexer.from_settings(store, embedder, tokenizer, rag),
+            Retriever(store, embedder, rag.top_k), PromptBuilder(tokenizer, rag.system_prompt),
+            models.llm_name,
+        )
+
+    def close(self) -> None:
+        self.store.close()
+
+    def index(self, change: KbChange) -> dict[str, str] | None:
+        result = self.indexer.index_document(change)
+        if not result.applied:
+            return None
+        return {c.chunk_id: c.content_hash for c in result.chunks}
+
+    def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
+        hits = self.retriever.retrieve(question, tenant).chunks
+        return self._prefix(hits, tenant) if hits else None
+
+    def prefix_for_refs(self, refs: Sequence[ChunkRef], tenant: str) -> WarmPrefix | None:
+        stored = self.store.get_chunks([r.chunk_id for r in refs], tenant)
+        chunks = []
+        for ref in refs:
+            hit = stored.get(ref.chunk_id)
+            if hit is None or hit.chunk.content_hash != ref.content_hash:
+                return None
+            chunks.append(hit.chunk)
+        return self._prefix(chunks, tenant) if chunks else None
+
+    def refs_current(self, refs: Sequence[ChunkRef], tenant: str = "default") -> bool:
+        stored = self.store.get_chunks([r.chunk_id for r in refs], tenant)
+        return all(
+            r.chunk_id in stored and stored[r.chunk_id].chunk.content_hash == r.content_hash
+            for r in refs
+        )
+
+    def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
+        hits = self.retriever.retrieve(question, tenant, k).hits
+        return [{"chunk_id": h.chunk.chunk_id, "content_hash": h.chunk.content_hash,
+                 "doc_id": h.chunk.doc_id, "text": h.chunk.text, "score": h.score,
+                 "version": h.version} for h in hits]
+
+    def _prefix(self, chunks, tenant: str) -> WarmPrefix | None:
+        tokens = self.prompts.build_prefix(chunks)
+        hashes = block_hashes(tokens, tenant=tenant, model=self.model_salt,
+                              block_size=self.block_size)
+        if not hashes:
+            return None  # shorter than one block: nothing a worker could cache
+        refs = [ChunkRef(chunk_id=c.chunk_id, content_hash=c.content_hash) for c in chunks]
+        return WarmPrefix(prefix_hash=hashes[-1], token_ids=tokens, chunk_refs=refs)

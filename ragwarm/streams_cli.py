@@ -1,0 +1,56 @@
+"""`ragwarm streams`: wire the RAG layer into the Faust app and run it as a Faust worker."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from ragwarm.settings import KafkaSettings, ModelSettings
+from streams.settings import StreamsSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> object:
+    """The Faust app with its topics, tables, agents and views around `rag_port`."""
+    from streams.agents import Pipeline, register_agents
+    from streams.app import create_app
+    from streams.hot import HotTracker
+    from streams.tables import define_tables
+    from streams.topics import define_topics
+    from streams.views import register_views
+
+    app = create_app(streams, kafka.servers)
+    pipeline = Pipeline(
+        app=app, topics=define_topics(app, streams.partitions),
+        tables=define_tables(app, streams.partitions), rag=rag_port, settings=streams,
+        tracker=HotTracker(streams.hot_window_s, streams.hot_step_s, streams.hot_capacity),
+    )
+    register_agents(pipeline)
+    register_views(pipeline)
+    return pipeline
+
+
+@click.command()
+@click.option("--web-port", type=int, default=None, help="Port of the web views.")
+@click.option("--loglevel", default="info", show_default=True)
+def streams(web_port: int | None, loglevel: str) -> None:
+    """Run the streams app (a Faust worker): KB changes, token frequencies, placement."""
+    from faust.worker import Worker
+
+    from ragwarm.rag_port import RagService
+
+    settings = StreamsSettings()
+    if web_port is not None:
+        settings = settings.model_copy(update={"web_port": web_port})
+    kafka = KafkaSettings()
+    # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
+    rag = RagService.open(ModelSettings())
+    pipeline = build_pipeline(settings, kafka, rag)
+    click.echo(f"streams: app {settings.app_id} on {kafka.servers}, "
+               f"views at http://{settings.web_host}:{settings.web_port}/ragwarm/stats")
+    try:
+        Worker(pipeline.app, loglevel=loglevel).execute_from_commandline()
+    finally:
+        rag.close()
