@@ -1,0 +1,206 @@
+"""The torch engine on the real SmolLM2 copy: prefix reuse is exact and never mutates the cache."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from ragwarm.models import fetch_llm
+from workers.cache import PrefixCache
+from workers.engines.base import Engine, GenerationStep
+from workers.engines.torch_engine import KV, TorchEngine, load_torch_engine
+from workers.memory import Budget
+from workers.settings import WorkerSettings
+
+pytestmark = pytest.mark.integration
+
+EVENTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "argocd" / "events.jsonl"
+FALLBACK_TEXT = (
+    "Argo CD is a declarative, GitOps continuous delivery tool for Kubernetes. "
+    "Applications are defined as Kubernetes manifests kept in a Git repository. "
+)
+QUESTION = "\nQuestion: What does Argo CD deploy? Answer:"
+MAX_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    # Idempotent: returns at once when the copy is already there.
+    return fetch_llm()
+
+
+def _engine(path: Path, cache: PrefixCache | None = None) -> TorchEngine:
+    # One thread: the CPU is shared with the rest of the suite.
+    return load_torch_engine(path, WorkerSettings(device="cpu", threads=1), cache=cache)
+
+
+@pytest.fixture(scope="module")
+def shared_engine(model_path: Path) -> TorchEngine:
+    return _engine(model_path)
+
+
+@pytest.fixture
+def engine(shared_engine: TorchEngine) -> Iterator[TorchEngine]:
+    shared_engine.cache.clear()
+    shared_engine.sync()
+    yield shared_engine
+    shared_engine.cache.clear()
+    shared_engine.sync()
+
+
+@pytest.fixture(scope="module")
+def doc_tokens(shared_engine: TorchEngine) -> list[int]:
+    text = FALLBACK_TEXT * 20
+    if EVENTS.is_file():
+        with EVENTS.open() as lines:
+            text = next(
+                e["text"] for e in map(json.loads, lines) if len(e.get("text") or "") > 2000
+            )
+    return shared_engine.tokenize(text)[:200]
+
+
+def _run(
+    engine: TorchEngine, prompt: list[int], tenant: str = "t", **kw: object
+) -> list[GenerationStep]:
+    return list(engine.generate(prompt, max_tokens=MAX_TOKENS, tenant=tenant, **kw))  # type: ignore[arg-type]
+
+
+def _cold(engine: TorchEngine, prompt: list[int]) -> list[int]:
+    steps = _run(engine, prompt, tenant="cold-" + str(len(prompt)))
+    result = steps[-1].result
+    assert result is not None and result.cached_tokens == 0
+    return list(result.token_ids)
+
+
+def _snapshot(kv: KV | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    assert kv is not None
+    return [(k.clone(), v.clone()) for k, v in kv]
+
+
+def test_engine_satisfies_the_protocol(engine: TorchEngine) -> None:
+    assert isinstance(engine, Engine)
+    assert engine.kv_bytes_per_token > 0
+    assert engine.detokenize(engine.tokenize("Argo CD syncs apps.")) == "Argo CD syncs apps."
+
+
+def test_warm_greedy_output_equals_cold(engine: TorchEngine, doc_tokens: list[int]) -> None:
+    prefix, question = doc_tokens[:100], engine.tokenize(QUESTION)
+    cold = _cold(engine, prefix + question)
+    stored = engine.prefill(prefix, tenant="t")
+    assert stored.n_tokens == 96 and stored.computed_tokens == 96
+    steps = _run(engine, prefix + question)
+    result = steps[-1].result
+    assert result is not None
+    assert list(result.token_ids) == cold
+    assert result.cached_tokens == stored.n_tokens
+    assert result.prefix_hash == stored.prefix_hash
+    assert "".join(s.text for s in steps) == result.text == engine.tokenizer.decode(cold)
+
+
+def test_generate_leaves_stored_kv_untouched(engine: TorchEngine, doc_tokens: list[int]) -> None:
+    stored = engine.prefill(doc_tokens[:64], tenant="t")
+    assert stored.prefix_hash is not None
+    kv = engine.stored_kv(stored.prefix_hash)
+    before = _snapshot(kv)
+    _run(engine, doc_tokens[:64] + engine.tokenize(QUESTION))
+    _run(engine, doc_tokens[:40])  # a partial match slices the same tensors
+    after = engine.stored_kv(stored.prefix_hash)
+    assert after is kv
+    assert all(
+        torch.equal(a, k) and torch.equal(b, v) for (a, b), (k, v) in zip(before, kv, strict=True)
+    )
+    assert all(k.shape[-2] == 64 for k, _ in kv)
+
+
+def test_partial_match_reuses_matched_blocks_only(
+    engine: TorchEngine, doc_tokens: list[int]
+) -> None:
+    engine.prefill(doc_tokens[:96], tenant="t")
+    prompt = doc_tokens[:50] + engine.tokenize(QUESTION)
+    cold = _cold(engine, prompt)
+    result = _run(engine, prompt)[-1].result
+    assert result is not None
+    assert result.cached_tokens == 48
+    assert list(result.token_ids) == cold
+
+
+def test_whole_prompt_cached_still_computes_the_last_token(
+    engine: TorchEngine, doc_tokens: list[int]
+) -> None:
+    prompt = doc_tokens[:64]
+    cold = _cold(engine, prompt)
+    engine.prefill(prompt, tenant="t")
+    result = _run(engine, prompt)[-1].result
+    assert result is not None
+    assert result.cached_tokens == 63
+    assert list(result.token_ids) == cold
+
+
+def test_prefill_reuses_a_cached_shorter_prefix(engine: TorchEngine, doc_tokens: list[int]) -> None:
+    first = engine.prefill(doc_tokens[:32], tenant="t")
+    longer = engine.prefill(doc_tokens[:80], tenant="t")
+    again = engine.prefill(doc_tokens[:80], tenant="t")
+    shorter = engine.prefill(doc_tokens[:48], tenant="t")  # inside `longer`: sliced, no compute
+    assert (first.computed_tokens, longer.computed_tokens) == (32, 48)
+    assert (again.computed_tokens, shorter.computed_tokens) == (0, 0)
+    assert longer.nbytes == 80 * engine.kv_bytes_per_token
+    assert engine.memory().used == sum(r.nbytes for r in (first, longer, shorter))
+
+
+def test_tenants_never_share_a_prefix(engine: TorchEngine, doc_tokens: list[int]) -> None:
+    engine.prefill(doc_tokens[:64], tenant="a")
+    result = _run(engine, doc_tokens[:64] + engine.tokenize(QUESTION), tenant="b")[-1].result
+    assert result is not None and result.cached_tokens == 0 and result.prefix_hash is None
+
+
+def test_invalidate_frees_the_kv_and_the_next_generate_misses(
+    engine: TorchEngine, doc_tokens: list[int]
+) -> None:
+    refs = [("docs/faq.md#0", "c0ffee")]
+    stored = engine.prefill(doc_tokens[:64], tenant="t", chunk_refs=refs, pin=True)
+    assert engine.memory().used == stored.nbytes > 0
+    removed = engine.cache.invalidate(refs)
+    assert [e.prefix_hash for e in removed] == [stored.prefix_hash]
+    assert engine.sync() == stored.nbytes
+    assert engine.memory().used == 0 and stored.prefix_hash is not None
+    assert engine.stored_kv(stored.prefix_hash) is None
+    result = _run(engine, doc_tokens[:64] + engine.tokenize(QUESTION))[-1].result
+    assert result is not None and result.cached_tokens == 0
+
+
+def test_eviction_by_the_budget_drops_the_kv(model_path: Path, doc_tokens: list[int]) -> None:
+    entry_bytes = 32 * 46080  # 32 tokens of SmolLM2-135M fp32 KV
+    cache = PrefixCache(Budget(max_bytes=entry_bytes * 3 // 2, max_entries=8, warm_bytes=0))
+    small = _engine(model_path, cache=cache)
+    assert small.kv_bytes_per_token == 46080
+    first = small.prefill(doc_tokens[:32], tenant="t")
+    second = small.prefill(doc_tokens[40:72], tenant="t")
+    assert [e.prefix_hash for e in second.evicted] == [first.prefix_hash]
+    assert first.prefix_hash is not None and small.stored_kv(first.prefix_hash) is None
+    assert small.memory().used == second.nbytes
+
+
+def test_short_prompt_stores_nothing(engine: TorchEngine) -> None:
+    result = engine.prefill([1, 2, 3], tenant="t")
+    assert result.prefix_hash is None and result.n_tokens == 0 and engine.memory().used == 0
+
+
+def test_stop_ids_end_the_generation(engine: TorchEngine, doc_tokens: list[int]) -> None:
+    prompt = doc_tokens[:20]
+    first = _cold(engine, prompt)[0]
+    steps = _run(engine, prompt, stop_ids=[first])
+    result = steps[-1].result
+    assert len(steps) == 1 and steps[0].token_id == first
+    assert result is not None and result.finish_reason == "stop" and result.token_ids == ()
+    assert _run(engine, prompt)[-1].result.finish_reason == "length"  # type: ignore[union-attr]
+
+
+def test_bad_arguments_fail_at_the_call(engine: TorchEngine) -> None:
+    with pytest.raises(ValueError, match="max_tokens"):
+        engine.generate([1, 2], max_tokens=0, tenant="t")
+    with pytest.raises(ValueError, match="prompt token"):
+        engine.generate([], max_tokens=1, tenant="t")

@@ -1,0 +1,107 @@
+"""Typed settings of an inference worker (`RAGWARM_WORKER_*`): engine, KV cache, and service."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from workers.cache import BLOCK_SIZE
+from workers.eviction import make_policy
+from workers.memory import DEFAULT_MAX_ENTRIES, GiB
+
+
+class WorkerSettings(BaseSettings):
+    """One worker: which device and precision the engine runs in, and its KV-cache bounds."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_WORKER_", extra="ignore")
+
+    engine: str = Field(default="torch", description="Engine name: `torch` (transformers).")
+    model_id: str | None = Field(
+        default=None,
+        description="Model name salting the prefix hashes; defaults to the model directory name. "
+        "Every component hashing prompts for this model must use the same value.",
+    )
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        default="auto", description="Where the torch engine runs; `auto` picks CUDA when present."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="Weights and KV precision; `auto` is float32 on CPU, bf16 on CUDA.",
+    )
+    threads: int | None = Field(
+        default=None, ge=1, description="torch CPU threads; all cores when unset."
+    )
+    block_size: int = Field(
+        default=BLOCK_SIZE,
+        ge=1,
+        description="Tokens per hashed block; prefixes are stored whole blocks.",
+    )
+    kv_bytes: int = Field(
+        default=2 * GiB, ge=0, description="Cap on the bytes of KV held by cached prefixes."
+    )
+    max_entries: int = Field(
+        default=DEFAULT_MAX_ENTRIES, ge=0, description="Cap on the number of cached prefixes."
+    )
+    eviction_policy: str = Field(
+        default="lru", description="Which unpinned prefix goes first: lru, lfu-aged or gdsf."
+    )
+    ttl_s: float = Field(
+        default=3600.0, gt=0, description="Lifetime of a cached prefix unless a command sets one."
+    )
+
+    # -- service: HTTP API, commands and events (workers/service.py, ragwarm/worker_cli.py)
+    worker_id: str = Field(
+        default_factory=socket.gethostname,
+        description="This worker's id: key of its events, target of commands; the host name.",
+    )
+    host: str = Field(default="127.0.0.1", description="Address the HTTP API listens on.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port of the HTTP API.")
+    advertise_url: str | None = Field(
+        default=None, description="Base URL announced in events; http://<host>:<port> if unset."
+    )
+    api_key: SecretStr | None = Field(
+        default=None, description="Bearer token required on /v1/* and /metrics (not /health/*)."
+    )
+    max_prompt_tokens: int = Field(default=4096, ge=1, description="Longest prompt accepted.")
+    max_tokens: int = Field(default=512, ge=1, description="Largest max_tokens accepted.")
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="Largest request body.")
+    cache_requests: bool = Field(
+        default=True,
+        description="After a completion, cache its prompt's full blocks unpinned (reactive, "
+        "like vLLM automatic prefix caching).",
+    )
+    warm_set: Path | None = Field(
+        default=None,
+        description="JSON or JSONL file of prefixes (token_ids or prompt, tenant, chunk_refs, "
+        "ttl_s, pin) prefilled before the worker reports ready.",
+    )
+    heartbeat_s: float = Field(default=5.0, gt=0, description="Seconds between heartbeats.")
+    kafka: bool = Field(
+        default=True, description="Consume warmup.commands and publish worker.events."
+    )
+    remote_url: str | None = Field(
+        default=None, description="Engine `remote`: base URL of an OpenAI-compatible server."
+    )
+    remote_api_key: SecretStr | None = Field(
+        default=None, description="Engine `remote`: bearer token of that server."
+    )
+    remote_model: str | None = Field(
+        default=None, description="Engine `remote`: served model name; the first one if unset."
+    )
+    remote_timeout_s: float = Field(default=120.0, gt=0, description="Engine `remote`: timeout.")
+    vllm_gpu_memory_utilization: float = Field(
+        default=0.85, gt=0, le=1, description="Engine `vllm`: share of GPU memory vLLM may use."
+    )
+    vllm_max_model_len: int | None = Field(
+        default=None, ge=1, description="Engine `vllm`: context length; the model's if unset."
+    )
+
+    @field_validator("eviction_policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        make_policy(name)  # raises with the list of valid names
+        return name
