@@ -1,0 +1,492 @@
+"""`ragwarm replay`: rewind a stopped consumer group, or copy a range of a topic into another."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, TypeVar
+
+import click
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import OffsetSpec, OffsetTimestamp
+from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, RetriableError
+from kafka.structs import OffsetAndMetadata
+from tqdm import tqdm
+
+from ragwarm.producer import epoch_ms, quiet_client_logs, unreachable_message
+from ragwarm.settings import KafkaSettings
+
+Kind = Literal["beginning", "end", "offset", "time"]
+T = TypeVar("T")
+_WORDS: dict[str, Kind] = {
+    "beginning": "beginning",
+    "earliest": "beginning",
+    "end": "end",
+    "latest": "end",
+}
+# States in which a classic consumer group has no member that could commit over a reset.
+STOPPED_STATES = frozenset({"Empty", "Dead"})
+
+
+# --- positions and plans (pure) ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Position:
+    """Where a range starts or ends: a named end of the log, an offset, or a time (ms)."""
+
+    kind: Kind
+    value: int | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "offset":
+            return f"offset {self.value}"
+        if self.kind == "time":
+            stamp = datetime.fromtimestamp(self.value / 1000, UTC)  # type: ignore[operator]
+            return stamp.isoformat(timespec="milliseconds")
+        return self.kind
+
+
+def parse_position(text: str) -> Position:
+    """`beginning`/`earliest`, `end`/`latest`, a non-negative offset, or an ISO-8601 time.
+
+    A time without a zone is read as UTC, as the trace reader does.
+    """
+    word = text.strip().lower()
+    if word in _WORDS:
+        return Position(_WORDS[word])
+    if word.isdigit():
+        return Position("offset", int(word))
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not 'beginning', 'end', an offset or an ISO-8601 time "
+            "(e.g. 2026-01-31T12:00:00Z)"
+        ) from None
+    # Kafka reads negative times as "earliest"/"latest" markers; every record is after 1970.
+    return Position("time", max(0, epoch_ms(moment)))
+
+
+def check_range(start: Position, end: Position) -> None:
+    """Refuse a range that is empty by construction (both ends of one kind, end first)."""
+    if start.kind == "end" and end.kind != "end":
+        raise ValueError("--from end leaves nothing to replay before --to")
+    if end.kind == "beginning":
+        raise ValueError("--to beginning leaves nothing to replay")
+    comparable = start.kind == end.kind and start.kind in ("offset", "time")
+    if comparable and end.value < start.value:  # type: ignore[operator]
+        raise ValueError(f"--to ({end}) is before --from ({start})")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A partition's log: first offset still kept, and the offset the next record will get."""
+
+    partition: int
+    earliest: int
+    latest: int
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """Records [start, end) of one partition; `committed` is the group's offset before a reset."""
+
+    partition: int
+    start: int
+    end: int
+    committed: int | None = None
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start
+
+
+def resolve(position: Position, bounds: Bounds, at_time: int | None = None) -> int:
+    """The offset of `position` in one partition, kept inside the log.
+
+    `at_time` is the first offset whose timestamp is at or after a time position; None
+    (no such record) maps to the end of the log.
+    """
+    if position.kind == "beginning":
+        return bounds.earliest
+    if position.kind == "end":
+        return bounds.latest
+    offset = position.value if position.kind == "offset" else at_time
+    if offset is None or offset < 0:
+        return bounds.latest
+    return min(max(offset, bounds.earliest), bounds.latest)
+
+
+def plan_partitions(
+    bounds: Sequence[Bounds],
+    start: Position,
+    end: Position,
+    at_times: Mapping[tuple[int, int], int | None] | None = None,
+    committed: Mapping[int, int] | None = None,
+) -> list[PartitionPlan]:
+    """One plan per partition; `at_times[(partition, time_ms)]` answers time positions."""
+    at_times = at_times or {}
+    committed = committed or {}
+    plans = []
+    for b in sorted(bounds, key=lambda b: b.partition):
+        first = resolve(start, b, at_times.get((b.partition, start.value or 0)))
+        last = resolve(end, b, at_times.get((b.partition, end.value or 0)))
+        plans.append(
+            PartitionPlan(b.partition, first, max(first, last), committed.get(b.partition))
+        )
+    return plans
+
+
+def group_refusal(group: str, description: Mapping[str, Any]) -> str | None:
+    """Why a group's offsets must not be reset now (members could overwrite them), or None."""
+    state = description.get("group_state") or "Unknown"
+    members = description.get("members") or []
+    if not members and state in STOPPED_STATES:
+        return None
+    return (
+        f"consumer group {group!r} is {state} with {len(members)} active member(s); stop its "
+        "consumers (e.g. the streams app or workers) and run replay again"
+    )
+
+
+def plan_table(plans: Sequence[PartitionPlan], with_committed: bool) -> list[str]:
+    head = f"{'partition':>9} {'from':>12} {'to':>12} {'records':>10}"
+    lines = [head + (f" {'committed':>12}" if with_committed else "")]
+    for p in plans:
+        row = f"{p.partition:>9} {p.start:>12} {p.end:>12} {p.count:>10}"
+        if with_committed:
+            row += f" {'-' if p.committed is None else p.committed:>12}"
+        lines.append(row)
+    lines.append(f"{'total':>9} {'':>12} {'':>12} {sum(p.count for p in plans):>10}")
+    return lines
+
+
+# --- Kafka I/O -------------------------------------------------------------------------------
+def _retrying(call: Callable[[], T], attempts: int = 20, pause_s: float = 0.5) -> T:
+    # A fresh broker answers CoordinatorNotAvailable until __consumer_offsets has a leader.
+    for _ in range(attempts - 1):
+        try:
+            return call()
+        except RetriableError:
+            time.sleep(pause_s)
+    return call()
+
+
+def read_bounds(admin: KafkaAdminClient, topic: str) -> list[Bounds] | None:
+    """Earliest and latest offsets of every partition, or None if the topic does not exist."""
+    if topic not in set(admin.list_topics()):
+        return None
+    parts = [p["partition_index"] for p in admin.describe_topics([topic])[0]["partitions"]]
+    tps = [TopicPartition(topic, p) for p in sorted(parts)]
+    first = admin.list_partition_offsets({tp: OffsetSpec.EARLIEST for tp in tps})
+    last = admin.list_partition_offsets({tp: OffsetSpec.LATEST for tp in tps})
+    return [Bounds(tp.partition, first[tp].offset, last[tp].offset) for tp in tps]
+
+
+def offsets_at_times(
+    admin: KafkaAdminClient, topic: str, partitions: Sequence[int], times: Sequence[int]
+) -> dict[tuple[int, int], int | None]:
+    """First offset at or after each time, per partition (None: no record that late)."""
+    found: dict[tuple[int, int], int | None] = {}
+    for time_ms in times:
+        specs = {TopicPartition(topic, p): OffsetTimestamp(time_ms) for p in partitions}
+        for tp, answer in admin.list_partition_offsets(specs).items():
+            found[(tp.partition, time_ms)] = answer.offset if answer.offset >= 0 else None
+    return found
+
+
+def committed_offsets(admin: KafkaAdminClient, group: str, topic: str) -> dict[int, int]:
+    offsets = _retrying(lambda: admin.list_group_offsets({group: None})).get(group, {})
+    return {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == topic}
+
+
+def reset_group(
+    admin: KafkaAdminClient, group: str, topic: str, plans: Sequence[PartitionPlan]
+) -> None:
+    """Commit each plan's start offset for the group; raise `KafkaError` naming failures."""
+    offsets = {
+        TopicPartition(topic, p.partition): OffsetAndMetadata(p.start, "", -1) for p in plans
+    }
+    result = _retrying(lambda: admin.alter_group_offsets(group, offsets))
+    failed = {tp.partition: err for tp, err in result.items() if err.errno != 0}
+    if failed:
+        detail = ", ".join(f"partition {p}: {e.__name__}" for p, e in sorted(failed.items()))
+        raise KafkaError(f"could not reset group {group!r} ({detail})")
+
+
+def copy_range(
+    consumer: KafkaConsumer,
+    producer: KafkaProducer,
+    source: str,
+    target: str,
+    plans: Sequence[PartitionPlan],
+    keep_partitions: bool,
+    idle_timeout_s: float = 30.0,
+) -> Counter[int]:
+    """Copy records [start, end) of each partition with key, value, headers and timestamp.
+
+    With `keep_partitions` a record lands in the same partition number; otherwise the
+    producer's key partitioner places it. Raises `KafkaError` if any record fails.
+    """
+    todo = {TopicPartition(source, p.partition): p for p in plans if p.count > 0}
+    copied: Counter[int] = Counter()
+    errors: list[BaseException] = []
+    consumer.assign(list(todo))
+    for tp, plan in todo.items():
+        consumer.seek(tp, plan.start)
+    bar = tqdm(
+        total=sum(p.count for p in plans), desc="copy", unit="rec", file=sys.stderr, disable=None
+    )
+    with bar:
+        last_progress = time.monotonic()
+        while todo:
+            batch = consumer.poll(timeout_ms=500)
+            for tp, records in batch.items():
+                sent = _forward(
+                    producer, target, tp, records, todo.get(tp), keep_partitions, errors
+                )
+                copied[tp.partition] += sent
+                bar.update(sent)
+            last_progress = time.monotonic() if batch else last_progress
+            _drop_finished(consumer, todo)
+            if todo and time.monotonic() - last_progress > idle_timeout_s:
+                raise KafkaError(f"no records from {source} for {idle_timeout_s:.0f} s")
+    producer.flush()
+    if errors:
+        raise KafkaError(f"{len(errors)} records were not written to {target}: {errors[0]!r}")
+    return copied
+
+
+def _forward(
+    producer: KafkaProducer,
+    target: str,
+    tp: TopicPartition,
+    records: Sequence[Any],
+    plan: PartitionPlan | None,
+    keep_partitions: bool,
+    errors: list[BaseException],
+) -> int:
+    sent = 0
+    for record in records:
+        if plan is None or record.offset >= plan.end:
+            break
+        future = producer.send(
+            target,
+            key=record.key,
+            value=record.value,
+            headers=list(record.headers or []),
+            partition=tp.partition if keep_partitions else None,
+            timestamp_ms=record.timestamp,
+        )
+        future.add_errback(errors.append)
+        sent += 1
+    return sent
+
+
+def _drop_finished(consumer: KafkaConsumer, todo: dict[TopicPartition, PartitionPlan]) -> None:
+    # Positions, not record counts: compaction or transaction markers leave offset gaps.
+    for tp in [tp for tp, plan in todo.items() if consumer.position(tp) >= plan.end]:
+        consumer.pause(tp)
+        del todo[tp]
+
+
+# --- command ---------------------------------------------------------------------------------
+class _PositionType(click.ParamType):
+    name = "position"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Position:
+        if isinstance(value, Position):
+            return value
+        try:
+            return parse_position(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@contextmanager
+def _admin(settings: KafkaSettings) -> Iterator[KafkaAdminClient]:
+    from ragwarm.kafka_admin import admin_client
+
+    try:
+        with admin_client(settings.servers, settings.client_options(), timeout_s=10.0) as admin:
+            yield admin
+    except (KafkaTimeoutError, KafkaConnectionError) as exc:
+        raise click.ClickException(unreachable_message(settings.servers, exc)) from None
+    except KafkaError as exc:
+        raise click.ClickException(f"{settings.servers}: {exc}") from None
+
+
+@click.command()
+@click.argument("topic")
+@click.option(
+    "--from",
+    "start",
+    type=_PositionType(),
+    required=True,
+    help="ISO-8601 time, offset (same on every partition) or 'beginning'.",
+)
+@click.option(
+    "--to",
+    "end",
+    type=_PositionType(),
+    default=None,
+    help="Copy mode: stop before this ISO time or offset, or at the 'end' (default).",
+)
+@click.option("--group", help="Reset this stopped consumer group's offsets on TOPIC to --from.")
+@click.option("--into", help="Copy [--from, --to) of TOPIC into this topic (created if missing).")
+@click.option("--dry-run", is_flag=True, help="Print the plan per partition; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan and result as JSON.")
+def replay(
+    topic: str,
+    start: Position,
+    end: Position | None,
+    group: str | None,
+    into: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Replay TOPIC: rewind a stopped consumer group (--group) or copy a range (--into).
+
+    A time maps, per partition, to the first record at or after it (the end of the log
+    when there is none); offsets are kept inside what the log still holds.
+    """
+    quiet_client_logs()
+    if (group is None) == (into is None):
+        raise click.UsageError("give exactly one of --group G or --into TOPIC2")
+    if group is not None and end is not None and end.kind != "end":
+        raise click.UsageError("--to applies to --into; a group reads on from --from")
+    if into == topic:
+        raise click.UsageError("--into must name another topic than TOPIC")
+    end = end or Position("end")
+    try:
+        check_range(start, end)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    settings = KafkaSettings()
+    if group is not None:
+        _run_reset(settings, topic, group, start, dry_run, as_json)
+    else:
+        _run_copy(settings, topic, into, start, end, dry_run, as_json)  # type: ignore[arg-type]
+
+
+def _plan(
+    admin: KafkaAdminClient,
+    topic: str,
+    start: Position,
+    end: Position,
+    committed: Mapping[int, int] | None = None,
+) -> list[PartitionPlan]:
+    bounds = read_bounds(admin, topic)
+    if bounds is None:
+        raise click.ClickException(f"topic {topic!r} does not exist")
+    times = [p.value for p in (start, end) if p.kind == "time"]
+    parts = [b.partition for b in bounds]
+    at_times = offsets_at_times(admin, topic, parts, times) if times else {}
+    return plan_partitions(bounds, start, end, at_times, committed)  # type: ignore[arg-type]
+
+
+def _run_reset(
+    settings: KafkaSettings, topic: str, group: str, start: Position, dry_run: bool, as_json: bool
+) -> None:
+    with _admin(settings) as admin:
+        description = _retrying(lambda: admin.describe_groups([group]))[group]
+        refusal = group_refusal(group, description)
+        if refusal:
+            raise click.ClickException(refusal)
+        plans = _plan(admin, topic, start, Position("end"), committed_offsets(admin, group, topic))
+        if not dry_run:
+            reset_group(admin, group, topic, plans)
+    verb = "would reset" if dry_run else "reset"
+    summary = f"{verb} group {group!r} on {topic} to {start}"
+    _report(plans, summary, {"mode": "group", "group": group}, topic, dry_run, as_json)
+
+
+def _run_copy(
+    settings: KafkaSettings,
+    topic: str,
+    into: str,
+    start: Position,
+    end: Position,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    with _admin(settings) as admin:
+        plans = _plan(admin, topic, start, end)
+        target = read_bounds(admin, into)
+    notes = _target_notes(into, target, len(plans), dry_run)
+    copied: Counter[int] = Counter()
+    if not dry_run:
+        if target is None:
+            _create_topic(settings, into, len(plans))
+        keep = target is None or len(target) == len(plans)
+        copied = _copy(settings, topic, into, plans, keep)
+    count = sum(p.count for p in plans) if dry_run else sum(copied.values())
+    verb = "would copy" if dry_run else "copied"
+    summary = f"{verb} {count} records of {topic} [{start}, {end}) into {into}"
+    extra = {"mode": "copy", "into": into, "notes": notes, "copied": sum(copied.values())}
+    _report(plans, summary, extra, topic, dry_run, as_json)
+
+
+def _target_notes(
+    into: str, target: list[Bounds] | None, partitions: int, dry_run: bool
+) -> list[str]:
+    if target is None:
+        verb = "would be" if dry_run else "was"
+        return [f"{into} does not exist; it {verb} created with {partitions} partitions"]
+    if len(target) != partitions:
+        return [f"{into} has {len(target)} partitions, not {partitions}: records are placed by key"]
+    return []
+
+
+def _create_topic(settings: KafkaSettings, name: str, partitions: int) -> None:
+    from ragwarm.kafka_admin import create_topics
+    from schemas.topics import TopicSpec
+
+    create_topics(
+        settings.servers, settings.client_options(), [TopicSpec(name, "copy", partitions)]
+    )
+
+
+def _copy(
+    settings: KafkaSettings, topic: str, into: str, plans: Sequence[PartitionPlan], keep: bool
+) -> Counter[int]:
+    options = settings.client_options()
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.servers.split(","), enable_auto_commit=False, **options
+    )
+    producer = KafkaProducer(
+        bootstrap_servers=settings.servers.split(","), acks="all", linger_ms=20, **options
+    )
+    try:
+        return copy_range(consumer, producer, topic, into, plans, keep)
+    except KafkaError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        consumer.close()
+        producer.close()
+
+
+def _report(
+    plans: Sequence[PartitionPlan],
+    summary: str,
+    extra: dict[str, Any],
+    topic: str,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    if as_json:
+        rows = [asdict(p) | {"records": p.count} for p in plans]
+        out = {"topic": topic, "dry_run": dry_run, "partitions": rows} | extra
+        out["records"] = sum(p.count for p in plans)
+        click.echo(json.dumps(out))
+        return
+    for line in plan_table(plans, with_committed=extra["mode"] == "group"):
+        click.echo(line)
+    for note in extra.get("notes", []):
+        click.echo(f"note: {note}")
+    click.echo(summary + (" (dry run: nothing changed)" if dry_run else ""))
