@@ -1,0 +1,180 @@
+"""Kafka I/O of a worker: consume `warmup.commands`, publish `worker.events`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from schemas import SchemaError, WarmupCommand, WorkerEvent, decode, encode
+from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 250
+
+
+class EventSink(Protocol):
+    """Where a worker's events go."""
+
+    def send(self, event: WorkerEvent) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NullSink:
+    """A worker without Kafka: events are only logged at debug level."""
+
+    def send(self, event: WorkerEvent) -> None:
+        log.debug("event %s %s", event.kind, event.prefix_hash or "")
+
+    def close(self) -> None:
+        return None
+
+
+class KafkaEventSink:
+    """Publishes `WorkerEvent`s on `worker.events`, keyed by worker id (thread-safe)."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        client_options: dict[str, Any],
+        worker_id: str,
+        *,
+        topic: str = WORKER_EVENTS,
+    ) -> None:
+        from kafka import KafkaProducer
+
+        self._producer = KafkaProducer(
+            bootstrap_servers=bootstrap, acks=1, linger_ms=5, **client_options
+        )
+        self._key = worker_id.encode()
+        self._topic = topic
+
+    def send(self, event: WorkerEvent) -> None:
+        future = self._producer.send(self._topic, key=self._key, value=encode(event))
+        future.add_errback(lambda exc: log.error("could not publish %s: %s", event.kind, exc))
+
+    def close(self) -> None:
+        self._producer.flush(timeout=10)
+        self._producer.close(timeout=10)
+
+
+def parse_command(value: bytes | None, worker_id: str) -> WarmupCommand | None:
+    """The command in a record if it is meant for `worker_id`; None when addressed elsewhere.
+
+    Raises `SchemaError` for a record that is not a valid `WarmupCommand`.
+    """
+    if value is None:
+        raise SchemaError("", "empty record (tombstone)")
+    command = decode(value, WarmupCommand)
+    assert isinstance(command, WarmupCommand)
+    if command.worker_id is not None and command.worker_id != worker_id:
+        return None
+    return command
+
+
+class CommandConsumer:
+    """A thread consuming `warmup.commands` in the group `ragwarm-worker-<worker_id>`.
+
+    A new group starts at the end of the topic ("latest"): a new worker does not replay
+    old commands; a restarted one resumes from its committed offsets. Bad records are
+    logged, counted and skipped; an error while handling a command never stops the loop.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        client_options: dict[str, Any],
+        worker_id: str,
+        handle: Callable[[WarmupCommand], object],
+        *,
+        on_malformed: Callable[[str], None] = lambda _reason: None,
+        topic: str = WARMUP_COMMANDS,
+    ) -> None:
+        self._bootstrap = bootstrap
+        self._options = client_options
+        self._worker_id = worker_id
+        self._handle = handle
+        self._on_malformed = on_malformed
+        self._topic = topic
+        self._stop = threading.Event()
+        self._assigned = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="warmup-commands", daemon=True)
+
+    @property
+    def group_id(self) -> str:
+        return f"ragwarm-worker-{self._worker_id}"
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start consuming; returns once partitions are assigned and positioned."""
+        self._thread.start()
+        if not self._assigned.wait(timeout_s):
+            raise TimeoutError(f"no partitions of {self._topic} assigned after {timeout_s:.0f} s")
+        if self._error is not None:
+            raise RuntimeError(f"command consumer failed: {self._error}") from self._error
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            consumer = self._connect()
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+            self._assigned.set()
+            return
+        try:
+            while not self._stop.is_set():
+                batches = consumer.poll(timeout_ms=POLL_MS)
+                self._mark_assigned(consumer)
+                for records in batches.values():
+                    for record in records:
+                        self._dispatch(record.value)
+        finally:
+            consumer.close()
+
+    def _connect(self) -> Any:
+        from kafka import KafkaConsumer
+
+        return KafkaConsumer(
+            self._topic,
+            bootstrap_servers=self._bootstrap,
+            group_id=self.group_id,
+            auto_offset_reset="latest",
+            enable_auto_commit=True,
+            auto_commit_interval_ms=1000,
+            **self._options,
+        )
+
+    def _mark_assigned(self, consumer: Any) -> None:
+        if self._assigned.is_set():
+            return
+        partitions = consumer.assignment()
+        if partitions:
+            # Resolving positions now fixes "latest" before we report ready, so a command
+            # sent after `ready` is never skipped by a late offset reset.
+            for tp in partitions:
+                consumer.position(tp)
+            log.info(
+                "consuming %s as %s (%d partitions)", self._topic, self.group_id, len(partitions)
+            )
+            self._assigned.set()
+
+    def _dispatch(self, value: bytes | None) -> None:
+        try:
+            command = parse_command(value, self._worker_id)
+        except SchemaError as exc:
+            log.warning("skipping malformed command: %s", exc)
+            self._on_malformed(str(exc))
+            return
+        if command is None:
+            return
+        try:
+            self._handle(command)
+        except Exception:
+            log.exception("command %s (%s) failed", command.command_id, command.op)

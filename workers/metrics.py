@@ -1,0 +1,120 @@
+"""Prometheus metrics of one worker, in a registry of its own (no global state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# TTFT spans ~10 ms (warm, GPU) to tens of seconds (cold 4k prompt on 2 CPU cores).
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 4.0, 6.0, 10.0, 20.0)
+
+
+@dataclass(frozen=True)
+class Served:
+    """What one completion cost: its prompt, what the cache saved, and its first token."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    full_blocks: int
+    ttft_s: float
+    cache_was_empty: bool
+
+
+class WorkerMetrics:
+    """The metrics a worker exports on `/metrics`.
+
+    - `cold_start_count`: requests served while this worker's cache held no entry at all,
+      i.e. the instance itself was cold (never warmed, or everything was dropped). A
+      warmed worker keeps it at 0; without warmup it counts the first request(s) after start.
+    - `kv_cache_miss`: requests whose prompt had at least one full block but matched no
+      cached prefix (a miss against whatever the cache held).
+    - `warmup_hit_rate`: requests with >= 1 cached prompt token / all completion requests.
+    - `first_token_latency`: seconds from request arrival to the first generated token.
+    - `vllm:prefix_cache_queries` / `vllm:prefix_cache_hits`: prompt tokens looked up and
+      prompt tokens served from cache, counted like vLLM so one adapter reads both.
+    """
+
+    def __init__(self, *, worker_id: str, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("worker_requests", "Completion requests served.", registry=r)
+        self.hits = Counter("worker_prefix_hits", "Requests with >= 1 cached token.", registry=r)
+        self.cold_starts = Counter(
+            "cold_start_count", "Requests served while the cache held no entry.", registry=r
+        )
+        self.misses = Counter(
+            "kv_cache_miss", "Requests with >= 1 full block that matched no prefix.", registry=r
+        )
+        self.hit_rate = Gauge(
+            "warmup_hit_rate", "Requests with a cached prefix / all requests.", registry=r
+        )
+        self.ttft = Histogram(
+            "first_token_latency",
+            "Seconds from request arrival to the first token.",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self._labels = {"model_name": model_name}
+        self.queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in prompt tokens (vLLM-compatible).",
+            ["model_name"],
+            registry=r,
+        ).labels(**self._labels)
+        self.token_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in cached prompt tokens (vLLM-compatible).",
+            ["model_name"],
+            registry=r,
+        ).labels(**self._labels)
+        self.cache_bytes = Gauge("kv_cache_bytes", "KV bytes held by cache entries.", registry=r)
+        self.cache_capacity = Gauge("kv_cache_capacity_bytes", "KV byte budget.", registry=r)
+        self.cache_entries = Gauge("kv_cache_entries", "Cached prefixes.", registry=r)
+        self.warm_prefixes = Gauge(
+            "kv_cache_warm_prefixes", "Pinned (warmup-owned) prefixes.", registry=r
+        )
+        self.prefills = Counter("worker_prefills", "Prefixes prefilled.", ["source"], registry=r)
+        self.commands = Counter(
+            "worker_commands", "Warmup commands handled.", ["op", "result"], registry=r
+        )
+        self.malformed = Counter(
+            "worker_commands_malformed",
+            "Records on warmup.commands that were skipped.",
+            registry=r,
+        )
+        self.events = Counter("worker_events_published", "Events sent.", ["kind"], registry=r)
+        self.ready = Gauge("worker_ready", "1 when the worker serves.", ["worker_id"], registry=r)
+        self._worker_id = worker_id
+        self._n_requests = 0
+        self._n_hits = 0
+
+    def observe(self, served: Served) -> None:
+        """Count one completed request."""
+        self.requests.inc()
+        self.ttft.observe(served.ttft_s)
+        self.queries.inc(served.prompt_tokens)
+        self.token_hits.inc(served.cached_tokens)
+        if served.cached_tokens > 0:
+            self.hits.inc()
+        elif served.full_blocks > 0:
+            self.misses.inc()
+        if served.cache_was_empty:
+            self.cold_starts.inc()
+        self._n_requests += 1
+        self._n_hits += served.cached_tokens > 0
+        self.hit_rate.set(self._n_hits / self._n_requests)
+
+    def cache_state(self, *, used: int, capacity: int, entries: int, pinned: int) -> None:
+        self.cache_bytes.set(used)
+        self.cache_capacity.set(capacity)
+        self.cache_entries.set(entries)
+        self.warm_prefixes.set(pinned)
+
+    def set_ready(self, ready: bool) -> None:
+        self.ready.labels(worker_id=self._worker_id).set(1 if ready else 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,334 @@
+"""A running worker: one engine behind one lock, commands applied, cache events published."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from schemas import ChunkRef, WarmupCommand, WorkerEvent
+from workers.api import Limits
+from workers.cache import CacheEvent, ChunkKey, WarmupRefused
+from workers.commands import EventSink
+from workers.engines.base import Engine, GenerationResult, GenerationStep, PrefillResult
+from workers.memory import MEMORY_THRESHOLD, accepts_warmup
+from workers.metrics import Served, WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[GenerationStep], bool]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cache as of the last change: what events, heartbeats and `/v1/cache` report."""
+
+    mem_used: int
+    mem_total: int
+    pinned_bytes: int
+    entries: tuple[dict[str, Any], ...]
+
+    @property
+    def prefixes(self) -> list[str]:
+        return [e["prefix_hash"] for e in self.entries]
+
+
+EMPTY = Snapshot(0, 0, 0, ())
+
+
+def chunk_keys(refs: Iterable[ChunkRef]) -> list[ChunkKey]:
+    return [(r.chunk_id, r.content_hash) for r in refs]
+
+
+class WorkerRuntime:
+    """Serializes engine work (generation, prefill, commands) and reports every cache change.
+
+    All methods block; call them from worker threads, never from the HTTP event loop.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        worker_id: str,
+        url: str,
+        sink: EventSink,
+        metrics: WorkerMetrics,
+        limits: Limits,
+        cache_requests: bool = True,
+        warmup_threshold: float = MEMORY_THRESHOLD,
+    ) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        self.url = url
+        self.sink = sink
+        self.metrics = metrics
+        self.limits = limits
+        self.cache_requests = cache_requests
+        self.warmup_threshold = warmup_threshold
+        self.lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self.snapshot = EMPTY
+        self._pending: list[tuple[CacheEvent, Snapshot]] = []
+        with self.lock:
+            self._refresh()
+
+    # -- engine work -----------------------------------------------------------------
+
+    def prefill(
+        self,
+        token_ids: Sequence[int],
+        *,
+        tenant: str,
+        chunk_refs: Iterable[ChunkKey] = (),
+        ttl_s: float | None = None,
+        pin: bool = False,
+        command_id: str | None = None,
+        source: str = "api",
+    ) -> PrefillResult:
+        """Store the block-aligned prefix; raises `WarmupRefused` when it cannot fit."""
+        try:
+            with self.lock:
+                try:
+                    result = self.engine.prefill(
+                        token_ids,
+                        tenant=tenant,
+                        chunk_refs=chunk_refs,
+                        ttl_s=ttl_s,
+                        pin=pin,
+                        command_id=command_id,
+                    )
+                finally:
+                    self._refresh()
+        finally:
+            self.flush()
+        if result.computed_tokens:
+            self.metrics.prefills.labels(source=source).inc()
+        return result
+
+    def generate(
+        self,
+        token_ids: Sequence[int],
+        *,
+        tenant: str,
+        max_tokens: int,
+        temperature: float,
+        arrived: float,
+        emit: Emit,
+        chunk_refs: Iterable[ChunkKey] = (),
+    ) -> GenerationResult | None:
+        """Stream a completion through `emit` (False stops it); None when it was stopped.
+
+        `arrived` is the request's `time.perf_counter()`; TTFT counts the wait for the lock.
+        After the answer, the prompt's full blocks are cached unpinned (`cache_requests`).
+        """
+        with self.lock:
+            was_empty = len(self.engine.cache) == 0
+            steps = self.engine.generate(
+                token_ids, max_tokens=max_tokens, tenant=tenant, temperature=temperature
+            )
+            result, first = _drive(steps, emit)
+            if result is not None:
+                self._observe(result, (first or time.perf_counter()) - arrived, was_empty)
+                if self.cache_requests:
+                    self._admit_request(token_ids, tenant, chunk_refs, result)
+            self._refresh()
+        self.flush()
+        return result
+
+    def _observe(self, result: GenerationResult, ttft_s: float, was_empty: bool) -> None:
+        blocks = result.prompt_tokens // self.engine.block_size
+        self.metrics.observe(
+            Served(result.prompt_tokens, result.cached_tokens, blocks, ttft_s, was_empty)
+        )
+
+    def _admit_request(
+        self,
+        token_ids: Sequence[int],
+        tenant: str,
+        chunk_refs: Iterable[ChunkKey],
+        result: GenerationResult,
+    ) -> None:
+        """Reactive caching, like vLLM's automatic prefix caching (unpinned, default TTL)."""
+        block = self.engine.block_size
+        if len(token_ids) // block * block <= result.cached_tokens:
+            return  # nothing new: the cached entry already covers every full block
+        try:
+            self.engine.prefill(token_ids, tenant=tenant, chunk_refs=chunk_refs)
+            self.metrics.prefills.labels(source="request").inc()
+        except WarmupRefused as exc:
+            log.debug("request prefix not cached: %s", exc.reason)
+
+    # -- commands --------------------------------------------------------------------
+
+    def apply(self, command: WarmupCommand) -> str:
+        """Carry out one warmup command; returns the outcome it was counted under."""
+        handler = {
+            "prefill": self._cmd_prefill,
+            "invalidate": self._cmd_invalidate,
+            "extend_ttl": self._cmd_extend_ttl,
+            "release": self._cmd_release,
+        }[command.op]
+        try:
+            outcome = handler(command)
+        except WarmupRefused as exc:
+            log.warning("command %s refused: %s", command.command_id, exc.reason)
+            outcome = "refused"
+        except Exception:
+            self.metrics.commands.labels(op=command.op, result="error").inc()
+            raise
+        finally:
+            self.flush()
+        log.info("command %s %s: %s", command.command_id, command.op, outcome)
+        self.metrics.commands.labels(op=command.op, result=outcome).inc()
+        return outcome
+
+    def _cmd_prefill(self, cmd: WarmupCommand) -> str:
+        used, total = self.snapshot.mem_used, self.snapshot.mem_total
+        if not accepts_warmup(used, total, self.warmup_threshold):
+            # Seeds 000/003: no new warmup once memory use passes the threshold.
+            raise WarmupRefused(f"memory use {used}/{total} is over {self.warmup_threshold}")
+        result = self.prefill(
+            cmd.token_ids,
+            tenant=cmd.tenant,
+            chunk_refs=chunk_keys(cmd.chunk_refs),
+            ttl_s=cmd.ttl_s,
+            pin=cmd.pin,
+            command_id=cmd.command_id,
+            source="command",
+        )
+        if result.prefix_hash is None:
+            return "too_short"
+        return "stored" if result.computed_tokens else "already_cached"
+
+    def _cmd_invalidate(self, cmd: WarmupCommand) -> str:
+        with self.lock:
+            cache = self.engine.cache
+            removed = cache.invalidate(chunk_keys(cmd.chunk_refs), command_id=cmd.command_id)
+            if cmd.prefix_hash:
+                removed += cache.invalidate_prefix(cmd.prefix_hash, command_id=cmd.command_id)
+            self.engine.sync()
+            self._refresh()
+        return "invalidated" if removed else "not_found"
+
+    def _cmd_extend_ttl(self, cmd: WarmupCommand) -> str:
+        assert cmd.prefix_hash is not None  # the schema requires it for this op
+        with self.lock:
+            cache = self.engine.cache
+            ttl = cmd.ttl_s or cache.default_ttl_s
+            entry = None
+            if ttl is not None:
+                entry = cache.extend_ttl(cmd.prefix_hash, ttl, command_id=cmd.command_id)
+            self.engine.sync()
+            self._refresh()
+        return "extended" if entry is not None else "not_found"
+
+    def _cmd_release(self, cmd: WarmupCommand) -> str:
+        assert cmd.prefix_hash is not None
+        with self.lock:
+            entry = self.engine.cache.release(cmd.prefix_hash, command_id=cmd.command_id)
+            self._refresh()
+        return "released" if entry is not None else "not_found"
+
+    # -- events ----------------------------------------------------------------------
+
+    def tick(self, lock_timeout_s: float = 1.0) -> None:
+        """Expire entries past their TTL (skipped while the engine is busy) and publish."""
+        if self.lock.acquire(timeout=lock_timeout_s):
+            try:
+                self.engine.cache.expire()
+                self.engine.sync()
+                self._refresh()
+            finally:
+                self.lock.release()
+        self.flush()
+
+    def status_event(self, kind: str) -> WorkerEvent:
+        """A `ready`, `heartbeat` or `stopped` event with the current memory figures."""
+        snap = self.snapshot
+        return WorkerEvent(
+            worker_id=self.worker_id,
+            kind=kind,
+            url=self.url,  # type: ignore[arg-type]
+            mem_used_bytes=snap.mem_used,
+            mem_total_bytes=snap.mem_total,
+            entries=len(snap.entries),
+            warm_prefixes=snap.prefixes,
+        )
+
+    def send(self, event: WorkerEvent) -> None:
+        self.metrics.events.labels(kind=event.kind).inc()
+        self.sink.send(event)
+
+    def flush(self) -> None:
+        """Publish the cache changes queued by `_refresh`, in the order they happened."""
+        with self._flush_lock:
+            events, self._pending = self._pending, []
+            for ev, snap in events:
+                self.send(self._cache_event(ev, snap))
+
+    def _cache_event(self, ev: CacheEvent, snap: Snapshot) -> WorkerEvent:
+        return WorkerEvent(
+            worker_id=self.worker_id,
+            kind=ev.kind,
+            tenant=ev.tenant,
+            prefix_hash=ev.prefix_hash,
+            prefix_tokens=ev.n_tokens,
+            bytes=ev.nbytes,
+            chunk_refs=[ChunkRef(chunk_id=c, content_hash=h) for c, h in sorted(ev.chunk_refs)],
+            command_id=ev.command_id,
+            mem_used_bytes=snap.mem_used,
+            mem_total_bytes=snap.mem_total,
+            entries=len(snap.entries),
+        )
+
+    def _refresh(self) -> None:
+        """Rebuild the snapshot and the cache gauges; call with the lock held."""
+        cache = self.engine.cache
+        mem = self.engine.memory()
+        now = time.monotonic()
+        entries = tuple(_entry_summary(e, now) for e in cache.entries())
+        self.snapshot = Snapshot(mem.used, mem.total, cache.pinned_bytes, entries)
+        # Queued here, under the lock, so concurrent operations publish in cache order.
+        self._pending.extend((ev, self.snapshot) for ev in cache.drain_events())
+        self.metrics.cache_state(
+            used=mem.used,
+            capacity=mem.total,
+            entries=len(entries),
+            pinned=sum(1 for e in entries if e["pinned"]),
+        )
+
+
+def _drive(steps: Iterable[GenerationStep], emit: Emit) -> tuple[GenerationResult | None, float]:
+    """Feed steps to `emit`; the final result (None if stopped) and the first step's time."""
+    first = 0.0
+    iterator = iter(steps)
+    try:
+        for step in iterator:
+            first = first or time.perf_counter()
+            if not emit(step):
+                return None, first
+            if step.result is not None:
+                return step.result, first
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+    return None, first
+
+
+def _entry_summary(entry: Any, now: float) -> dict[str, Any]:
+    expires = None if entry.expires_at is None else round(entry.expires_at - now, 3)
+    return {
+        "prefix_hash": entry.prefix_hash,
+        "tenant": entry.tenant,
+        "tokens": entry.n_tokens,
+        "bytes": entry.nbytes,
+        "pinned": entry.pinned,
+        "hits": entry.hits,
+        "expires_in_s": expires,
+        "chunk_refs": [{"chunk_id": c, "content_hash": h} for c, h in sorted(entry.chunk_refs)],
+    }
