@@ -11,7 +11,7 @@ from kafka.errors import KafkaError
 from ragwarm.kafka_admin import create_topics, list_topics
 from ragwarm.kafka_local import KafkaLaunchError, LocalKafka
 from ragwarm.settings import HomeSettings, KafkaSettings
-from schemas.topics import TOPICS
+from schemas.topics import TOPICS, prefixed
 
 
 def _quiet_client_logs() -> None:
@@ -85,7 +85,9 @@ def create() -> None:
     """Create the missing ragwarm topics; existing ones are left as they are."""
     settings = KafkaSettings()
     try:
-        created, existing = create_topics(settings.servers, settings.client_options())
+        created, existing = create_topics(
+            settings.servers, settings.client_options(), prefixed(settings.topic_prefix)
+        )
     except KafkaError as exc:
         raise _unreachable(settings, exc) from None
     for name in created:

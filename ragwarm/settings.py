@@ -59,6 +59,9 @@ class KafkaSettings(BaseSettings):
     sasl_mechanism: str | None = Field(default=None, description="PLAIN, SCRAM-SHA-256, …")
     sasl_username: str | None = Field(default=None, description="SASL user name.")
     sasl_password: SecretStr | None = Field(default=None, description="SASL password.")
+    topic_prefix: str = Field(
+        default="", description="Prefix of every ragwarm topic name (isolates tests and tenants)."
+    )
     start_timeout_s: float = Field(default=60.0, description="Wait this long for the broker.")
     stop_timeout_s: float = Field(default=20.0, description="SIGTERM grace before SIGKILL.")
 
@@ -70,6 +73,10 @@ class KafkaSettings(BaseSettings):
     def servers(self) -> str:
         """The bootstrap servers clients should use."""
         return self.bootstrap or self.local_bootstrap
+
+    def topic(self, name: str) -> str:
+        """The full name of one of the topics in `schemas.topics`."""
+        return f"{self.topic_prefix}{name}"
 
     def client_options(self) -> dict[str, object]:
         """Security options for kafka-python clients (empty for PLAINTEXT)."""

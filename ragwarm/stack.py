@@ -43,7 +43,10 @@ class Stack:
 
         broker = LocalKafka(self.home, self.kafka_settings)
         echo(f"kafka: {'started' if broker.start() else 'already running'} at {broker.bootstrap}")
-        created, existing = create_topics(broker.bootstrap, self.kafka_settings.client_options())
+        from schemas.topics import prefixed
+
+        created, existing = create_topics(broker.bootstrap, self.kafka_settings.client_options(),
+                                          prefixed(self.kafka_settings.topic_prefix))
         echo(f"topics: {len(created)} created, {len(existing)} already there")
         for proc in [self.streams, *self.workers]:
             started = proc.start()

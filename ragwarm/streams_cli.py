@@ -23,7 +23,7 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
 
     app = create_app(streams, kafka.servers)
     pipeline = Pipeline(
-        app=app, topics=define_topics(app, streams.partitions),
+        app=app, topics=define_topics(app, streams.partitions, kafka.topic_prefix),
         tables=define_tables(app, streams.partitions), rag=rag_port, settings=streams,
         tracker=HotTracker(streams.hot_window_s, streams.hot_step_s, streams.hot_capacity),
     )

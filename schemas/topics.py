@@ -32,3 +32,8 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec(DEADLETTER, "original key", 1, {"retention.ms": str(30 * DAY_MS)}),
     )
 }
+
+
+def prefixed(prefix: str) -> list[TopicSpec]:
+    """The topic specs with every name prefixed (one namespace per test run or deployment)."""
+    return [TopicSpec(prefix + t.name, t.key, t.partitions, dict(t.config)) for t in TOPICS.values()]

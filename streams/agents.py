@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 import faust
 from pydantic import ValidationError
 
-from schemas import ChunkRef, DeadLetter, KbChange, QueryEvent, SchemaError, WorkerEvent, decode, encode
+from schemas import (
+    ChunkRef,
+    DeadLetter,
+    KbChange,
+    QueryEvent,
+    SchemaError,
+    WorkerEvent,
+    decode,
+    encode,
+)
 from streams import logic
 from streams.hot import HotPayload, HotTracker
 from streams.ports import RagPort, WarmPrefix
@@ -112,7 +121,7 @@ async def guarded(p: Pipeline, event: faust.EventT, handle: Callable[[], Awaitab
 
 
 def register_agents(p: Pipeline) -> None:
-    app, topics, tables = p.app, p.topics, p.tables
+    app, topics = p.app, p.topics
 
     @app.agent(topics.kb_changes, name="ragwarm.kb-changes")
     async def kb_changes(stream):

@@ -20,8 +20,8 @@ def create_app(settings: StreamsSettings, bootstrap: str) -> faust.App:
         web_port=settings.web_port,
         web_bind=settings.web_host,
         consumer_auto_offset_reset="earliest",
-        key_serializer="raw",
-        value_serializer="raw",
+        key_serializer="json",
+        value_serializer="json",
         # Agents do blocking store work in a thread; allow for it before a rebalance.
         broker_max_poll_interval=600.0,
         stream_wait_empty=False,

@@ -28,7 +28,9 @@ class StreamsSettings(BaseSettings):
         default=46_080, description="KV bytes per token until workers report (SmolLM2, fp32)."
     )
     rewarm_questions: int = Field(default=4, description="Hot questions re-warmed per prefix.")
-    worker_stale_s: float = Field(default=30.0, description="Heartbeat age that marks a worker gone.")
+    worker_stale_s: float = Field(
+        default=30.0, description="Heartbeat age that marks a worker gone."
+    )
     warm_cron: str | None = Field(
         default=None, description="Crontab (UTC) of scheduled hot-set warmups, e.g. '55 8 * * 1-5'."
     )

@@ -17,8 +17,8 @@ class Tables:
 
 def define_tables(app: faust.App, partitions: int) -> Tables:
     def table(name: str, cls=app.Table) -> faust.Table:
-        return cls(name, default=None, partitions=partitions, key_type=str,
-                   key_serializer="json", value_serializer="json")
+        # Keys and values go through the app's default JSON codec (never pickle).
+        return cls(name, default=None, partitions=partitions, key_type=str)
 
     return Tables(
         docs=table("docs"),

@@ -23,19 +23,21 @@ class Topics:
     doc_links: faust.TopicT
 
 
-def define_topics(app: faust.App, partitions: int) -> Topics:
+def define_topics(app: faust.App, partitions: int, prefix: str = "") -> Topics:
     def raw(name: str, **kw) -> faust.TopicT:
         return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                          value_serializer="raw", **kw)
 
-    spec = names.TOPICS
+    def external(name: str) -> faust.TopicT:
+        return raw(prefix + name, partitions=names.TOPICS[name].partitions)
+
     return Topics(
-        kb_changes=raw(names.KB_CHANGES, partitions=spec[names.KB_CHANGES].partitions),
-        queries=raw(names.RAG_QUERIES, partitions=spec[names.RAG_QUERIES].partitions),
-        commands=raw(names.WARMUP_COMMANDS, partitions=spec[names.WARMUP_COMMANDS].partitions),
-        worker_events=raw(names.WORKER_EVENTS, partitions=spec[names.WORKER_EVENTS].partitions),
-        deadletter=raw(names.DEADLETTER, partitions=spec[names.DEADLETTER].partitions),
+        kb_changes=external(names.KB_CHANGES),
+        queries=external(names.RAG_QUERIES),
+        commands=external(names.WARMUP_COMMANDS),
+        worker_events=external(names.WORKER_EVENTS),
+        deadletter=external(names.DEADLETTER),
         # Internal topics are keyed by the key of the table their consumer writes.
-        prefix_ops=raw(PREFIX_OPS, partitions=partitions, internal=True),
-        doc_links=raw(DOC_LINKS, partitions=partitions, internal=True),
+        prefix_ops=raw(prefix + PREFIX_OPS, partitions=partitions, internal=True),
+        doc_links=raw(prefix + DOC_LINKS, partitions=partitions, internal=True),
     )
