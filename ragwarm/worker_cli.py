@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from ragwarm.settings import KafkaSettings, ModelSettings
+from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
 from workers.api import Limits, PrefillRequest, WarmSetError, parse_warm_set
 from workers.cache import WarmupRefused
 from workers.commands import CommandConsumer, EventSink, KafkaEventSink, NullSink
@@ -57,17 +58,15 @@ def make_engine(settings: WorkerSettings, models: ModelSettings) -> Engine:
         offline_hub()
         return load_torch_engine(llm_dir(models=models), settings)
     if settings.engine == "vllm":
-        from workers.engines.vllm_engine import load_vllm_engine
-
         from ragwarm.models import llm_dir
+        from workers.engines.vllm_engine import load_vllm_engine
 
         return load_vllm_engine(llm_dir(models=models), settings)
     if settings.engine == "remote":
+        from ragwarm.models import llm_dir
         from workers.engines.remote import connect_remote_engine
 
-        from ragwarm.models import llm_dir, load_tokenizer
-
-        return connect_remote_engine(settings, load_tokenizer(llm_dir(models=models)))
+        return connect_remote_engine(settings, llm_dir(models=models))
     raise click.BadParameter(f"unknown engine {settings.engine!r}; valid: {', '.join(ENGINES)}")
 
 
@@ -148,7 +147,12 @@ class WorkerLifecycle:
         engine = make_engine(s, self.models)
         if s.kafka:
             report(f"connecting to Kafka at {self.kafka.servers}")
-            self.sink = KafkaEventSink(self.kafka.servers, self.kafka.client_options(), s.worker_id)
+            self.sink = KafkaEventSink(
+                self.kafka.servers,
+                self.kafka.client_options(),
+                s.worker_id,
+                topic=self.kafka.topic(WORKER_EVENTS),
+            )
         runtime = WorkerRuntime(
             engine,
             worker_id=s.worker_id,
@@ -173,6 +177,8 @@ class WorkerLifecycle:
             self.settings.worker_id,
             runtime.apply,
             on_malformed=lambda _reason: self.metrics.malformed.inc(),
+            topic=self.kafka.topic(WARMUP_COMMANDS),
+            group_prefix=self.kafka.topic_prefix,
         )
 
     def stop(self) -> None:

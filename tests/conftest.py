@@ -93,3 +93,27 @@ def kafka_producer(kafka_bootstrap: str, kafka_settings: KafkaSettings) -> Itera
     )
     yield producer
     producer.close()
+
+
+# --- Worker processes ----------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def worker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., object]]:
+    """Factory of `ragwarm worker` processes (tests/integration/worker_proc.py), not yet started.
+
+    `worker_factory(worker_id, kafka_bootstrap=None, topic_prefix="", api_key=None, env={},
+    args=[])` returns a `WorkerProc`; call `.start().wait_ready()`. Every process it made is
+    stopped at the end of the session (tests may stop theirs earlier with `.stop()`).
+    """
+    from tests.integration.worker_proc import WorkerProc
+
+    made: list[WorkerProc] = []
+    workdir = tmp_path_factory.mktemp("workers")
+
+    def make(worker_id: str, **kw: object) -> WorkerProc:
+        proc = WorkerProc(workdir, worker_id, **kw)  # type: ignore[arg-type]
+        made.append(proc)
+        return proc
+
+    yield make
+    for proc in made:
+        proc.stop()

@@ -76,7 +76,7 @@ def parse_command(value: bytes | None, worker_id: str) -> WarmupCommand | None:
 
 
 class CommandConsumer:
-    """A thread consuming `warmup.commands` in the group `ragwarm-worker-<worker_id>`.
+    """A thread consuming `warmup.commands` in the group `[topic prefix]ragwarm-worker-<id>`.
 
     A new group starts at the end of the topic ("latest"): a new worker does not replay
     old commands; a restarted one resumes from its committed offsets. Bad records are
@@ -92,8 +92,10 @@ class CommandConsumer:
         *,
         on_malformed: Callable[[str], None] = lambda _reason: None,
         topic: str = WARMUP_COMMANDS,
+        group_prefix: str = "",
     ) -> None:
         self._bootstrap = bootstrap
+        self._group_prefix = group_prefix
         self._options = client_options
         self._worker_id = worker_id
         self._handle = handle
@@ -106,7 +108,7 @@ class CommandConsumer:
 
     @property
     def group_id(self) -> str:
-        return f"ragwarm-worker-{self._worker_id}"
+        return f"{self._group_prefix}ragwarm-worker-{self._worker_id}"
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Start consuming; returns once partitions are assigned and positioned."""

@@ -130,9 +130,14 @@ class WorkerRuntime:
             steps = self.engine.generate(
                 token_ids, max_tokens=max_tokens, tenant=tenant, temperature=temperature
             )
-            result, first = _drive(steps, emit)
+
+            # Metrics are counted before the last step goes out: a client reading /metrics
+            # right after its answer sees its request.
+            def observe(result: GenerationResult, first: float) -> None:
+                self._observe(result, first - arrived, was_empty)
+
+            result = _drive(steps, emit, observe)
             if result is not None:
-                self._observe(result, (first or time.perf_counter()) - arrived, was_empty)
                 if self.cache_requests:
                     self._admit_request(token_ids, tenant, chunk_refs, result)
             self._refresh()
@@ -207,9 +212,14 @@ class WorkerRuntime:
     def _cmd_invalidate(self, cmd: WarmupCommand) -> str:
         with self.lock:
             cache = self.engine.cache
-            removed = cache.invalidate(chunk_keys(cmd.chunk_refs), command_id=cmd.command_id)
+            cid = cmd.command_id
+            removed = cache.invalidate(chunk_keys(cmd.chunk_refs), command_id=cid)
+            # Entries extending a stale prefix (reactive ones carry no chunk refs) are stale too.
+            stale = {e.prefix_hash for e in removed}
             if cmd.prefix_hash:
-                removed += cache.invalidate_prefix(cmd.prefix_hash, command_id=cmd.command_id)
+                stale.add(cmd.prefix_hash)
+            for prefix_hash in sorted(stale):
+                removed += cache.invalidate_prefix(prefix_hash, command_id=cid)
             self.engine.sync()
             self._refresh()
         return "invalidated" if removed else "not_found"
@@ -302,22 +312,31 @@ class WorkerRuntime:
         )
 
 
-def _drive(steps: Iterable[GenerationStep], emit: Emit) -> tuple[GenerationResult | None, float]:
-    """Feed steps to `emit`; the final result (None if stopped) and the first step's time."""
+def _drive(
+    steps: Iterable[GenerationStep],
+    emit: Emit,
+    on_result: Callable[[GenerationResult, float], None],
+) -> GenerationResult | None:
+    """Feed steps to `emit`; `on_result(result, first step time)` runs before the last one.
+
+    Returns the result, or None when `emit` asked to stop.
+    """
     first = 0.0
     iterator = iter(steps)
     try:
         for step in iterator:
             first = first or time.perf_counter()
-            if not emit(step):
-                return None, first
             if step.result is not None:
-                return step.result, first
+                on_result(step.result, first)
+            if not emit(step):
+                return None
+            if step.result is not None:
+                return step.result
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
-    return None, first
+    return None
 
 
 def _entry_summary(entry: Any, now: float) -> dict[str, Any]:

@@ -1,0 +1,355 @@
+"""An OpenAI-compatible server (vLLM, SGLang, or a ragwarm worker) as an engine, over HTTP.
+
+The server keeps the KV; this adapter keeps the bookkeeping. Warmup is a completion with
+`max_tokens=1` over the prefix, which makes the server's automatic prefix caching hold it.
+Cached tokens come from `usage.prompt_tokens_details.cached_tokens` when the server sends
+it, else from the delta of its Prometheus counters `vllm:prefix_cache_hits` (a delta is
+only exact while no other client uses the server). The server cannot drop one prefix:
+invalidation frees bookkeeping only. Stale KV is never hit, because prefix identity is
+the token sequence and changed chunks tokenize differently.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from workers.cache import ChunkKey, PrefixCache, block_hashes
+from workers.engines.base import GenerationResult, GenerationStep, Memory, PrefillResult
+from workers.memory import LARGE_WARM_SHARE, Budget
+from workers.settings import WorkerSettings
+
+QUERIES = ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")
+HITS = ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+
+
+def prometheus_counter(text: str, names: Sequence[str]) -> float | None:
+    """Sum over labels of the first counter in `names` present in a Prometheus exposition."""
+    for name in names:
+        wanted = (name, f"{name}_total")
+        total, seen = 0.0, False
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            sample, _, rest = line.partition(" ")
+            if sample.split("{", 1)[0] in wanted:
+                total += float(rest.split()[0])
+                seen = True
+        if seen:
+            return total
+    return None
+
+
+def parse_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """JSON payloads of `data:` lines, up to `data: [DONE]`; an error payload raises."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        payload = json.loads(data)
+        if "error" in payload:
+            raise RemoteError(f"server error during stream: {payload['error']}")
+        yield payload
+
+
+def cached_from_usage(usage: dict[str, Any] | None) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens`, or None when the server leaves it out."""
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")
+    return int(cached) if cached is not None else None
+
+
+class RemoteError(RuntimeError):
+    """The server refused a request or could not be reached."""
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype: str = "auto") -> int:
+    """KV bytes per token of an HF config (`config.json`), in the server's precision."""
+    cfg = config.get("text_config", config)
+    heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * heads * head_dim * _DTYPE_BYTES[dtype]
+
+
+class RemoteEngine:
+    """Engine protocol over an OpenAI-compatible server; calls are synchronous (httpx)."""
+
+    def __init__(
+        self,
+        client: httpx.Client,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        served_model: str,
+        kv_bytes_per_token: int,
+        max_model_len: int,
+        settings: WorkerSettings,
+    ) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.served_model = served_model
+        self.device = f"remote:{client.base_url}"
+        self.block_size = settings.block_size
+        self.max_model_len = max_model_len
+        self.vocab_size = len(tokenizer)
+        self._kv_per_token = kv_bytes_per_token
+        budget = Budget(
+            max_bytes=settings.kv_bytes,
+            max_entries=settings.max_entries,
+            warm_bytes=int(settings.kv_bytes * LARGE_WARM_SHARE),
+        )
+        self.cache = PrefixCache(
+            budget,
+            policy=settings.eviction_policy,
+            default_ttl_s=settings.ttl_s,
+            block_size=settings.block_size,
+        )
+        self._held: dict[str, int] = {}
+        # Learned from the first answer: does the server put cached_tokens in usage?
+        self._usage_reports_cache: bool | None = None
+
+    # -- tokens ----------------------------------------------------------------------
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self._kv_per_token
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
+
+    def block_hashes(self, token_ids: Sequence[int], *, tenant: str) -> list[str]:
+        return block_hashes(
+            token_ids, tenant=tenant, model=self.model_id, block_size=self.block_size
+        )
+
+    # -- cache -----------------------------------------------------------------------
+
+    def sync(self) -> int:
+        """Forget entries the cache dropped; the server's KV goes when its LRU needs room."""
+        stale = [k for k in self._held if k not in self.cache]
+        return sum(self._held.pop(k) for k in stale)
+
+    def memory(self) -> Memory:
+        return Memory(used=self.cache.bytes_used, total=self.cache.budget.max_bytes)
+
+    def server_counters(self) -> tuple[float, float] | None:
+        """(prefix cache queries, hits) in tokens from the server's /metrics, if it has them."""
+        response = self.client.get("/metrics")
+        if response.status_code != 200:
+            return None
+        queries = prometheus_counter(response.text, QUERIES)
+        hits = prometheus_counter(response.text, HITS)
+        return None if queries is None or hits is None else (queries, hits)
+
+    def prefill(
+        self,
+        token_ids: Sequence[int],
+        *,
+        tenant: str,
+        chunk_refs: Iterable[ChunkKey] = (),
+        ttl_s: float | None = None,
+        pin: bool = False,
+        command_id: str | None = None,
+    ) -> PrefillResult:
+        start = time.perf_counter()
+        self.sync()
+        tokens = list(token_ids)
+        hashes = self.block_hashes(tokens, tenant=tenant)
+        if not hashes:
+            return PrefillResult(None, 0, 0, 0, (), time.perf_counter() - start)
+        n_tokens = len(hashes) * self.block_size
+        computed = 0
+        if hashes[-1] not in self._held:
+            computed = n_tokens - self._warm(tokens[:n_tokens])
+        entry, evicted = self.cache.admit(
+            tenant=tenant,
+            hashes=hashes,
+            nbytes=n_tokens * self._kv_per_token,
+            chunk_refs=chunk_refs,
+            ttl_s=ttl_s,
+            pin=pin,
+            command_id=command_id,
+        )
+        self._held[entry.prefix_hash] = entry.nbytes
+        self.sync()
+        elapsed = time.perf_counter() - start
+        return PrefillResult(
+            entry.prefix_hash, n_tokens, entry.nbytes, computed, tuple(evicted), elapsed
+        )
+
+    def _warm(self, tokens: list[int]) -> int:
+        """Run the prefix through the server (max_tokens=1); how many tokens it had cached."""
+        before = self.server_counters()
+        body = self._post({"prompt": tokens, "max_tokens": 1, "temperature": 0.0})
+        cached = cached_from_usage(body.get("usage"))
+        if cached is None and before is not None:
+            after = self.server_counters()
+            cached = int(after[1] - before[1]) if after is not None else 0
+        return min(cached or 0, len(tokens))
+
+    def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
+        response = self.client.post("/v1/completions", json={"model": self.served_model, **payload})
+        if response.status_code != 200:
+            raise RemoteError(f"{response.status_code} from the server: {response.text[:500]}")
+        return response.json()
+
+    # -- generation ------------------------------------------------------------------
+
+    def generate(
+        self,
+        token_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        tenant: str,
+        temperature: float = 0.0,
+        stop_ids: Iterable[int] | None = None,
+    ) -> Iterator[GenerationStep]:
+        if not token_ids:
+            raise ValueError("generate needs at least one prompt token")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if stop_ids is not None:
+            raise ValueError("the remote engine stops at the server's EOS; stop_ids unsupported")
+        self.sync()
+        self.cache.lookup(self.block_hashes(token_ids, tenant=tenant))  # LRU and hit counts
+        self.sync()
+        return self._stream(list(token_ids), max_tokens, temperature)
+
+    def _stream(
+        self, prompt: list[int], max_tokens: int, temperature: float
+    ) -> Iterator[GenerationStep]:
+        start = time.perf_counter()
+        before = self.server_counters() if self._usage_reports_cache is not True else None
+        payload = {
+            "model": self.served_model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+        run = _StreamState(start)
+        with self.client.stream("POST", "/v1/completions", json=payload) as response:
+            if response.status_code != 200:
+                raise RemoteError(
+                    f"{response.status_code} from the server: {response.read()[:500]!r}"
+                )
+            for chunk in parse_sse(response.iter_lines()):
+                yield from run.take(chunk)
+        cached = cached_from_usage(run.usage)
+        self._usage_reports_cache = cached is not None
+        if cached is None and before is not None:
+            after = self.server_counters()
+            cached = int(after[1] - before[1]) if after is not None else 0
+        yield run.finish(self, len(prompt), min(cached or 0, len(prompt)))
+
+
+class _StreamState:
+    """Turns stream chunks into steps, holding the last one back for the final result."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.ttft = 0.0
+        self.ids: list[int] = []
+        self.text: list[str] = []
+        self.finish_reason = "length"
+        self.usage: dict[str, Any] | None = None
+        self._held: GenerationStep | None = None
+        self._index = 0
+
+    def take(self, chunk: dict[str, Any]) -> Iterator[GenerationStep]:
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            if choice.get("finish_reason"):
+                self.finish_reason = "stop" if choice["finish_reason"] != "length" else "length"
+            ids = choice.get("token_ids")
+            text = choice.get("text") or ""
+            for i, token in enumerate(ids if ids else ([-1] if text else [])):
+                yield from self._push(token, text if i == 0 else "")
+
+    def _push(self, token: int, text: str) -> Iterator[GenerationStep]:
+        if not self.ttft:
+            self.ttft = time.perf_counter() - self.start
+        if self._held is not None:
+            yield self._held
+        if token >= 0:
+            self.ids.append(token)
+        self.text.append(text)
+        self._held = GenerationStep(self._index, token, text)
+        self._index += 1
+
+    def finish(self, engine: RemoteEngine, prompt_tokens: int, cached: int) -> GenerationStep:
+        if not self.ids and self.text:
+            self.ids = engine.tokenize("".join(self.text))  # the server sent no token ids
+        result = GenerationResult(
+            token_ids=tuple(self.ids),
+            text="".join(self.text),
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached,
+            prefix_hash=None,
+            ttft_s=self.ttft or time.perf_counter() - self.start,
+            total_s=time.perf_counter() - self.start,
+            finish_reason=self.finish_reason,  # type: ignore[arg-type]
+        )
+        last = self._held or GenerationStep(0, -1, "")
+        return GenerationStep(last.index, last.token_id, last.text, result)
+
+
+def connect_remote_engine(
+    settings: WorkerSettings, model_dir: Path, *, tokenizer: Any = None
+) -> RemoteEngine:
+    """Connect to `settings.remote_url`; the tokenizer and KV size come from `model_dir`."""
+    if not settings.remote_url:
+        raise RemoteError("engine `remote` needs RAGWARM_WORKER_REMOTE_URL (or --remote-url)")
+    headers = {}
+    if settings.remote_api_key is not None:
+        headers["Authorization"] = f"Bearer {settings.remote_api_key.get_secret_value()}"
+    client = httpx.Client(
+        base_url=settings.remote_url.rstrip("/"),
+        headers=headers,
+        timeout=settings.remote_timeout_s,
+    )
+    if tokenizer is None:
+        from ragwarm.models import load_tokenizer
+
+        tokenizer = load_tokenizer(model_dir)
+    card = _model_card(client, settings.remote_model)
+    config = json.loads((model_dir / "config.json").read_text())
+    return RemoteEngine(
+        client,
+        tokenizer,
+        model_id=settings.model_id or card["id"],
+        served_model=card["id"],
+        kv_bytes_per_token=kv_bytes_per_token(config, settings.dtype),
+        max_model_len=int(card.get("max_model_len") or config.get("max_position_embeddings", 4096)),
+        settings=settings,
+    )
+
+
+def _model_card(client: httpx.Client, wanted: str | None) -> dict[str, Any]:
+    try:
+        response = client.get("/v1/models")
+    except httpx.HTTPError as exc:
+        raise RemoteError(f"cannot reach {client.base_url}: {exc}") from None
+    if response.status_code != 200:
+        raise RemoteError(f"{response.status_code} from {client.base_url}/v1/models")
+    cards = response.json().get("data") or []
+    for card in cards:
+        if wanted is None or card.get("id") == wanted:
+            return card
+    names = ", ".join(c.get("id", "?") for c in cards)
+    raise RemoteError(f"model {wanted!r} not served by {client.base_url}; it serves: {names}")
