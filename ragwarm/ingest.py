@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 from pydantic import ValidationError
@@ -139,9 +139,9 @@ def event_change(event: TraceEvent, tenant: str, max_bytes: int) -> KbChange | S
         return Skipped(source, "invalid", _first_error(exc))
 
 
-def _change(source: str, **fields: object) -> KbChange | Skipped:
+def _change(source: str, **fields: Any) -> KbChange | Skipped:
     try:
-        return KbChange(**fields)
+        return KbChange.model_validate(fields)
     except ValidationError as exc:
         return Skipped(source, "invalid", _first_error(exc))
 
@@ -240,7 +240,7 @@ def ingest(
     PATH with forward slashes, version = its mtime in nanoseconds (unchanged files keep their
     version). Trace (see the trace format in the data README): version = seq, extra scalar
     fields kept as metadata. Unreadable, binary, non-UTF-8 or oversized documents are
-    reported and skipped.
+    reported and skipped; hidden files and folders are left out, other files counted.
     """
     quiet_client_logs()
     sources, load, ignored = _plan(path, tenant, max_bytes, initial_only)

@@ -384,10 +384,10 @@ def _plan(
     bounds = read_bounds(admin, topic)
     if bounds is None:
         raise click.ClickException(f"topic {topic!r} does not exist")
-    times = [p.value for p in (start, end) if p.kind == "time"]
+    times = [p.value for p in (start, end) if p.kind == "time" and p.value is not None]
     parts = [b.partition for b in bounds]
     at_times = offsets_at_times(admin, topic, parts, times) if times else {}
-    return plan_partitions(bounds, start, end, at_times, committed)  # type: ignore[arg-type]
+    return plan_partitions(bounds, start, end, at_times, committed)
 
 
 def _run_reset(
@@ -423,6 +423,8 @@ def _run_copy(
     if not dry_run:
         if target is None:
             _create_topic(settings, into, len(plans))
+        # Same partition count: keep each record's partition, so per-key placement and order
+        # stay exactly as in the source.
         keep = target is None or len(target) == len(plans)
         copied = _copy(settings, topic, into, plans, keep)
     count = sum(p.count for p in plans) if dry_run else sum(copied.values())
