@@ -94,11 +94,13 @@ def chunk_document(
     """
     if overlap >= max_tokens:
         raise ValueError("overlap must be smaller than max_tokens")
-    units = [u for block in _blocks(normalize(text)) for u in _units(block, tokenizer, max_tokens)]
+    # Split blocks leave room for the overlap, so a carried tail always fits beside them.
+    budget = max_tokens - overlap
+    units = [u for block in _blocks(normalize(text)) for u in _units(block, tokenizer, budget)]
     pieces: list[str] = []
     for section in _sections(units):
         pieces.extend(_pack(section, tokenizer, max_tokens, overlap))
-    chunks = []
+    chunks: list[Chunk] = []
     for piece in pieces:
         body = normalize(piece)
         if body:

@@ -116,7 +116,9 @@ class ChunkStore:
             # Local mode has no payload indexes (and warns about them); servers need them.
             if not self._local:
                 for name in _INDEXED_FIELDS:
-                    self.client.create_payload_index(self.collection, name, "keyword")
+                    self.client.create_payload_index(
+                        self.collection, name, qm.PayloadSchemaType.KEYWORD
+                    )
         if not self.client.collection_exists(self.docs):
             self.client.create_collection(self.docs, vectors_config={})
 
