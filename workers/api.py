@@ -9,7 +9,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from schemas import ChunkRef
 
@@ -67,6 +74,14 @@ class CompletionRequest(BaseModel):
     # so an invalidation by chunk reaches it; and vLLM's switch for returning token ids.
     chunk_refs: list[ChunkRef] = Field(default_factory=list, max_length=256)
     return_token_ids: bool = False
+    # vLLM's per-request prefix-cache namespace; it stands for `tenant` when that is unset.
+    cache_salt: Tenant | None = None
+
+    @model_validator(mode="after")
+    def _salt_is_tenant(self) -> CompletionRequest:
+        if self.cache_salt and "tenant" not in self.model_fields_set:
+            self.tenant = self.cache_salt
+        return self
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt of the request (a batch of one is unwrapped)."""

@@ -328,10 +328,10 @@ def _drive(
             first = first or time.perf_counter()
             if step.result is not None:
                 on_result(step.result, first)
+                emit(step)  # the answer is complete: a client leaving now stops nothing
+                return step.result
             if not emit(step):
                 return None
-            if step.result is not None:
-                return step.result
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:

@@ -306,10 +306,12 @@ class _Generation:
         cancelled = threading.Event()
 
         def emit(step: GenerationStep) -> bool:
+            if cancelled.is_set():
+                return False
             if not self.first:
                 self.first = time.perf_counter()
             loop.call_soon_threadsafe(queue.put_nowait, step)
-            return not cancelled.is_set()
+            return True
 
         job = partial(
             self.runtime.generate,

@@ -172,7 +172,7 @@ class RemoteEngine:
         n_tokens = len(hashes) * self.block_size
         computed = 0
         if hashes[-1] not in self._held:
-            computed = n_tokens - self._warm(tokens[:n_tokens])
+            computed = n_tokens - self._warm(tokens[:n_tokens], tenant)
         entry, evicted = self.cache.admit(
             tenant=tenant,
             hashes=hashes,
@@ -189,10 +189,11 @@ class RemoteEngine:
             entry.prefix_hash, n_tokens, entry.nbytes, computed, tuple(evicted), elapsed
         )
 
-    def _warm(self, tokens: list[int]) -> int:
+    def _warm(self, tokens: list[int], tenant: str) -> int:
         """Run the prefix through the server (max_tokens=1); how many tokens it had cached."""
         before = self.server_counters()
-        body = self._post({"prompt": tokens, "max_tokens": 1, "temperature": 0.0})
+        payload = {"prompt": tokens, "max_tokens": 1, "temperature": 0.0, **_salt(tenant)}
+        body = self._post(payload)
         cached = cached_from_usage(body.get("usage"))
         if cached is None and before is not None:
             after = self.server_counters()
@@ -225,10 +226,10 @@ class RemoteEngine:
         self.sync()
         self.cache.lookup(self.block_hashes(token_ids, tenant=tenant))  # LRU and hit counts
         self.sync()
-        return self._stream(list(token_ids), max_tokens, temperature)
+        return self._stream(list(token_ids), max_tokens, temperature, tenant)
 
     def _stream(
-        self, prompt: list[int], max_tokens: int, temperature: float
+        self, prompt: list[int], max_tokens: int, temperature: float, tenant: str
     ) -> Iterator[GenerationStep]:
         start = time.perf_counter()
         before = self.server_counters() if self._usage_reports_cache is not True else None
@@ -240,6 +241,7 @@ class RemoteEngine:
             "stream": True,
             "stream_options": {"include_usage": True},
             "return_token_ids": True,
+            **_salt(tenant),
         }
         run = _StreamState(start)
         with self.client.stream("POST", "/v1/completions", json=payload) as response:
@@ -309,6 +311,12 @@ class _StreamState:
         return GenerationStep(last.index, last.token_id, last.text, result)
 
 
+def _salt(tenant: str) -> dict[str, str]:
+    """vLLM's `cache_salt` keeps tenants' prefix caches apart (a ragwarm worker reads it as
+    the tenant); the default tenant sends none, so plain servers see a plain request."""
+    return {} if tenant == "default" else {"cache_salt": tenant}
+
+
 def connect_remote_engine(
     settings: WorkerSettings, model_dir: Path, *, tokenizer: Any = None
 ) -> RemoteEngine:
@@ -327,7 +335,7 @@ def connect_remote_engine(
         from ragwarm.models import load_tokenizer
 
         tokenizer = load_tokenizer(model_dir)
-    card = _model_card(client, settings.remote_model)
+    card = _model_card(client, settings.remote_model, settings.remote_timeout_s)
     config = json.loads((model_dir / "config.json").read_text())
     return RemoteEngine(
         client,
@@ -340,11 +348,20 @@ def connect_remote_engine(
     )
 
 
-def _model_card(client: httpx.Client, wanted: str | None) -> dict[str, Any]:
-    try:
-        response = client.get("/v1/models")
-    except httpx.HTTPError as exc:
-        raise RemoteError(f"cannot reach {client.base_url}: {exc}") from None
+def _model_card(client: httpx.Client, wanted: str | None, wait_s: float) -> dict[str, Any]:
+    """The served model's card; waits up to `wait_s` for a server that is still starting."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            response = client.get("/v1/models")
+            if response.status_code not in (502, 503, 504):
+                break
+            problem = f"{response.status_code} from {client.base_url}/v1/models"
+        except httpx.TransportError as exc:
+            problem = f"cannot reach {client.base_url}: {exc}"
+        if time.monotonic() > deadline:
+            raise RemoteError(problem)
+        time.sleep(1.0)
     if response.status_code != 200:
         raise RemoteError(f"{response.status_code} from {client.base_url}/v1/models")
     cards = response.json().get("data") or []
