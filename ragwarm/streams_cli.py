@@ -32,6 +32,26 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
     return pipeline
 
 
+def ensure_topics(pipeline, kafka: KafkaSettings) -> None:
+    """Create every topic the app reads before Faust starts.
+
+    Faust creates changelog and internal topics itself, but a global table whose
+    changelog is still missing from the metadata when recovery starts never recovers;
+    creating them first, compacted, removes that race.
+    """
+    from ragwarm.kafka_admin import create_topics
+    from schemas.topics import TopicSpec, prefixed
+
+    partitions = pipeline.settings.partitions
+    specs = prefixed(kafka.topic_prefix)
+    for table in vars(pipeline.tables).values():
+        specs.append(TopicSpec(table.changelog_topic.get_topic_name(), "table key", partitions,
+                               {"cleanup.policy": "compact"}))
+    for topic in (pipeline.topics.prefix_ops, pipeline.topics.doc_links):
+        specs.append(TopicSpec(topic.get_topic_name(), "key", partitions))
+    create_topics(kafka.servers, kafka.client_options(), specs)
+
+
 @click.command()
 @click.option("--web-port", type=int, default=None, help="Port of the web views.")
 @click.option("--loglevel", default="info", show_default=True)
@@ -48,6 +68,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
     # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
     rag = RagService.open(ModelSettings())
     pipeline = build_pipeline(settings, kafka, rag)
+    ensure_topics(pipeline, kafka)
     click.echo(f"streams: app {settings.app_id} on {kafka.servers}, "
                f"views at http://{settings.web_host}:{settings.web_port}/ragwarm/stats")
     try:

@@ -49,6 +49,12 @@ def register_views(p: Pipeline) -> None:
                               for k, c, _ in p.tracker.questions.top(now, 20)],
         })
 
+    @app.page("/ragwarm/docs")
+    async def docs(web, request: Request) -> Response:
+        """Every document's version and chunk hashes (what replays must rebuild)."""
+        return web.json({"docs": {k: v for k, v in p.tables.docs.items()},
+                         "doc_prefixes": {k: v for k, v in p.tables.doc_prefixes.items() if v}})
+
     @app.page("/ragwarm/prefixes/{prefix_hash}")
     async def prefix(web, request: Request, prefix_hash: str) -> Response:
         raw = p.tables.prefixes.get(prefix_hash)

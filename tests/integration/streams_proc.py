@@ -1,0 +1,53 @@
+"""Starts the streams app as a separate process in its own topic namespace, for tests."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx
+
+from ragwarm.procs import Proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StreamsApp:
+    """`ragwarm streams` with its own app id, Qdrant path and web port."""
+
+    def __init__(self, bootstrap: str, prefix: str, app_id: str, workdir: Path,
+                 extra_env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {
+            "RAGWARM_KAFKA_BOOTSTRAP": bootstrap,
+            "RAGWARM_KAFKA_TOPIC_PREFIX": prefix,
+            # Changelog topics are named after the app id: keep them in the namespace too.
+            "RAGWARM_STREAMS_APP_ID": prefix + app_id,
+            "RAGWARM_STREAMS_WEB_PORT": str(self.port),
+            "RAGWARM_QDRANT_PATH": str(workdir / f"qdrant-{app_id}"),
+            "RAGWARM_STREAMS_HOT_TICK_S": "1.0",
+            **(extra_env or {}),
+        }
+        self.proc = Proc(f"streams-{app_id}", ["streams", "--loglevel", "warning"], workdir,
+                         f"{self.url}/ragwarm/health", env)
+
+    def start(self, timeout_s: float = 180.0) -> StreamsApp:
+        self.proc.start()
+        self.proc.wait_healthy(timeout_s)
+        return self
+
+    def get(self, path: str) -> dict:
+        response = httpx.get(self.url + path, timeout=10.0)
+        response.raise_for_status()
+        return response.json()
+
+    def counters(self) -> dict:
+        return self.get("/ragwarm/stats")["counters"]
+
+    def stop(self) -> None:
+        self.proc.stop()
