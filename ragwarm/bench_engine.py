@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -133,10 +134,11 @@ def check_targets(rows: list[Row]) -> dict[str, bool]:
 def print_table(report: dict[str, Any]) -> None:
     click.echo(
         f"model {report['model']} on {report['device']} ({report['threads']} threads), "
-        f"median of {report['runs']} runs (min in brackets)"
+        f"median of {report['runs']} runs (min in brackets); load average "
+        f"{report['load_avg'][0]} -> {report['load_avg'][1]} on {report['cpu_count']} CPUs"
     )
     click.echo(
-        f"{'prefix':>7} {'suffix':>6} {'cold ms':>16} {'warm ms':>14} {'floor ms':>14} "
+        f"{'prefix':>7} {'suffix':>6} {'cold ms':>17} {'warm ms':>14} {'floor ms':>14} "
         f"{'warm/cold':>9} {'warm/floor':>10}"
     )
     for r in report["results"]:
@@ -186,6 +188,7 @@ def engine(
     if len(tokens) < counts[-1] + suffix_len:
         raise click.ClickException(f"the text has only {len(tokens)} tokens")
     suffix = suffix_tokens(eng, tokens[counts[-1] :], suffix_len)
+    load_before = os.getloadavg()[0]
     rows = [measure(eng, tokens[:n], suffix, runs) for n in counts]
     import torch
 
@@ -194,6 +197,9 @@ def engine(
         "device": eng.device,
         "threads": torch.get_num_threads(),
         "runs": runs,
+        # The 1-minute load average before and after: above the core count, figures are noisy.
+        "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "cpu_count": os.cpu_count(),
         "results": [asdict(r) for r in rows],
         "targets": check_targets(rows),
     }

@@ -204,3 +204,15 @@ def test_bad_arguments_fail_at_the_call(engine: TorchEngine) -> None:
         engine.generate([1, 2], max_tokens=0, tenant="t")
     with pytest.raises(ValueError, match="prompt token"):
         engine.generate([], max_tokens=1, tenant="t")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_warm_equals_cold_on_cuda(model_path: Path, doc_tokens: list[int]) -> None:
+    gpu = load_torch_engine(model_path, WorkerSettings(device="cuda", dtype="float32"))
+    prompt = doc_tokens[:100] + gpu.tokenize(QUESTION)
+    cold = _cold(gpu, prompt)
+    gpu.prefill(doc_tokens[:100], tenant="t")
+    result = _run(gpu, prompt)[-1].result
+    assert result is not None and result.cached_tokens == 96
+    assert list(result.token_ids) == cold
