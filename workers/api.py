@@ -102,7 +102,7 @@ class PrefillRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    token_ids: list[Annotated[int, Field(ge=0, strict=True)]] | None = None
     prompt: str | None = None
     tenant: Tenant = "default"
     chunk_refs: list[ChunkRef] = Field(default_factory=list, max_length=256)
@@ -243,13 +243,17 @@ def parse_warm_set(text: str) -> list[PrefillRequest]:
         whole = None
     if isinstance(whole, dict) and "items" in whole:
         whole = whole["items"]
-    if isinstance(whole, list) and not all(isinstance(x, int) for x in whole):
+    if isinstance(whole, list) and not all(_is_token(x) for x in whole):
         raw = list(whole)
     elif whole is not None:
         raw = [whole]
     else:
         raw = [_json_line(line, n) for n, line in enumerate(stripped.splitlines(), 1)]
     return [_warm_item(x, n) for n, x in enumerate(raw, 1) if x is not None]
+
+
+def _is_token(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _json_line(line: str, n: int) -> Any:

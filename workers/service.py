@@ -40,6 +40,7 @@ from workers.runtime import WorkerRuntime, chunk_keys
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = ("/health/",)
+STATE: web.AppKey[ServiceState] = web.AppKey("ragwarm_worker_state")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -365,6 +366,7 @@ def build_app(state: ServiceState) -> web.Application:
     if state.config.api_key:
         middlewares.append(bearer_auth(state.config.api_key))
     app = web.Application(middlewares=middlewares, client_max_size=state.config.max_body_bytes)
+    app[STATE] = state
     h = Handlers(state)
     app.add_routes(
         [

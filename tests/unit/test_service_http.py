@@ -1,0 +1,306 @@
+"""The worker's HTTP layer and runtime in-process, over a tiny deterministic stand-in engine.
+
+The real model and Kafka are exercised in tests/integration/test_worker_service.py; here a
+toy engine (4-token blocks, one fixed output token) makes the service logic fast to test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from schemas import ChunkRef, WarmupCommand, WorkerEvent
+from workers.api import Limits
+from workers.cache import ChunkKey, PrefixCache, block_hashes
+from workers.engines.base import GenerationResult, GenerationStep, Memory, PrefillResult
+from workers.memory import Budget
+from workers.metrics import WorkerMetrics
+from workers.runtime import WorkerRuntime
+from workers.service import STATE, ServiceConfig, ServiceState, build_app
+
+BLOCK = 4
+KV_PER_TOKEN = 10
+HASH = "ab" * 16
+
+
+class ToyEngine:
+    """Engine protocol over a PrefixCache; 'generates' token 7 ('x') max_tokens times."""
+
+    model_id = "toy"
+    device = "cpu"
+    block_size = BLOCK
+    max_model_len = 64
+    vocab_size = 500
+    kv_bytes_per_token = KV_PER_TOKEN
+
+    def __init__(self) -> None:
+        self.cache = PrefixCache(Budget(100_000, 100, 50_000), block_size=BLOCK)
+        self._kv: dict[str, int] = {}
+
+    def tokenize(self, text: str) -> list[int]:
+        return [ord(c) % 500 for c in text]
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return "".join(chr(t) for t in token_ids)
+
+    def block_hashes(self, token_ids: Sequence[int], *, tenant: str) -> list[str]:
+        return block_hashes(token_ids, tenant=tenant, model=self.model_id, block_size=BLOCK)
+
+    def sync(self) -> int:
+        stale = [k for k in self._kv if k not in self.cache]
+        return sum(self._kv.pop(k) for k in stale)
+
+    def memory(self) -> Memory:
+        return Memory(self.cache.bytes_used, self.cache.budget.max_bytes)
+
+    def prefill(
+        self,
+        token_ids: Sequence[int],
+        *,
+        tenant: str,
+        chunk_refs: Iterable[ChunkKey] = (),
+        ttl_s: float | None = None,
+        pin: bool = False,
+        command_id: str | None = None,
+    ) -> PrefillResult:
+        self.sync()
+        hashes = self.block_hashes(token_ids, tenant=tenant)
+        if not hashes:
+            return PrefillResult(None, 0, 0, 0, (), 0.0)
+        n = len(hashes) * BLOCK
+        computed = 0 if hashes[-1] in self._kv else n
+        entry, evicted = self.cache.admit(
+            tenant=tenant,
+            hashes=hashes,
+            nbytes=n * KV_PER_TOKEN,
+            chunk_refs=chunk_refs,
+            ttl_s=ttl_s,
+            pin=pin,
+            command_id=command_id,
+        )
+        self._kv[entry.prefix_hash] = entry.nbytes
+        return PrefillResult(entry.prefix_hash, n, entry.nbytes, computed, tuple(evicted), 0.0)
+
+    def generate(
+        self,
+        token_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        tenant: str,
+        temperature: float = 0.0,
+        stop_ids: Iterable[int] | None = None,
+    ) -> Iterator[GenerationStep]:
+        self.sync()
+        entry, matched = self.cache.lookup(self.block_hashes(token_ids, tenant=tenant))
+        cached = min(matched * BLOCK, len(token_ids) - 1) if entry is not None else 0
+        for i in range(max_tokens):
+            result = None
+            if i == max_tokens - 1:
+                result = GenerationResult(
+                    (7,) * max_tokens,
+                    "x" * max_tokens,
+                    len(token_ids),
+                    cached,
+                    entry.prefix_hash if entry else None,
+                    0.001,
+                    0.002,
+                    "length",
+                )
+            yield GenerationStep(i, 7, "x", result)
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.events: list[WorkerEvent] = []
+        self.closed = False
+
+    def send(self, event: WorkerEvent) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def kinds(self) -> list[str]:
+        return [e.kind for e in self.events]
+
+
+class GatedLifecycle:
+    """Boot blocks until `gate` is set, like a model that takes a while to load."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.sink = ListSink()
+        self.metrics = WorkerMetrics(worker_id="w1", model_name="toy")
+        self.stopped = False
+
+    def start(self, report: Callable[[str], None]) -> WorkerRuntime:
+        report("loading model")
+        self.gate.wait(30)
+        return WorkerRuntime(
+            ToyEngine(),
+            worker_id="w1",
+            url="http://toy",
+            sink=self.sink,
+            metrics=self.metrics,
+            limits=Limits(max_prompt_tokens=40, max_tokens=8, context_tokens=64, vocab_size=500),
+        )
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+async def serve(lifecycle: GatedLifecycle, api_key: str | None = None) -> TestClient:
+    config = ServiceConfig(worker_id="w1", api_key=api_key, heartbeat_s=0.05)
+    state = ServiceState(config=config, metrics=lifecycle.metrics, lifecycle=lifecycle)
+    client = TestClient(TestServer(build_app(state)))
+    await client.start_server()
+    return client
+
+
+async def wait_ready(client: TestClient) -> None:
+    for _ in range(200):
+        if (await client.get("/health/ready")).status == 200:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("never ready")
+
+
+@pytest.fixture
+async def booted() -> AsyncIterator[tuple[TestClient, GatedLifecycle]]:
+    lifecycle = GatedLifecycle()
+    lifecycle.gate.set()
+    client = await serve(lifecycle)
+    await wait_ready(client)
+    yield client, lifecycle
+    await client.close()
+
+
+async def entries_reach(client: TestClient, n: int) -> dict:
+    for _ in range(500):
+        cache = await (await client.get("/v1/cache")).json()
+        if cache["entries"] >= n:
+            return cache
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the cache never held {n} entries")
+
+
+async def complete(client: TestClient, prompt: list[int], **kw) -> dict:
+    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, **kw}
+    response = await client.post("/v1/completions", json=body)
+    assert response.status == 200, await response.text()
+    return await response.json()
+
+
+async def test_not_ready_until_boot_finishes_then_ready_event() -> None:
+    lifecycle = GatedLifecycle()
+    client = await serve(lifecycle)
+    try:
+        response = await client.get("/health/ready")
+        assert response.status == 503
+        assert (await response.json())["reason"] == "loading model"
+        refused = await client.post("/v1/completions", json={"prompt": "hi"})
+        assert refused.status == 503
+        assert (await refused.json())["error"]["type"] == "service_unavailable"
+        assert (await client.get("/health/live")).status == 200
+        lifecycle.gate.set()
+        await wait_ready(client)
+        assert lifecycle.sink.kinds()[0] == "ready"
+    finally:
+        await client.close()
+    assert lifecycle.sink.kinds()[-1] == "stopped" and lifecycle.stopped
+
+
+async def test_prefill_then_hit_then_reactive_extension(booted) -> None:
+    client, lifecycle = booted
+    stored = await (await client.post("/v1/prefill", json={"token_ids": list(range(10))})).json()
+    assert (stored["prefix_tokens"], stored["computed_tokens"]) == (8, 8)
+    answer = await complete(client, list(range(14)))
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 8
+    assert answer["choices"][0]["text"] == "xx"
+    cache = await entries_reach(client, 2)  # the reactive admission follows the answer
+    assert sorted(i["tokens"] for i in cache["items"]) == [8, 12]
+    metrics = lifecycle.metrics.registry
+    assert metrics.get_sample_value("vllm:prefix_cache_hits_total", {"model_name": "toy"}) == 8
+    assert metrics.get_sample_value("cold_start_count_total") == 0
+
+
+async def test_first_request_on_an_empty_cache_is_a_cold_start(booted) -> None:
+    client, lifecycle = booted
+    first = await complete(client, list(range(9)), tenant="t")
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert lifecycle.metrics.registry.get_sample_value("cold_start_count_total") == 1
+    assert lifecycle.metrics.registry.get_sample_value("kv_cache_miss_total") == 1
+
+
+async def test_invalidation_by_chunk_removes_extensions_and_reports_in_order(booted) -> None:
+    client, lifecycle = booted
+    runtime = lifecycle_runtime(client)
+    ref = ChunkRef(chunk_id="doc#0", content_hash="cd" * 16)
+    prefill = WarmupCommand(
+        command_id="c1", op="prefill", token_ids=list(range(8)), chunk_refs=[ref], pin=True
+    )
+    assert await asyncio.to_thread(runtime.apply, prefill) == "stored"
+    await complete(client, list(range(13)))  # cached reactively as a 12-token extension
+    await entries_reach(client, 2)
+    invalidate = WarmupCommand(command_id="c2", op="invalidate", chunk_refs=[ref])
+    assert await asyncio.to_thread(runtime.apply, invalidate) == "invalidated"
+    cache_events = [e for e in lifecycle.sink.events if e.kind not in ("ready", "heartbeat")]
+    assert [(e.kind, e.prefix_tokens, e.command_id) for e in cache_events] == [
+        ("stored", 8, "c1"),
+        ("stored", 12, None),
+        ("invalidated", 8, "c2"),
+        ("invalidated", 12, "c2"),
+    ]
+    assert cache_events[-1].mem_used_bytes == 0 and cache_events[0].chunk_refs == [ref]
+    assert (await (await client.get("/v1/cache")).json())["entries"] == 0
+
+
+async def test_unknown_prefix_commands_are_not_found(booted) -> None:
+    client, _ = booted
+    runtime = lifecycle_runtime(client)
+    for op in ("extend_ttl", "release", "invalidate"):
+        command = WarmupCommand(command_id="c", op=op, prefix_hash=HASH, ttl_s=5)
+        assert await asyncio.to_thread(runtime.apply, command) == "not_found"
+
+
+async def test_stream_frames_end_with_usage_and_done(booted) -> None:
+    client, _ = booted
+    body = {"prompt": "hello there", "max_tokens": 3, "stream": True, "return_token_ids": True}
+    response = await client.post("/v1/completions", json=body)
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    frames = (await response.text()).strip().split("\n\n")
+    assert frames[-1] == "data: [DONE]"
+    chunks = [json.loads(f.removeprefix("data: ")) for f in frames[:-1]]
+    assert [c["choices"][0]["text"] for c in chunks[:3]] == ["x", "x", "x"]
+    assert [c["choices"][0]["token_ids"] for c in chunks[:3]] == [[7], [7], [7]]
+    assert chunks[2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[3]["choices"] == [] and chunks[3]["usage"]["completion_tokens"] == 3
+    no_usage = {**body, "stream_options": {"include_usage": False}}
+    frames = (await (await client.post("/v1/completions", json=no_usage)).text()).split("\n\n")
+    assert not any('"usage"' in f for f in frames)
+
+
+async def test_bearer_token() -> None:
+    lifecycle = GatedLifecycle()
+    lifecycle.gate.set()
+    client = await serve(lifecycle, api_key="s3cret")
+    try:
+        await wait_ready(client)
+        assert (await client.get("/v1/models")).status == 401
+        assert (await client.get("/metrics", headers={"Authorization": "Bearer x"})).status == 401
+        ok = await client.get("/v1/models", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status == 200 and (await ok.json())["data"][0]["id"] == "toy"
+    finally:
+        await client.close()
+
+
+def lifecycle_runtime(client: TestClient) -> WorkerRuntime:
+    assert client.server.app is not None
+    state = client.server.app[STATE]
+    assert state.runtime is not None
+    return state.runtime
