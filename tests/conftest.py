@@ -117,3 +117,41 @@ def worker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
     yield make
     for proc in made:
         proc.stop()
+
+
+# --- Topic namespaces and the streams app --------------------------------------------------
+@pytest.fixture
+def namespace(
+    kafka_bootstrap: str, kafka_settings: KafkaSettings, unique_name: Callable[[str], str]
+) -> Iterator[str]:
+    """A fresh topic prefix with every ragwarm topic created; all its topics deleted after.
+
+    Pass it as RAGWARM_KAFKA_TOPIC_PREFIX to the processes of a test (the streams app's
+    changelog topics are named after its app id, which `StreamsApp` also prefixes).
+    """
+    from ragwarm.kafka_admin import create_topics, delete_topics, list_topics
+    from schemas.topics import prefixed
+
+    prefix = unique_name("t") + "."
+    options = kafka_settings.client_options()
+    create_topics(kafka_bootstrap, options, prefixed(prefix))
+    yield prefix
+    delete_topics(kafka_bootstrap, options,
+                  [t for t in list_topics(kafka_bootstrap, options) if t.startswith(prefix)])
+
+
+@pytest.fixture
+def streams_factory(kafka_bootstrap: str, tmp_path) -> Iterator[Callable[..., object]]:
+    """Factory of streams-app processes: `streams_factory(prefix, app_id, env={})`, not started."""
+    from tests.integration.streams_proc import StreamsApp
+
+    made: list[StreamsApp] = []
+
+    def make(prefix: str, app_id: str, env: dict[str, str] | None = None) -> StreamsApp:
+        app = StreamsApp(kafka_bootstrap, prefix, app_id, tmp_path, env)
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        app.stop()

@@ -11,7 +11,7 @@ import pytest
 from kafka import KafkaConsumer
 
 from schemas import DeadLetter, KbChange, decode, encode
-from schemas.topics import DEADLETTER, KB_CHANGES, prefixed
+from schemas.topics import DEADLETTER, KB_CHANGES
 from tests.integration.streams_proc import StreamsApp
 
 pytestmark = pytest.mark.integration
@@ -47,19 +47,6 @@ def malformed(rng: random.Random, i: int) -> bytes:
     if kind == 3:
         return json.dumps(good | {"op": "rename"}).encode()
     return json.dumps(good | {"schema_name": "mystery"}).encode()
-
-
-@pytest.fixture
-def namespace(kafka_bootstrap, kafka_settings, unique_name, tmp_path):
-    from ragwarm.kafka_admin import create_topics, delete_topics, list_topics
-
-    prefix = unique_name("t") + "."
-    options = kafka_settings.client_options()
-    create_topics(kafka_bootstrap, options, prefixed(prefix))
-    yield prefix
-    # Changelog and internal topics of the apps are in the namespace too.
-    delete_topics(kafka_bootstrap, options,
-                  [t for t in list_topics(kafka_bootstrap, options) if t.startswith(prefix)])
 
 
 def wait_for(predicate, timeout_s: float, what: str):
