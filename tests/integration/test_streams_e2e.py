@@ -31,7 +31,9 @@ DOCS = ["docs/developer-guide/ci.md", "docs/SUPPORT.md", "docs/faq.md", "docs/CO
 
 class Chunk:
     def __init__(self, row: dict):
-        self.chunk_id, self.content_hash, self.text = row["chunk_id"], row["content_hash"], row["text"]
+        self.chunk_id = row["chunk_id"]
+        self.content_hash = row["content_hash"]
+        self.text = row["text"]
 
 
 class Client:
