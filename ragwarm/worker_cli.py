@@ -106,7 +106,8 @@ def apply_warm_set(
     stored = 0
     for n, item in enumerate(items, 1):
         report(f"applying startup warm set ({n}/{len(items)})")
-        ids = item.token_ids if item.token_ids is not None else runtime.engine.tokenize(item.prompt)
+        source = item.source()
+        ids = source if isinstance(source, list) else runtime.engine.tokenize(source)
         try:
             result = runtime.prefill(
                 ids[: runtime.limits.max_prompt_tokens],

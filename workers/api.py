@@ -109,6 +109,14 @@ class PrefillRequest(BaseModel):
     ttl_s: float | None = Field(default=None, gt=0)
     pin: bool = False
 
+    def source(self) -> str | list[int]:
+        """The prompt to prefill: its token ids or its text (exactly one must be given)."""
+        if self.token_ids is not None and self.prompt is None:
+            return self.token_ids
+        if self.prompt is not None and self.token_ids is None:
+            return self.prompt
+        raise ApiError(400, "give exactly one of token_ids or prompt", param="token_ids")
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -278,6 +286,8 @@ def _warm_item(item: Any, n: int) -> PrefillRequest:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err.get("loc", ()))
         raise WarmSetError(f"item {n}: {loc}: {err.get('msg')}") from None
-    if (req.token_ids is None) == (req.prompt is None):
-        raise WarmSetError(f"item {n}: give exactly one of token_ids or prompt")
+    try:
+        req.source()
+    except ApiError as exc:
+        raise WarmSetError(f"item {n}: {exc.message}") from None
     return req

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
@@ -256,13 +256,13 @@ class WorkerRuntime:
                 self.lock.release()
         self.flush()
 
-    def status_event(self, kind: str) -> WorkerEvent:
+    def status_event(self, kind: Literal["ready", "heartbeat", "stopped"]) -> WorkerEvent:
         """A `ready`, `heartbeat` or `stopped` event with the current memory figures."""
         snap = self.snapshot
         return WorkerEvent(
             worker_id=self.worker_id,
             kind=kind,
-            url=self.url,  # type: ignore[arg-type]
+            url=self.url,
             mem_used_bytes=snap.mem_used,
             mem_total_bytes=snap.mem_total,
             entries=len(snap.entries),

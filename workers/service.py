@@ -8,12 +8,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from aiohttp import web
 
@@ -180,9 +180,7 @@ class Handlers:
     async def prefill(self, request: web.Request) -> web.Response:
         runtime = self.state.live_runtime()
         req: PrefillRequest = parse(PrefillRequest, await _json(request))
-        if (req.token_ids is None) == (req.prompt is None):
-            raise ApiError(400, "give exactly one of token_ids or prompt", param="token_ids")
-        ids = await self._tokens(runtime, req.prompt if req.token_ids is None else req.token_ids)
+        ids = await self._tokens(runtime, req.source())
         check_prompt(ids, runtime.limits)
         job = partial(
             runtime.prefill,
@@ -301,7 +299,7 @@ class _Generation:
             body["choices"][0]["token_ids"] = [] if stopped else [step.token_id]
         return body
 
-    async def steps(self) -> AsyncIterator[GenerationStep]:
+    async def steps(self) -> AsyncGenerator[GenerationStep, None]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[GenerationStep | BaseException | None] = asyncio.Queue()
         cancelled = threading.Event()
@@ -409,7 +407,7 @@ async def _boot(state: ServiceState) -> None:
     state.tasks.append(asyncio.create_task(_heartbeats(state, state.runtime)))
 
 
-def _send_status(runtime: WorkerRuntime, kind: str) -> None:
+def _send_status(runtime: WorkerRuntime, kind: Literal["ready", "heartbeat", "stopped"]) -> None:
     runtime.flush()
     runtime.send(runtime.status_event(kind))
 
