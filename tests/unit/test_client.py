@@ -1,0 +1,265 @@
+"""RagClient without servers: SSE parsing, worker order, retries and the query event it emits."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rag.prompt import PromptBuilder
+from rag.testing import WordTokenizer
+from ragwarm.client import ClientError, NoWorker, RagClient, RequestRejected, query_event
+from ragwarm.client_settings import ClientSettings
+from ragwarm.client_wire import (
+    Route,
+    StreamResult,
+    WorkerFailed,
+    WorkerRef,
+    candidates,
+    sse_data,
+)
+from schemas import QueryEvent, decode, encode
+from workers.cache import block_hashes
+
+HASH = "ab" * 32
+CHUNKS = [
+    {"chunk_id": "docs/faq.md#0", "content_hash": HASH, "doc_id": "docs/faq.md",
+     "text": "Reset the admin password with argocd account update-password.", "score": 0.9,
+     "version": 27},
+    {"chunk_id": "docs/faq.md#1", "content_hash": "cd" * 32, "doc_id": "docs/faq.md",
+     "text": "Disable the admin user with admin.enabled false.", "score": 0.8, "version": 27},
+]
+
+
+# --- SSE ------------------------------------------------------------------------------------
+def test_sse_data_joins_multiline_data_and_skips_comments_and_other_fields():
+    lines = [": keep-alive", "event: x", "data: a", "data:b", "id: 7", "", "data: [DONE]", ""]
+    assert list(sse_data(lines)) == ["a\nb", "[DONE]"]
+
+
+def test_sse_data_drops_an_unterminated_event():
+    assert list(sse_data(["data: {}", "", "data: {\"half"])) == ["{}"]
+
+
+@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=30),
+                max_size=20))
+def test_sse_data_round_trips_any_payloads(payloads):
+    lines = [line for p in payloads for line in (f"data: {p}", "")]
+    assert list(sse_data(lines)) == payloads
+
+
+def _chunk(text: str, finish: str | None = None) -> str:
+    return json.dumps({"choices": [{"index": 0, "text": text, "finish_reason": finish}]})
+
+
+def test_stream_result_collects_text_first_token_time_and_usage():
+    result = StreamResult(sent_at=1.0)
+    usage = {"prompt_tokens": 40, "completion_tokens": 2,
+             "prompt_tokens_details": {"cached_tokens": 32}, "ttft_ms": 5.0}
+    assert result.feed(_chunk("Hel"), 1.25) == "Hel"
+    assert result.feed(_chunk("lo", "length"), 1.5) == "lo"
+    result.feed(json.dumps({"choices": [], "usage": usage}), 1.6)
+    result.feed("[DONE]", 1.7)
+    result.check_complete()
+    assert (result.text, result.first_at, result.finish_reason) == ("Hello", 1.25, "length")
+    assert result.usage == usage
+
+
+@pytest.mark.parametrize("events", [
+    [_chunk("a")],  # no finish reason, no [DONE]
+    [_chunk("a", "stop")],  # no [DONE]
+    ["[DONE]"],  # nothing generated
+])
+def test_an_incomplete_stream_is_a_worker_failure(events):
+    result = StreamResult(sent_at=0.0)
+    for data in events:
+        result.feed(data, 0.1)
+    with pytest.raises(WorkerFailed):
+        result.check_complete()
+
+
+@pytest.mark.parametrize("data", ['{"error": {"message": "generation failed: boom"}}',
+                                  "not json", "[1, 2]"])
+def test_error_or_malformed_events_are_worker_failures(data):
+    with pytest.raises(WorkerFailed):
+        StreamResult(sent_at=0.0).feed(data, 0.1)
+
+
+# --- worker order -----------------------------------------------------------------------------
+W1, W2, W3 = (WorkerRef(f"w{i}", f"http://127.0.0.1:{8100 + i}") for i in (1, 2, 3))
+
+
+def test_candidates_start_with_the_chosen_worker_then_the_others_once():
+    route = Route(chosen=W2, matched_blocks=4, workers=(W1, W2, W3))
+    assert candidates(route, 3) == [W2, W1, W3]
+    assert candidates(route, 2) == [W2, W1]
+    assert candidates(Route(None, 0, (W1, W1, W3)), 5) == [W1, W3]
+    assert candidates(Route(None, 0, ()), 3) == []
+
+
+def test_route_from_json_skips_workers_without_url():
+    raw = {"worker_id": "w2", "url": W2.url, "matched_blocks": 3,
+           "workers": [{"worker_id": "w1", "url": None}, {"worker_id": "w2", "url": W2.url}]}
+    assert Route.from_json(raw) == Route(W2, 3, (W2,))
+    assert Route.from_json({"worker_id": None, "url": None, "workers": []}).chosen is None
+
+
+@given(st.lists(st.sampled_from([W1, W2, W3]), max_size=6), st.sampled_from([None, W1, W2]),
+       st.integers(1, 5))
+def test_candidates_never_repeat_and_respect_the_limit(workers, chosen, limit):
+    order = candidates(Route(chosen, 0, tuple(workers)), limit)
+    assert len(order) == len({w.worker_id for w in order}) <= limit
+    if chosen is not None:
+        assert order[0] == chosen
+
+
+# --- the client over fake servers ---------------------------------------------------------------
+def sse_body(text: str = "Hi there", cached: int = 16) -> bytes:
+    usage = {"prompt_tokens": 60, "completion_tokens": 2,
+             "prompt_tokens_details": {"cached_tokens": cached}, "ttft_ms": 3.5}
+    events = [_chunk("Hi"), _chunk(text[2:], "length"),
+              json.dumps({"choices": [], "usage": usage}), "[DONE]"]
+    return "".join(f"data: {e}\n\n" for e in events).encode()
+
+
+class FakeCluster:
+    """The streams app's views and the workers as one httpx MockTransport handler."""
+
+    def __init__(self, chosen: str | None, behaviour: dict[str, object]):
+        self.chosen = chosen
+        self.behaviour = behaviour  # worker id -> "ok" | status code | bytes | Exception
+        self.calls: list[str] = []
+        self.bodies: list[dict] = []
+
+    def url(self, worker_id: str) -> str:
+        return f"http://{worker_id}.test"
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        host, path = request.url.host, request.url.path
+        self.calls.append(f"{host}{path}")
+        if host == "streams.test":
+            return self.streams(path, request)
+        worker = host.removesuffix(".test")
+        if path.startswith("/health"):
+            return httpx.Response(200, json={"status": "live"})
+        self.bodies.append(json.loads(request.content))
+        outcome = self.behaviour[worker]
+        if isinstance(outcome, Exception):
+            raise outcome
+        if isinstance(outcome, int):
+            return httpx.Response(outcome, json={"error": {"message": f"status {outcome}"}})
+        content = outcome if isinstance(outcome, bytes) else sse_body()
+        return httpx.Response(200, content=content, headers={"content-type": "text/event-stream"})
+
+    def streams(self, path: str, request: httpx.Request) -> httpx.Response:
+        workers = [{"worker_id": w, "url": self.url(w), "ready": True} for w in self.behaviour]
+        if path == "/ragwarm/retrieve":
+            return httpx.Response(200, json={"chunks": CHUNKS})
+        if path == "/ragwarm/route":
+            chosen = self.chosen
+            return httpx.Response(200, json={
+                "worker_id": chosen, "url": self.url(chosen) if chosen else None,
+                "matched_blocks": 2 if chosen else 0,
+                "workers": [{"worker_id": w["worker_id"], "url": w["url"]} for w in workers]})
+        if path == "/ragwarm/workers":
+            return httpx.Response(200, json={"workers": workers})
+        return httpx.Response(200, json={"status": "ok"})
+
+
+class ListEmitter:
+    def __init__(self):
+        self.events: list[QueryEvent] = []
+
+    def emit(self, event: QueryEvent) -> None:
+        self.events.append(decode(encode(event), QueryEvent))
+
+    def close(self) -> None:
+        pass
+
+
+def make_client(cluster: FakeCluster, **settings) -> tuple[RagClient, ListEmitter]:
+    transport = httpx.MockTransport(cluster)
+    config = ClientSettings(streams_url="http://streams.test", max_tokens=4, **settings)
+    streams = httpx.Client(base_url=config.streams_url, transport=transport)
+    emitter = ListEmitter()
+    client = RagClient(config, PromptBuilder(WordTokenizer(), "Answer from context."), "m",
+                       streams, emitter=emitter, transport=transport)  # type: ignore[arg-type]
+    return client, emitter
+
+
+def test_warm_pools_opens_a_connection_to_the_streams_app_and_every_worker():
+    cluster = FakeCluster("w1", {"w1": "ok", "w2": "ok"})
+    client, _ = make_client(cluster)
+    assert client.warm_pools() == ["w1", "w2"]
+    assert {"w1.test/health/live", "w2.test/health/live", "streams.test/ragwarm/health"} <= set(
+        cluster.calls)
+
+
+def test_query_goes_to_the_routed_worker_and_emits_its_query_event():
+    cluster = FakeCluster("w2", {"w1": "ok", "w2": "ok"})
+    client, emitter = make_client(cluster, tenant="acme")
+    tokens: list[str] = []
+    answer = client.query("How do I reset the admin password?", on_token=tokens.append)
+    assert (answer.worker_id, answer.text, answer.cached_tokens) == ("w2", "Hi there", 16)
+    assert answer.worker_ttft_ms == 3.5 and answer.ttft_ms >= 0 and answer.failed_workers == ()
+    assert "".join(tokens) == "Hi there"
+    body = cluster.bodies[0]
+    assert body["tenant"] == "acme" and body["stream"] is True and body["max_tokens"] == 4
+    assert [r["chunk_id"] for r in body["chunk_refs"]] == ["docs/faq.md#0", "docs/faq.md#1"]
+    (event,) = emitter.events
+    prepared = client.prepare("How do I reset the admin password?", "acme")
+    prefix = block_hashes(prepared.prompt.prefix_ids, tenant="acme", model="m")
+    assert event.prefix_hash == prefix[-1] == answer.prefix_hash
+    assert event.block_hashes == prefix and event.prefix_tokens == prepared.prompt.prefix_len
+    assert (event.qid, event.worker_id, event.tenant) == (answer.qid, "w2", "acme")
+    assert body["prompt"] == list(prepared.prompt.token_ids)
+
+
+BROKEN = b"data: " + _chunk("Hi").encode() + b"\n\n"  # cut off before finish and [DONE]
+ERROR = b'data: {"error": {"message": "generation failed"}}\n\ndata: [DONE]\n\n'
+
+
+@pytest.mark.parametrize("failure", [httpx.ConnectError("refused"), 503, 500, BROKEN, ERROR,
+                                     httpx.ReadError("reset")])
+def test_a_failing_worker_is_retried_on_the_next_one(failure):
+    cluster = FakeCluster("w2", {"w1": "ok", "w2": failure})
+    client, emitter = make_client(cluster)
+    answer = client.query("How do I disable the admin user?")
+    assert answer.worker_id == "w1" and answer.failed_workers == ("w2",)
+    assert answer.matched_blocks == 0  # the answering worker was not the one holding the prefix
+    assert [e.worker_id for e in emitter.events] == ["w1"]
+
+
+def test_a_request_a_worker_refuses_is_not_retried():
+    cluster = FakeCluster("w2", {"w1": "ok", "w2": 400})
+    client, emitter = make_client(cluster)
+    with pytest.raises(RequestRejected, match="HTTP 400"):
+        client.query("How do I disable the admin user?")
+    assert not emitter.events
+
+
+def test_every_worker_failing_is_one_clear_error():
+    cluster = FakeCluster("w1", {"w1": 503, "w2": httpx.ConnectError("refused")})
+    client, emitter = make_client(cluster)
+    with pytest.raises(ClientError, match="w1: HTTP 503.*w2: ConnectError"):
+        client.query("Why is my app OutOfSync?")
+    assert not emitter.events
+
+
+def test_no_worker_at_all_names_the_command_to_start_one():
+    client, _ = make_client(FakeCluster(None, {}))
+    with pytest.raises(NoWorker, match="ragwarm up"):
+        client.query("Why is my app OutOfSync?")
+
+
+def test_query_event_of_a_prompt_shorter_than_a_block_has_no_prefix_hash():
+    cluster = FakeCluster("w1", {"w1": "ok"})
+    client, _ = make_client(cluster)
+    prepared = client.prepare("q")
+    short = prepared.__class__(prepared.question, prepared.tenant, (), prepared.prompt, (),
+                               0.0, 10_000)
+    answer = client.ask(short)
+    assert query_event(short, answer).prefix_hash is None
