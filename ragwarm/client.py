@@ -217,8 +217,15 @@ class RagClient:
 
         settings = settings or ClientSettings()
         models = models or ModelSettings()
-        prompts = PromptBuilder(load_tokenizer(llm_dir(models=models)), RagSettings().system_prompt)
         streams = make_pool(settings, settings.streams_url)
+        try:
+            # Fail fast, before the slow tokenizer load, when the stack is not up.
+            check_streams(streams, settings.streams_url)
+            prompts = PromptBuilder(load_tokenizer(llm_dir(models=models)),
+                                    RagSettings().system_prompt)
+        except BaseException:
+            streams.close()
+            raise
         retrieval = None
         if settings.direct_qdrant and QdrantSettings().url:
             retrieval = QdrantRetrieval.open(models)
@@ -234,13 +241,12 @@ class RagClient:
     # -- pools ----------------------------------------------------------------------------
     def warm_pools(self) -> list[str]:
         """Open a keep-alive connection to the streams app and to every known worker."""
+        check_streams(self.streams, self.settings.streams_url)
         try:
-            self.streams.get("/ragwarm/health").raise_for_status()
             rows = self.streams.get("/ragwarm/workers").json().get("workers") or []
-        except httpx.HTTPError as exc:
-            raise StreamsUnavailable(
-                f"the streams app does not answer at {self.settings.streams_url} ({exc}); "
-                f"{UP_HINT}") from None
+        except (httpx.HTTPError, ValueError) as exc:
+            raise StreamsUnavailable(f"/ragwarm/workers failed at {self.settings.streams_url}: "
+                                     f"{exc}") from None
         warmed = []
         for row in rows:
             if row.get("url") and row.get("ready"):
@@ -373,6 +379,15 @@ def make_pool(settings: ClientSettings, url: str, transport: httpx.BaseTransport
     timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
     return httpx.Client(base_url=url, limits=limits, timeout=timeout, transport=transport,
                         headers=dict(headers or {}))
+
+
+def check_streams(streams: httpx.Client, url: str) -> None:
+    """Raise StreamsUnavailable, with the command to fix it, unless the streams app answers."""
+    try:
+        streams.get("/ragwarm/health").raise_for_status()
+    except httpx.HTTPError as exc:
+        raise StreamsUnavailable(f"the streams app does not answer at {url} ({exc}); "
+                                 f"{UP_HINT}") from None
 
 
 def _post_json(client: httpx.Client, path: str, body: dict) -> dict:
