@@ -38,20 +38,33 @@ class Bench:
         port, wport = _free_port(), _free_port()
         self.streams_url = f"http://127.0.0.1:{port}"
         self.worker_url = f"http://127.0.0.1:{wport}"
-        self.streams = Proc("bench-streams", ["streams", "--loglevel", "warning"], workdir,
-                            f"{self.streams_url}/ragwarm/health", env | {
-                                "RAGWARM_STREAMS_APP_ID": self.prefix + "app",
-                                "RAGWARM_STREAMS_WEB_PORT": str(port),
-                                "RAGWARM_STREAMS_HOT_TICK_S": "0.5",
-                                "RAGWARM_QDRANT_PATH": str(workdir / "qdrant")})
-        self.worker = Proc("bench-worker", ["worker", "--worker-id", "bench-w1",
-                                            "--port", str(wport)], workdir,
-                           f"{self.worker_url}/health/ready",
-                           env | {"RAGWARM_WORKER_HEARTBEAT_S": "1",
-                                  "RAGWARM_WORKER_CACHE_REQUESTS": "false"})
+        self.streams = Proc(
+            "bench-streams",
+            ["streams", "--loglevel", "warning"],
+            workdir,
+            f"{self.streams_url}/ragwarm/health",
+            env
+            | {
+                "RAGWARM_STREAMS_APP_ID": self.prefix + "app",
+                "RAGWARM_STREAMS_WEB_PORT": str(port),
+                "RAGWARM_STREAMS_HOT_TICK_S": "0.5",
+                "RAGWARM_QDRANT_PATH": str(workdir / "qdrant"),
+            },
+        )
+        self.worker = Proc(
+            "bench-worker",
+            ["worker", "--worker-id", "bench-w1", "--port", str(wport)],
+            workdir,
+            f"{self.worker_url}/health/ready",
+            env | {"RAGWARM_WORKER_HEARTBEAT_S": "1", "RAGWARM_WORKER_CACHE_REQUESTS": "false"},
+        )
         self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-        self.events = KafkaConsumer(self.prefix + WORKER_EVENTS, bootstrap_servers=bootstrap,
-                                    auto_offset_reset="earliest", consumer_timeout_ms=100)
+        self.events = KafkaConsumer(
+            self.prefix + WORKER_EVENTS,
+            bootstrap_servers=bootstrap,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=100,
+        )
         self.seen: list[tuple[float, WorkerEvent]] = []
 
     def counters(self) -> dict:
@@ -118,8 +131,15 @@ def synthetic_queries(n: int, prefixes: int, seed: int) -> list[QueryEvent]:
     hashes = [uuid.UUID(int=rng.getrandbits(128)).hex for _ in range(prefixes)]
     weights = [1 / (i + 1) for i in range(prefixes)]
     picks = rng.choices(range(prefixes), weights, k=n)
-    return [QueryEvent(question=f"synthetic question {i}", prefix_hash=hashes[i],
-                       block_hashes=[hashes[i]], prefix_tokens=800) for i in picks]
+    return [
+        QueryEvent(
+            question=f"synthetic question {i}",
+            prefix_hash=hashes[i],
+            block_hashes=[hashes[i]],
+            prefix_tokens=800,
+        )
+        for i in picks
+    ]
 
 
 class Prompts:
@@ -139,13 +159,18 @@ class Prompts:
 
         from workers.cache import block_hashes
 
-        rows = httpx.post(f"{self.url}/ragwarm/retrieve", json={"question": question},
-                          timeout=60).json()["chunks"]
+        rows = httpx.post(
+            f"{self.url}/ragwarm/retrieve", json={"question": question}, timeout=60
+        ).json()["chunks"]
         prompt = self.builder.build([SimpleNamespace(**r) for r in rows], question)
         hashes = block_hashes(prompt.prefix_ids, tenant="default", model=self.model)
-        event = QueryEvent(question=question, chunk_refs=list(prompt.chunk_refs),
-                           prefix_hash=hashes[-1], block_hashes=hashes,
-                           prefix_tokens=prompt.prefix_len)
+        event = QueryEvent(
+            question=question,
+            chunk_refs=list(prompt.chunk_refs),
+            prefix_hash=hashes[-1],
+            block_hashes=hashes,
+            prefix_tokens=prompt.prefix_len,
+        )
         return event, rows
 
 
@@ -157,8 +182,9 @@ def edit_inside(text: str, chunk_text: str, n: int) -> str | None:
     return None
 
 
-def measure_event_to_warm(b: Bench, latest: dict[str, KbChange], questions: list[str],
-                          edits: int) -> list[float]:
+def measure_event_to_warm(
+    b: Bench, latest: dict[str, KbChange], questions: list[str], edits: int
+) -> list[float]:
     prompts = Prompts(b.streams_url)
     warm: list[tuple[str, QueryEvent]] = []
     for question in questions:
@@ -206,17 +232,34 @@ def percentile(values: list[float], q: float) -> float:
 
 
 @click.command()
-@click.option("--events", type=click.Path(exists=True, path_type=Path),
-              default=DATA / "events.jsonl", show_default=True, help="Trace events (JSONL).")
-@click.option("--questions", type=click.Path(exists=True, path_type=Path),
-              default=DATA / "questions.jsonl", show_default=True, help="Trace questions.")
+@click.option(
+    "--events",
+    type=click.Path(exists=True, path_type=Path),
+    default=DATA / "events.jsonl",
+    show_default=True,
+    help="Trace events (JSONL).",
+)
+@click.option(
+    "--questions",
+    type=click.Path(exists=True, path_type=Path),
+    default=DATA / "questions.jsonl",
+    show_default=True,
+    help="Trace questions.",
+)
 @click.option("--kb-events", type=int, default=None, help="Use the first N trace events.")
 @click.option("--queries", type=int, default=20_000, show_default=True)
 @click.option("--hot", type=int, default=4, show_default=True, help="Hot questions to warm.")
 @click.option("--edits", type=int, default=12, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def pipeline(events: Path, questions: Path, kb_events: int | None, queries: int, hot: int,
-             edits: int, as_json: bool) -> None:
+def pipeline(
+    events: Path,
+    questions: Path,
+    kb_events: int | None,
+    queries: int,
+    hot: int,
+    edits: int,
+    as_json: bool,
+) -> None:
     """Token-frequency and KB-change throughput, and KB-event-to-warm latency."""
     from rag.trace import read_questions
     from ragwarm.kafka_admin import create_topics

@@ -43,8 +43,12 @@ def rows(cls: type[BaseSettings]) -> list[tuple[str, str, str]]:
 def markdown() -> str:
     lines = []
     for cls in settings_classes():
-        lines += [f"**{cls.__name__}** — {(cls.__doc__ or '').strip()}", "",
-                  "| variable | default | meaning |", "|---|---|---|"]
+        lines += [
+            f"**{cls.__name__}** — {(cls.__doc__ or '').strip()}",
+            "",
+            "| variable | default | meaning |",
+            "|---|---|---|",
+        ]
         lines += [f"| `{v}` | `{d}` | {m} |" for v, d, m in rows(cls)]
         lines.append("")
     return "\n".join(lines)

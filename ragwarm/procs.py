@@ -52,8 +52,11 @@ class Proc:
         log = self.log_file.open("ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "ragwarm.cli", *self.args],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **self.env}, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env},
+            start_new_session=True,
         )
         self.pid_file.write_text(str(proc.pid))
         return True
@@ -72,7 +75,9 @@ class Proc:
             if self.pid() is None:
                 raise RuntimeError(f"{self.name} exited during start:\n{tail(self.log_file)}")
             time.sleep(0.5)
-        raise TimeoutError(f"{self.name} not healthy after {timeout_s:.0f} s:\n{tail(self.log_file)}")
+        raise TimeoutError(
+            f"{self.name} not healthy after {timeout_s:.0f} s:\n{tail(self.log_file)}"
+        )
 
     def stop(self, grace_s: float = 20.0) -> bool:
         """SIGTERM the process group, SIGKILL after `grace_s`; False when nothing ran."""

@@ -23,8 +23,15 @@ class RagService:
     model salt), so the app can tell which prefix a worker will report without asking it.
     """
 
-    def __init__(self, store: ChunkStore, indexer: Indexer, retriever: Retriever,
-                 prompts: PromptBuilder, model_salt: str, block_size: int = BLOCK_SIZE):
+    def __init__(
+        self,
+        store: ChunkStore,
+        indexer: Indexer,
+        retriever: Retriever,
+        prompts: PromptBuilder,
+        model_salt: str,
+        block_size: int = BLOCK_SIZE,
+    ):
         self.store = store
         self.indexer = indexer
         self.retriever = retriever
@@ -33,8 +40,12 @@ class RagService:
         self.block_size = block_size
 
     @classmethod
-    def open(cls, models: ModelSettings, rag: RagSettings | None = None,
-             qdrant: QdrantSettings | None = None) -> RagService:
+    def open(
+        cls,
+        models: ModelSettings,
+        rag: RagSettings | None = None,
+        qdrant: QdrantSettings | None = None,
+    ) -> RagService:
         from ragwarm.models import embed_model_dir, llm_dir, load_tokenizer
 
         rag = rag or RagSettings()
@@ -42,8 +53,10 @@ class RagService:
         embedder = Embedder.load(embed_model_dir(models), batch_size=rag.embed_batch_size)
         store = ChunkStore.open(qdrant or QdrantSettings(), rag.collection, embedder.dim)
         return cls(
-            store, Indexer.from_settings(store, embedder, tokenizer, rag),
-            Retriever(store, embedder, rag.top_k), PromptBuilder(tokenizer, rag.system_prompt),
+            store,
+            Indexer.from_settings(store, embedder, tokenizer, rag),
+            Retriever(store, embedder, rag.top_k),
+            PromptBuilder(tokenizer, rag.system_prompt),
             models.llm_name,
         )
 
@@ -79,14 +92,23 @@ class RagService:
 
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
         hits = self.retriever.retrieve(question, tenant, k).hits
-        return [{"chunk_id": h.chunk.chunk_id, "content_hash": h.chunk.content_hash,
-                 "doc_id": h.chunk.doc_id, "text": h.chunk.text, "score": h.score,
-                 "version": h.version} for h in hits]
+        return [
+            {
+                "chunk_id": h.chunk.chunk_id,
+                "content_hash": h.chunk.content_hash,
+                "doc_id": h.chunk.doc_id,
+                "text": h.chunk.text,
+                "score": h.score,
+                "version": h.version,
+            }
+            for h in hits
+        ]
 
     def _prefix(self, chunks, tenant: str) -> WarmPrefix | None:
         tokens = self.prompts.build_prefix(chunks)
-        hashes = block_hashes(tokens, tenant=tenant, model=self.model_salt,
-                              block_size=self.block_size)
+        hashes = block_hashes(
+            tokens, tenant=tenant, model=self.model_salt, block_size=self.block_size
+        )
         if not hashes:
             return None  # shorter than one block: nothing a worker could cache
         refs = [ChunkRef(chunk_id=c.chunk_id, content_hash=c.content_hash) for c in chunks]

@@ -1,4 +1,4 @@
-"""`ragwarm up|down|status`: the local stack (Kafka, topics, streams app, workers) in the background."""
+"""`ragwarm up|down|status`: the local stack (Kafka, topics, streams, workers) in the background."""
 
 from __future__ import annotations
 
@@ -15,8 +15,13 @@ from streams.settings import StreamsSettings
 class Stack:
     """The parts of the local stack and their order: Kafka first up, last down."""
 
-    def __init__(self, home: HomeSettings | None = None, kafka: KafkaSettings | None = None,
-                 stack: StackSettings | None = None, streams: StreamsSettings | None = None):
+    def __init__(
+        self,
+        home: HomeSettings | None = None,
+        kafka: KafkaSettings | None = None,
+        stack: StackSettings | None = None,
+        streams: StreamsSettings | None = None,
+    ):
         self.home = home or HomeSettings()
         self.kafka_settings = kafka or KafkaSettings()
         self.settings = stack or StackSettings()
@@ -27,11 +32,16 @@ class Stack:
         self.streams_url = base
         self.streams = Proc("streams", ["streams"], run, f"{base}/ragwarm/health", env)
         self.workers = [
-            Proc(f"worker-{i + 1}",
-                 ["worker", "--worker-id", f"w{i + 1}", "--port", str(port)],
-                 run, f"http://127.0.0.1:{port}/health/ready", env)
-            for i, port in enumerate(range(self.settings.worker_port,
-                                           self.settings.worker_port + self.settings.workers))
+            Proc(
+                f"worker-{i + 1}",
+                ["worker", "--worker-id", f"w{i + 1}", "--port", str(port)],
+                run,
+                f"http://127.0.0.1:{port}/health/ready",
+                env,
+            )
+            for i, port in enumerate(
+                range(self.settings.worker_port, self.settings.worker_port + self.settings.workers)
+            )
         ]
 
     def worker_url(self, proc: Proc) -> str:
@@ -42,15 +52,24 @@ class Stack:
         from ragwarm.kafka_local import LocalKafka
 
         broker = LocalKafka(self.home, self.kafka_settings)
-        echo(f"kafka: {'started' if broker.start() else 'already running'} at {broker.bootstrap}")
+        if broker.external:
+            echo(f"kafka: using the cluster at {broker.bootstrap} (RAGWARM_KAFKA_BOOTSTRAP)")
+        else:
+            state = "started" if broker.start() else "already running"
+            echo(f"kafka: {state} at {broker.bootstrap}")
         from schemas.topics import prefixed
 
-        created, existing = create_topics(broker.bootstrap, self.kafka_settings.client_options(),
-                                          prefixed(self.kafka_settings.topic_prefix))
+        created, existing = create_topics(
+            broker.bootstrap,
+            self.kafka_settings.client_options(),
+            prefixed(self.kafka_settings.topic_prefix),
+        )
         echo(f"topics: {len(created)} created, {len(existing)} already there")
         for proc in [self.streams, *self.workers]:
             started = proc.start()
-            echo(f"{proc.name}: {'starting' if started else 'already running'} (log {proc.log_file})")
+            echo(
+                f"{proc.name}: {'starting' if started else 'already running'} (log {proc.log_file})"
+            )
         for proc in [self.streams, *self.workers]:
             proc.wait_healthy(self.settings.start_timeout_s)
             echo(f"{proc.name}: healthy")
@@ -61,18 +80,27 @@ class Stack:
         for proc in [*self.workers, self.streams]:
             echo(f"{proc.name}: {'stopped' if proc.stop() else 'not running'}")
         broker = LocalKafka(self.home, self.kafka_settings)
-        echo(f"kafka: {'stopped' if broker.stop() else 'not running'}")
+        if not broker.external:
+            echo(f"kafka: {'stopped' if broker.stop() else 'not running'}")
 
     def status(self) -> dict:
         from ragwarm.kafka_local import LocalKafka
 
         report: dict = {"kafka": LocalKafka(self.home, self.kafka_settings).status()}
-        report["streams"] = {"pid": self.streams.pid(), "healthy": self.streams.healthy(),
-                             "url": self.streams_url, "stats": _get(f"{self.streams_url}/ragwarm/stats")}
+        report["streams"] = {
+            "pid": self.streams.pid(),
+            "healthy": self.streams.healthy(),
+            "url": self.streams_url,
+            "stats": _get(f"{self.streams_url}/ragwarm/stats"),
+        }
         for proc in self.workers:
             url = self.worker_url(proc)
-            report[proc.name] = {"pid": proc.pid(), "ready": proc.healthy(), "url": url,
-                                 "cache": _get(f"{url}/v1/cache")}
+            report[proc.name] = {
+                "pid": proc.pid(),
+                "ready": proc.healthy(),
+                "url": url,
+                "cache": _get(f"{url}/v1/cache"),
+            }
         return report
 
 
@@ -105,8 +133,10 @@ def status(as_json: bool) -> None:
         click.echo(json.dumps(report, indent=2, default=str))
         return
     kafka = report.pop("kafka")
-    click.echo(f"kafka    running={kafka.get('running')} bootstrap={kafka.get('bootstrap')} "
-               f"version={kafka.get('version')}")
+    click.echo(
+        f"kafka    running={kafka.get('running')} bootstrap={kafka.get('bootstrap')} "
+        f"version={kafka.get('version')}"
+    )
     for name, part in report.items():
         ok = part.get("healthy", part.get("ready"))
         click.echo(f"{name:<9}pid={part['pid']} healthy={ok} url={part['url']}")

@@ -23,8 +23,11 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
 
     app = create_app(streams, kafka.servers)
     pipeline = Pipeline(
-        app=app, topics=define_topics(app, streams.partitions, kafka.topic_prefix),
-        tables=define_tables(app, streams.partitions), rag=rag_port, settings=streams,
+        app=app,
+        topics=define_topics(app, streams.partitions, kafka.topic_prefix),
+        tables=define_tables(app, streams.partitions),
+        rag=rag_port,
+        settings=streams,
         tracker=HotTracker(streams.hot_window_s, streams.hot_step_s, streams.hot_capacity),
     )
     register_agents(pipeline)
@@ -45,8 +48,14 @@ def ensure_topics(pipeline, kafka: KafkaSettings) -> None:
     partitions = pipeline.settings.partitions
     specs = prefixed(kafka.topic_prefix)
     for table in vars(pipeline.tables).values():
-        specs.append(TopicSpec(table.changelog_topic.get_topic_name(), "table key", partitions,
-                               {"cleanup.policy": "compact"}))
+        specs.append(
+            TopicSpec(
+                table.changelog_topic.get_topic_name(),
+                "table key",
+                partitions,
+                {"cleanup.policy": "compact"},
+            )
+        )
     for topic in (pipeline.topics.prefix_ops, pipeline.topics.doc_links):
         specs.append(TopicSpec(topic.get_topic_name(), "key", partitions))
     create_topics(kafka.servers, kafka.client_options(), specs)
@@ -69,8 +78,10 @@ def streams(web_port: int | None, loglevel: str) -> None:
     rag = RagService.open(ModelSettings())
     pipeline = build_pipeline(settings, kafka, rag)
     ensure_topics(pipeline, kafka)
-    click.echo(f"streams: app {settings.app_id} on {kafka.servers}, "
-               f"views at http://{settings.web_host}:{settings.web_port}/ragwarm/stats")
+    click.echo(
+        f"streams: app {settings.app_id} on {kafka.servers}, "
+        f"views at http://{settings.web_host}:{settings.web_port}/ragwarm/stats"
+    )
     try:
         Worker(pipeline.app, loglevel=loglevel).execute_from_commandline()
     finally:

@@ -99,7 +99,9 @@ class WarmupCommand(Event):
     worker_id: Id | None = None
     tenant: Id = "default"
     prefix_hash: Hash | None = None
-    token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=MAX_TOKENS)
+    token_ids: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, max_length=MAX_TOKENS
+    )
     chunk_refs: list[ChunkRef] = Field(default_factory=list, max_length=256)
     ttl_s: float | None = Field(default=None, gt=0)
     pin: bool = False
@@ -124,8 +126,15 @@ class WorkerEvent(Event):
     schema_name: Literal["worker_event"] = "worker_event"
     worker_id: Id
     kind: Literal[
-        "stored", "evicted", "invalidated", "ttl_extended", "cleared",
-        "ready", "heartbeat", "stopped", "released",
+        "stored",
+        "evicted",
+        "invalidated",
+        "ttl_extended",
+        "cleared",
+        "ready",
+        "heartbeat",
+        "stopped",
+        "released",
     ]
     url: Annotated[str, StringConstraints(max_length=2048)] | None = None
     tenant: Id | None = None
@@ -155,4 +164,10 @@ class DeadLetter(Event):
     error_field: str | None = None
 
 
-EVENT_TYPES: tuple[type[Event], ...] = (KbChange, QueryEvent, WarmupCommand, WorkerEvent, DeadLetter)
+EVENT_TYPES: tuple[type[Event], ...] = (
+    KbChange,
+    QueryEvent,
+    WarmupCommand,
+    WorkerEvent,
+    DeadLetter,
+)

@@ -36,4 +36,6 @@ TOPICS: dict[str, TopicSpec] = {
 
 def prefixed(prefix: str) -> list[TopicSpec]:
     """The topic specs with every name prefixed (one namespace per test run or deployment)."""
-    return [TopicSpec(prefix + t.name, t.key, t.partitions, dict(t.config)) for t in TOPICS.values()]
+    return [
+        TopicSpec(prefix + t.name, t.key, t.partitions, dict(t.config)) for t in TOPICS.values()
+    ]

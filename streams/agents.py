@@ -49,7 +49,8 @@ class Pipeline:
     # Qdrant local mode and the embedder are not safe to share across threads: one thread
     # runs every store call, off the event loop.
     executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ragwarm-store"))
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ragwarm-store")
+    )
 
     async def blocking(self, fn: Callable, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -57,24 +58,29 @@ class Pipeline:
     def live_workers(self) -> list[WorkerState]:
         horizon = time.time() - self.settings.worker_stale_s
         rows = [WorkerState.model_validate(v) for v in self.tables.workers.values() if v]
-        return [w if w.last_seen >= horizon else w.model_copy(update={"ready": False})
-                for w in rows]
+        return [
+            w if w.last_seen >= horizon else w.model_copy(update={"ready": False}) for w in rows
+        ]
 
     async def dead_letter(self, event: faust.EventT, reason: str, field_name: str | None) -> None:
         msg = event.message
         letter = DeadLetter(
-            source_topic=msg.topic, partition=msg.partition, offset=msg.offset,
+            source_topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
             key_b64=base64.b64encode(msg.key).decode() if msg.key else None,
             value_b64=base64.b64encode(msg.value or b"").decode(),
-            reason=reason[:4096], error_field=field_name,
+            reason=reason[:4096],
+            error_field=field_name,
         )
         await self.topics.deadletter.send(key=msg.key, value=encode(letter))
         self.stats["dead_letters"] += 1
         log.warning("dead letter from %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, reason)
 
     async def send_op(self, op: PrefixOp) -> None:
-        await self.topics.prefix_ops.send(key=op.prefix_hash.encode(),
-                                          value=op.model_dump_json().encode())
+        await self.topics.prefix_ops.send(
+            key=op.prefix_hash.encode(), value=op.model_dump_json().encode()
+        )
 
     async def apply_plan(self, plan: logic.PrefixPlan, op: PrefixOp) -> None:
         for cmd in plan.commands:
@@ -84,8 +90,9 @@ class Pipeline:
         else:
             self.tables.prefixes[op.prefix_hash] = plan.state.model_dump(mode="json")
         for link in plan.links:
-            await self.topics.doc_links.send(key=link.doc_id.encode(),
-                                             value=link.model_dump_json().encode())
+            await self.topics.doc_links.send(
+                key=link.doc_id.encode(), value=link.model_dump_json().encode()
+            )
         self.stats.update(plan.counters)
         if op.reason.startswith("re-prefill") and plan.counters.get("prefills"):
             self.stats["re_prefills"] += 1
@@ -95,11 +102,25 @@ class Pipeline:
                 await self.send_op(warm_op(prefix, op.tenant, question, op, pin=plan.rewarm_pin))
 
 
-def warm_op(prefix: WarmPrefix, tenant: str, question: str | None, cause: PrefixOp | None = None,
-            *, pin: bool = False, op: str = "warm", target: str | None = None) -> PrefixOp:
+def warm_op(
+    prefix: WarmPrefix,
+    tenant: str,
+    question: str | None,
+    cause: PrefixOp | None = None,
+    *,
+    pin: bool = False,
+    op: str = "warm",
+    target: str | None = None,
+) -> PrefixOp:
     return PrefixOp(
-        op=op, prefix_hash=prefix.prefix_hash, tenant=tenant, chunk_refs=prefix.chunk_refs,
-        token_ids=prefix.token_ids, question=question, pin=pin, target_worker=target,
+        op=op,
+        prefix_hash=prefix.prefix_hash,
+        tenant=tenant,
+        chunk_refs=prefix.chunk_refs,
+        token_ids=prefix.token_ids,
+        question=question,
+        pin=pin,
+        target_worker=target,
         reason=f"re-prefill after {cause.reason}" if cause else "hot",
         origin_ts=cause.origin_ts if cause else None,
     )
@@ -113,8 +134,9 @@ async def guarded(p: Pipeline, event: faust.EventT, handle: Callable[[], Awaitab
         await p.dead_letter(event, str(exc), exc.field)
     except ValidationError as exc:
         err = exc.errors()[0]
-        await p.dead_letter(event, f"invalid record: {err['msg']}",
-                            ".".join(map(str, err["loc"])) or None)
+        await p.dead_letter(
+            event, f"invalid record: {err['msg']}", ".".join(map(str, err["loc"])) or None
+        )
     except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
         log.exception("processing failed")
         await p.dead_letter(event, f"processing failed: {type(exc).__name__}: {exc}", None)
@@ -131,20 +153,23 @@ def register_agents(p: Pipeline) -> None:
     @app.agent(topics.prefix_ops, name="ragwarm.prefix-ops")
     async def prefix_ops(stream):
         async for event in stream.events():
-            await guarded(p, event, lambda e=event: on_prefix_op(
-                p, PrefixOp.model_validate_json(e.value)))
+            await guarded(
+                p, event, lambda e=event: on_prefix_op(p, PrefixOp.model_validate_json(e.value))
+            )
 
     @app.agent(topics.doc_links, name="ragwarm.doc-links")
     async def doc_links(stream):
         async for event in stream.events():
-            await guarded(p, event, lambda e=event: on_doc_link(
-                p, DocLink.model_validate_json(e.value)))
+            await guarded(
+                p, event, lambda e=event: on_doc_link(p, DocLink.model_validate_json(e.value))
+            )
 
     @app.agent(topics.worker_events, name="ragwarm.worker-events")
     async def worker_events(stream):
         async for event in stream.events():
-            await guarded(p, event, lambda e=event: on_worker_event(
-                p, decode(e.value, WorkerEvent)))
+            await guarded(
+                p, event, lambda e=event: on_worker_event(p, decode(e.value, WorkerEvent))
+            )
 
     @app.agent(topics.queries, name="ragwarm.token-frequency")
     async def queries(stream):
@@ -156,6 +181,7 @@ def register_agents(p: Pipeline) -> None:
         await plan_hot(p)
 
     if p.settings.warm_cron:
+
         @app.crontab(p.settings.warm_cron, name="ragwarm.scheduled-warmup")
         async def scheduled_warmup():
             log.info("scheduled warmup of %d hot prefixes", len(p.tracker.hot))
@@ -213,13 +239,18 @@ async def on_worker_event(p: Pipeline, event: WorkerEvent) -> None:
         p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens
     if event.kind == "ready":
         for op in list(p.tracker.hot.values()):
-            await p.send_op(op.model_copy(update={"op": "warm_on",
-                                                  "target_worker": event.worker_id}))
+            await p.send_op(
+                op.model_copy(update={"op": "warm_on", "target_worker": event.worker_id})
+            )
 
 
 async def on_query(p: Pipeline, query: QueryEvent) -> None:
-    payload = HotPayload(tenant=query.tenant, question=query.question,
-                         chunk_refs=tuple(query.chunk_refs), prefix_tokens=query.prefix_tokens)
+    payload = HotPayload(
+        tenant=query.tenant,
+        question=query.question,
+        chunk_refs=tuple(query.chunk_refs),
+        prefix_tokens=query.prefix_tokens,
+    )
     p.tracker.observe(query.prefix_hash, payload, time.time())
     p.stats["queries"] += 1
 
@@ -231,8 +262,9 @@ async def plan_hot(p: Pipeline) -> None:
     budget = int(p.settings.hot_share * sum(w.mem_total for w in ready))
     per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
     candidates = [logic.HotCandidate(h, c, pl.prefix_tokens) for h, c, pl in ranked]
-    hot, cooled = logic.plan_hot_set(candidates, budget, per_token, p.tracker.hot,
-                                     p.settings.hot_min_count)
+    hot, cooled = logic.plan_hot_set(
+        candidates, budget, per_token, p.tracker.hot, p.settings.hot_min_count
+    )
     payloads = {h: pl for h, _, pl in ranked}
     for prefix_hash in hot:
         if prefix_hash not in p.tracker.hot:
@@ -242,8 +274,9 @@ async def plan_hot(p: Pipeline) -> None:
                 await p.send_op(op)
     for prefix_hash in cooled:
         op = p.tracker.hot.pop(prefix_hash)
-        await p.send_op(PrefixOp(op="cool", prefix_hash=op.prefix_hash, tenant=op.tenant,
-                                 reason="cooled down"))
+        await p.send_op(
+            PrefixOp(op="cool", prefix_hash=op.prefix_hash, tenant=op.tenant, reason="cooled down")
+        )
 
 
 async def hot_warm_op(p: Pipeline, prefix_hash: str, payload: HotPayload) -> PrefixOp | None:

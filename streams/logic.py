@@ -55,17 +55,24 @@ def plan_kb_change(
     if is_stale(change, prior):
         return KbPlan(stale=True)
     state = DocState(
-        version=change.version, tenant=change.tenant, chunks=dict(new_chunks),
+        version=change.version,
+        tenant=change.tenant,
+        chunks=dict(new_chunks),
         deleted=change.op == "delete",
     )
     ops = []
     for prefix_hash, refs in sorted(dependents.items()):
         changed = [r for r in refs if new_chunks.get(r.chunk_id) != r.content_hash]
-        ops.append(PrefixOp(
-            op="invalidate" if changed else "extend_ttl",
-            prefix_hash=prefix_hash, tenant=change.tenant, chunk_refs=list(refs),
-            reason=_reason(change, changed), origin_ts=now,
-        ))
+        ops.append(
+            PrefixOp(
+                op="invalidate" if changed else "extend_ttl",
+                prefix_hash=prefix_hash,
+                tenant=change.tenant,
+                chunk_refs=list(refs),
+                reason=_reason(change, changed),
+                origin_ts=now,
+            )
+        )
     return KbPlan(stale=False, state=state, ops=ops)
 
 
@@ -100,8 +107,12 @@ def plan_doc_link(
     stale = [r for r in link.chunk_refs if doc.chunks.get(r.chunk_id) != r.content_hash]
     if not stale:
         return updated, None
-    op = PrefixOp(op="invalidate", prefix_hash=link.prefix_hash, chunk_refs=link.chunk_refs,
-                  reason=f"{link.doc_id} changed before the prefix was linked")
+    op = PrefixOp(
+        op="invalidate",
+        prefix_hash=link.prefix_hash,
+        chunk_refs=link.chunk_refs,
+        reason=f"{link.doc_id} changed before the prefix was linked",
+    )
     return updated, op
 
 
@@ -129,8 +140,11 @@ def plan_prefix_op(
 ) -> PrefixPlan:
     """Decide what one op does to one prefix, given the workers' reported state."""
     handler = {
-        "invalidate": _invalidate, "extend_ttl": _extend_ttl, "warm": _warm,
-        "warm_on": _warm, "cool": _cool,
+        "invalidate": _invalidate,
+        "extend_ttl": _extend_ttl,
+        "warm": _warm,
+        "warm_on": _warm,
+        "cool": _cool,
     }[op.op]
     return handler(op, state, workers, now, ttl_s)
 
@@ -139,8 +153,12 @@ def _invalidate(op, state, workers, now, ttl_s) -> PrefixPlan:
     refs = state.chunk_refs if state else op.chunk_refs
     # Broadcast: any worker may hold it (a reactive cache or a previous placement).
     cmd = WarmupCommand(
-        command_id=command_id(), op="invalidate", prefix_hash=op.prefix_hash,
-        tenant=op.tenant, chunk_refs=refs, reason=op.reason,
+        command_id=command_id(),
+        op="invalidate",
+        prefix_hash=op.prefix_hash,
+        tenant=op.tenant,
+        chunk_refs=refs,
+        reason=op.reason,
     )
     plan = PrefixPlan(commands=[cmd], counters={"invalidations": 1})
     if state is not None:
@@ -154,8 +172,12 @@ def _extend_ttl(op, state, workers, now, ttl_s) -> PrefixPlan:
     if state is None:
         return PrefixPlan()
     cmd = WarmupCommand(
-        command_id=command_id(), op="extend_ttl", prefix_hash=op.prefix_hash,
-        tenant=state.tenant, ttl_s=ttl_s, reason=op.reason,
+        command_id=command_id(),
+        op="extend_ttl",
+        prefix_hash=op.prefix_hash,
+        tenant=state.tenant,
+        ttl_s=ttl_s,
+        reason=op.reason,
     )
     new_state = state.model_copy(update={"expires_at": now + ttl_s, "updated_at": now})
     return PrefixPlan(commands=[cmd], state=new_state, counters={"ttl_extensions": 1})
@@ -167,11 +189,19 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
     target = op.target_worker if op.op == "warm_on" else None
     pin = op.pin or bool(state and state.hot)
     base = state or PrefixState(
-        tenant=op.tenant, chunk_refs=op.chunk_refs, token_ids=op.token_ids, expires_at=0.0,
+        tenant=op.tenant,
+        chunk_refs=op.chunk_refs,
+        token_ids=op.token_ids,
+        expires_at=0.0,
     )
-    new_state = base.model_copy(update={
-        "questions": questions, "expires_at": now + ttl_s, "updated_at": now, "hot": pin,
-    })
+    new_state = base.model_copy(
+        update={
+            "questions": questions,
+            "expires_at": now + ttl_s,
+            "updated_at": now,
+            "hot": pin,
+        }
+    )
     plan = PrefixPlan(state=new_state)
     if state is None:
         plan.links = _links(op.prefix_hash, op.chunk_refs, link=True)
@@ -184,11 +214,20 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
         plan.counters = {"no_worker": 1}
         return plan
     plan.state = new_state.model_copy(update={"worker_id": worker})
-    plan.commands = [WarmupCommand(
-        command_id=command_id(), op="prefill", worker_id=worker, prefix_hash=op.prefix_hash,
-        tenant=base.tenant, token_ids=base.token_ids, chunk_refs=base.chunk_refs,
-        ttl_s=ttl_s, pin=pin, reason=op.reason,
-    )]
+    plan.commands = [
+        WarmupCommand(
+            command_id=command_id(),
+            op="prefill",
+            worker_id=worker,
+            prefix_hash=op.prefix_hash,
+            tenant=base.tenant,
+            token_ids=base.token_ids,
+            chunk_refs=base.chunk_refs,
+            ttl_s=ttl_s,
+            pin=pin,
+            reason=op.reason,
+        )
+    ]
     plan.counters = {"prefills": 1}
     return plan
 
@@ -197,11 +236,15 @@ def _cool(op, state, workers, now, ttl_s) -> PrefixPlan:
     if state is None or not state.hot:
         return PrefixPlan(state=state)
     cmd = WarmupCommand(
-        command_id=command_id(), op="release", prefix_hash=op.prefix_hash,
-        tenant=state.tenant, reason=op.reason or "cooled down",
+        command_id=command_id(),
+        op="release",
+        prefix_hash=op.prefix_hash,
+        tenant=state.tenant,
+        reason=op.reason or "cooled down",
     )
-    return PrefixPlan(commands=[cmd], state=state.model_copy(update={"hot": False}),
-                      counters={"releases": 1})
+    return PrefixPlan(
+        commands=[cmd], state=state.model_copy(update={"hot": False}), counters={"releases": 1}
+    )
 
 
 def _merge_questions(questions: Sequence[str], question: str | None) -> list[str]:
@@ -215,8 +258,10 @@ def _links(prefix_hash: str, refs: Iterable[ChunkRef], *, link: bool) -> list[Do
     by_doc: dict[str, list[ChunkRef]] = {}
     for ref in refs:
         by_doc.setdefault(ref.doc_id, []).append(ref)
-    return [DocLink(doc_id=d, prefix_hash=prefix_hash, chunk_refs=r, link=link)
-            for d, r in sorted(by_doc.items())]
+    return [
+        DocLink(doc_id=d, prefix_hash=prefix_hash, chunk_refs=r, link=link)
+        for d, r in sorted(by_doc.items())
+    ]
 
 
 # --- Placement -------------------------------------------------------------------------------
@@ -262,8 +307,12 @@ def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float
     if event.url:
         update["url"] = event.url
     if event.kind in ("ready", "heartbeat"):
-        update.update(ready=True, mem_used=event.mem_used_bytes, mem_total=event.mem_total_bytes,
-                      entries=event.entries)
+        update.update(
+            ready=True,
+            mem_used=event.mem_used_bytes,
+            mem_total=event.mem_total_bytes,
+            entries=event.entries,
+        )
         if event.kind == "heartbeat" or event.warm_prefixes:
             update["prefixes"] = list(event.warm_prefixes)
     elif event.kind == "stopped":
@@ -271,8 +320,10 @@ def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float
     elif event.kind == "cleared":
         update["prefixes"] = []
     elif event.prefix_hash and event.kind == "stored":
-        update["prefixes"] = [*[p for p in ws.prefixes if p != event.prefix_hash],
-                              event.prefix_hash]
+        update["prefixes"] = [
+            *[p for p in ws.prefixes if p != event.prefix_hash],
+            event.prefix_hash,
+        ]
     elif event.prefix_hash and event.kind in ("evicted", "invalidated"):
         update["prefixes"] = [p for p in ws.prefixes if p != event.prefix_hash]
     if event.kind not in ("ready", "heartbeat", "stopped") and event.mem_total_bytes:

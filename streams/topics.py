@@ -25,8 +25,14 @@ class Topics:
 
 def define_topics(app: faust.App, partitions: int, prefix: str = "") -> Topics:
     def raw(name: str, **kw) -> faust.TopicT:
-        return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
-                         value_serializer="raw", **kw)
+        return app.topic(
+            name,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            **kw,
+        )
 
     def external(name: str) -> faust.TopicT:
         return raw(prefix + name, partitions=names.TOPICS[name].partitions)

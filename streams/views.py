@@ -24,46 +24,70 @@ def register_views(p: Pipeline) -> None:
 
     @app.page("/ragwarm/stats")
     async def stats(web, request: Request) -> Response:
-        return web.json({
-            "counters": dict(p.stats),
-            "docs": len(p.tables.docs), "prefixes": len(p.tables.prefixes),
-            "workers": len(p.tables.workers), "hot": len(p.tracker.hot),
-        })
+        return web.json(
+            {
+                "counters": dict(p.stats),
+                "docs": len(p.tables.docs),
+                "prefixes": len(p.tables.prefixes),
+                "workers": len(p.tables.workers),
+                "hot": len(p.tracker.hot),
+            }
+        )
 
     @app.page("/ragwarm/workers")
     async def workers(web, request: Request) -> Response:
-        rows = [w.model_dump(mode="json") | {"mem_ratio": w.mem_ratio, "entries_warm":
-                                             len(w.prefixes)} for w in p.live_workers()]
+        rows = [
+            w.model_dump(mode="json") | {"mem_ratio": w.mem_ratio, "entries_warm": len(w.prefixes)}
+            for w in p.live_workers()
+        ]
         return web.json({"workers": rows})
 
     @app.page("/ragwarm/hot")
     async def hot(web, request: Request) -> Response:
         now = time.time()
-        return web.json({
-            "hot": [{"prefix_hash": op.prefix_hash, "tenant": op.tenant,
-                     "question": op.question, "tokens": len(op.token_ids)}
-                    for op in p.tracker.hot.values()],
-            "top_prefixes": [{"prefix_hash": h, "count": c, "question": pl.question}
-                             for h, c, pl in p.tracker.ranked(now)[:20]],
-            "top_questions": [{"tenant": k[0], "question": k[1], "count": c}
-                              for k, c, _ in p.tracker.questions.top(now, 20)],
-        })
+        return web.json(
+            {
+                "hot": [
+                    {
+                        "prefix_hash": op.prefix_hash,
+                        "tenant": op.tenant,
+                        "question": op.question,
+                        "tokens": len(op.token_ids),
+                    }
+                    for op in p.tracker.hot.values()
+                ],
+                "top_prefixes": [
+                    {"prefix_hash": h, "count": c, "question": pl.question}
+                    for h, c, pl in p.tracker.ranked(now)[:20]
+                ],
+                "top_questions": [
+                    {"tenant": k[0], "question": k[1], "count": c}
+                    for k, c, _ in p.tracker.questions.top(now, 20)
+                ],
+            }
+        )
 
     @app.page("/ragwarm/docs")
     async def docs(web, request: Request) -> Response:
         """Every document's version and chunk hashes (what replays must rebuild)."""
-        return web.json({"docs": {k: v for k, v in p.tables.docs.items()},
-                         "doc_prefixes": {k: v for k, v in p.tables.doc_prefixes.items() if v}})
+        return web.json(
+            {
+                "docs": {k: v for k, v in p.tables.docs.items()},
+                "doc_prefixes": {k: v for k, v in p.tables.doc_prefixes.items() if v},
+            }
+        )
 
     @app.page("/ragwarm/prefixes/{prefix_hash}")
     async def prefix(web, request: Request, prefix_hash: str) -> Response:
         raw = p.tables.prefixes.get(prefix_hash)
         state = PrefixState.model_validate(raw) if raw else None
-        return web.json({
-            "prefix_hash": prefix_hash,
-            "holders": holders_of(prefix_hash, p.live_workers()),
-            "state": state.model_dump(mode="json", exclude={"token_ids"}) if state else None,
-        })
+        return web.json(
+            {
+                "prefix_hash": prefix_hash,
+                "holders": holders_of(prefix_hash, p.live_workers()),
+                "state": state.model_dump(mode="json", exclude={"token_ids"}) if state else None,
+            }
+        )
 
     @app.page("/ragwarm/route")
     class Route(View):
@@ -86,11 +110,14 @@ def register_views(p: Pipeline) -> None:
             if chosen:
                 held = set(by_id[chosen].prefixes)
                 matched = max((i + 1 for i, h in enumerate(hashes) if h in held), default=0)
-            return self.json({
-                "worker_id": chosen, "url": by_id[chosen].url if chosen else None,
-                "matched_blocks": matched,
-                "workers": [{"worker_id": w.worker_id, "url": w.url} for w in live],
-            })
+            return self.json(
+                {
+                    "worker_id": chosen,
+                    "url": by_id[chosen].url if chosen else None,
+                    "matched_blocks": matched,
+                    "workers": [{"worker_id": w.worker_id, "url": w.url} for w in live],
+                }
+            )
 
     @app.page("/ragwarm/retrieve")
     class Retrieve(View):

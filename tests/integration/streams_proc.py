@@ -19,8 +19,14 @@ def free_port() -> int:
 class StreamsApp:
     """`ragwarm streams` with its own app id, Qdrant path and web port."""
 
-    def __init__(self, bootstrap: str, prefix: str, app_id: str, workdir: Path,
-                 extra_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        bootstrap: str,
+        prefix: str,
+        app_id: str,
+        workdir: Path,
+        extra_env: dict[str, str] | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {
@@ -33,8 +39,13 @@ class StreamsApp:
             "RAGWARM_STREAMS_HOT_TICK_S": "1.0",
             **(extra_env or {}),
         }
-        self.proc = Proc(f"streams-{app_id}", ["streams", "--loglevel", "warning"], workdir,
-                         f"{self.url}/ragwarm/health", env)
+        self.proc = Proc(
+            f"streams-{app_id}",
+            ["streams", "--loglevel", "warning"],
+            workdir,
+            f"{self.url}/ragwarm/health",
+            env,
+        )
 
     def start(self, timeout_s: float = 180.0) -> StreamsApp:
         self.proc.start()

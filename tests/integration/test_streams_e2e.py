@@ -45,17 +45,23 @@ class Client:
         self.model = ModelSettings().llm_name
 
     def prompt(self, question: str):
-        rows = httpx.post(f"{self.url}/ragwarm/retrieve", json={"question": question},
-                          timeout=60).json()["chunks"]
+        rows = httpx.post(
+            f"{self.url}/ragwarm/retrieve", json={"question": question}, timeout=60
+        ).json()["chunks"]
         prompt = self.prompts.build([Chunk(r) for r in rows], question)
         hashes = block_hashes(prompt.prefix_ids, tenant="default", model=self.model)
         return prompt, hashes, rows
 
     def query_event(self, question: str) -> QueryEvent:
         prompt, hashes, _ = self.prompt(question)
-        return QueryEvent(question=question, chunk_refs=list(prompt.chunk_refs),
-                          prefix_hash=hashes[-1], block_hashes=hashes,
-                          prefix_tokens=prompt.prefix_len, prompt_tokens=len(prompt.token_ids))
+        return QueryEvent(
+            question=question,
+            chunk_refs=list(prompt.chunk_refs),
+            prefix_hash=hashes[-1],
+            block_hashes=hashes,
+            prefix_tokens=prompt.prefix_len,
+            prompt_tokens=len(prompt.token_ids),
+        )
 
 
 def initial_docs() -> dict[str, KbChange]:
@@ -64,8 +70,9 @@ def initial_docs() -> dict[str, KbChange]:
         for line in f:
             e = json.loads(line)
             if e["initial"] and e["doc_id"] in DOCS:
-                found[e["doc_id"]] = KbChange(op="upsert", doc_id=e["doc_id"], version=e["seq"],
-                                              text=e["text"])
+                found[e["doc_id"]] = KbChange(
+                    op="upsert", doc_id=e["doc_id"], version=e["seq"], text=e["text"]
+                )
     return found
 
 
@@ -80,8 +87,12 @@ class Events:
     """Reads `worker.events` of the namespace from the start."""
 
     def __init__(self, bootstrap: str, topic: str):
-        self.consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap,
-                                      auto_offset_reset="earliest", consumer_timeout_ms=500)
+        self.consumer = KafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=500,
+        )
         self.seen: list[tuple[float, WorkerEvent]] = []
 
     def poll(self) -> list[tuple[float, WorkerEvent]]:
@@ -90,8 +101,13 @@ class Events:
         return self.seen
 
     def find(self, kind: str, prefix_hash: str | None = None, after: float = 0.0):
-        return [(t, e) for t, e in self.poll() if e.kind == kind and t >= after
-                and (prefix_hash is None or e.prefix_hash == prefix_hash)]
+        return [
+            (t, e)
+            for t, e in self.poll()
+            if e.kind == kind
+            and t >= after
+            and (prefix_hash is None or e.prefix_hash == prefix_hash)
+        ]
 
 
 def test_edit_rewarms_new_prefix_and_identical_reingest_extends_ttl(
@@ -102,9 +118,12 @@ def test_edit_rewarms_new_prefix_and_identical_reingest_extends_ttl(
         kafka_producer.send(namespace + KB_CHANGES, key=doc.doc_id.encode(), value=encode(doc))
     kafka_producer.flush()
     app = streams_factory(namespace, "e2e", {"RAGWARM_STREAMS_HOT_MIN_COUNT": "2"}).start()
-    worker = worker_factory("w1", kafka_bootstrap=kafka_bootstrap, topic_prefix=namespace,
-                            env={"RAGWARM_WORKER_HEARTBEAT_S": "1",
-                                 "RAGWARM_WORKER_CACHE_REQUESTS": "false"})
+    worker = worker_factory(
+        "w1",
+        kafka_bootstrap=kafka_bootstrap,
+        topic_prefix=namespace,
+        env={"RAGWARM_WORKER_HEARTBEAT_S": "1", "RAGWARM_WORKER_CACHE_REQUESTS": "false"},
+    )
     worker.start().wait_ready()
     try:
         run_scenario(kafka_bootstrap, kafka_producer, namespace, app, worker, docs)
@@ -115,8 +134,11 @@ def test_edit_rewarms_new_prefix_and_identical_reingest_extends_ttl(
 def run_scenario(kafka_bootstrap, kafka_producer, namespace, app, worker, docs):
     events = Events(kafka_bootstrap, namespace + WORKER_EVENTS)
     wait_for(lambda: app.counters().get("kb_events", 0) >= len(docs), 240, "initial docs")
-    wait_for(lambda: any(w["ready"] for w in app.get("/ragwarm/workers")["workers"]), 60,
-             "the worker in the worker table")
+    wait_for(
+        lambda: any(w["ready"] for w in app.get("/ragwarm/workers")["workers"]),
+        60,
+        "the worker in the worker table",
+    )
 
     # The question becomes hot: its prefix is prefilled on the worker through Kafka.
     client = Client(app.url)
@@ -135,14 +157,17 @@ def run_scenario(kafka_bootstrap, kafka_producer, namespace, app, worker, docs):
     t0 = time.time()
     kafka_producer.send(namespace + KB_CHANGES, key=change.doc_id.encode(), value=encode(change))
     kafka_producer.flush()
-    invalidated = wait_for(lambda: events.find("invalidated", old, after=t0), 60,
-                           "the old prefix invalidated")
+    invalidated = wait_for(
+        lambda: events.find("invalidated", old, after=t0), 60, "the old prefix invalidated"
+    )
     new_query = client.query_event(QUESTION)
     new = new_query.prefix_hash
     assert new != old
     stored = wait_for(lambda: events.find("stored", new, after=t0), 60, "the new prefix warm")
-    print(f"\nevent-to-invalidate {invalidated[0][0] - t0:.2f} s, "
-          f"event-to-warm {stored[0][0] - t0:.2f} s")
+    print(
+        f"\nevent-to-invalidate {invalidated[0][0] - t0:.2f} s, "
+        f"event-to-warm {stored[0][0] - t0:.2f} s"
+    )
     stats = app.counters()
     assert stats["invalidations"] >= 1 and stats["re_prefills"] >= 1
     assert old not in worker.get("/v1/cache").text
@@ -150,10 +175,13 @@ def run_scenario(kafka_bootstrap, kafka_producer, namespace, app, worker, docs):
     # The next query for that question hits the new prefix, built from the new text.
     prompt, hashes, rows = client.prompt(QUESTION)
     assert hashes[-1] == new
-    assert any(r["content_hash"] != target["content_hash"] and r["chunk_id"] ==
-               target["chunk_id"] for r in rows)
-    body = worker.post("/v1/completions", {"prompt": list(prompt.token_ids), "max_tokens": 4,
-                                           "temperature": 0}).json()
+    assert any(
+        r["content_hash"] != target["content_hash"] and r["chunk_id"] == target["chunk_id"]
+        for r in rows
+    )
+    body = worker.post(
+        "/v1/completions", {"prompt": list(prompt.token_ids), "max_tokens": 4, "temperature": 0}
+    ).json()
     cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= len(hashes) * 16
 

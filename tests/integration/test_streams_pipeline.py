@@ -30,8 +30,9 @@ def trace_changes(limit_docs: int) -> list[KbChange]:
                 if len(docs) >= limit_docs or not e["initial"]:
                     continue
                 docs.append(e["doc_id"])
-            changes.append(KbChange(op=e["op"], doc_id=e["doc_id"], version=e["seq"],
-                                    text=e["text"]))
+            changes.append(
+                KbChange(op=e["op"], doc_id=e["doc_id"], version=e["seq"], text=e["text"])
+            )
     return changes
 
 
@@ -72,15 +73,21 @@ def test_malformed_records_go_to_dead_letters_and_valid_ones_are_processed(
     rng = random.Random(7)
     bad = [(f"bad{i}".encode(), malformed(rng, i)) for i in range(1000)]
     good = [(c.doc_id.encode(), encode(c)) for c in valid]
-    mixed = bad[:500] + good[: len(good) // 2] + bad[500:] + good[len(good) // 2:]
+    mixed = bad[:500] + good[: len(good) // 2] + bad[500:] + good[len(good) // 2 :]
 
     app = StreamsApp(kafka_bootstrap, namespace, "dlq", tmp_path).start()
     try:
         pid = app.proc.pid()
         produce(kafka_producer, namespace + KB_CHANGES, mixed)
         wait_for(lambda: app.counters().get("dead_letters", 0) >= 1000, 240, "1000 dead letters")
-        wait_for(lambda: app.counters().get("kb_events", 0) + app.counters().get(
-            "stale_events", 0) >= len(valid), 240, "every valid event")
+        wait_for(
+            lambda: (
+                app.counters().get("kb_events", 0) + app.counters().get("stale_events", 0)
+                >= len(valid)
+            ),
+            240,
+            "every valid event",
+        )
         assert app.proc.pid() == pid, "the Faust worker restarted"
         docs = app.get("/ragwarm/docs")["docs"]
         assert set(docs) == {c.doc_id for c in valid}
@@ -89,15 +96,21 @@ def test_malformed_records_go_to_dead_letters_and_valid_ones_are_processed(
     finally:
         app.stop()
 
-    consumer = KafkaConsumer(namespace + DEADLETTER, bootstrap_servers=kafka_bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    consumer = KafkaConsumer(
+        namespace + DEADLETTER,
+        bootstrap_servers=kafka_bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+    )
     letters = [decode(m.value, DeadLetter) for m in consumer]
     consumer.close()
     assert len(letters) == 1000
-    assert all(letter.reason and letter.source_topic == namespace + KB_CHANGES
-               for letter in letters)
+    assert all(
+        letter.reason and letter.source_topic == namespace + KB_CHANGES for letter in letters
+    )
     originals = {v for _, v in bad}
     import base64
+
     assert {base64.b64decode(letter.value_b64) for letter in letters} == originals
 
 
@@ -106,22 +119,36 @@ def test_replay_rebuilds_the_same_tables_and_old_versions_change_nothing(
 ):
     changes = trace_changes(limit_docs=6)
     assert len(changes) > 6, "the slice must contain edits"
-    produce(kafka_producer, namespace + KB_CHANGES, [(c.doc_id.encode(), encode(c))
-                                                     for c in changes])
+    produce(
+        kafka_producer, namespace + KB_CHANGES, [(c.doc_id.encode(), encode(c)) for c in changes]
+    )
     first = StreamsApp(kafka_bootstrap, namespace, "replay-a", tmp_path).start()
     try:
-        wait_for(lambda: first.counters().get("kb_events", 0) + first.counters().get(
-            "stale_events", 0) >= len(changes), 300, "the first app to process the trace")
+        wait_for(
+            lambda: (
+                first.counters().get("kb_events", 0) + first.counters().get("stale_events", 0)
+                >= len(changes)
+            ),
+            300,
+            "the first app to process the trace",
+        )
         tables_a = first.get("/ragwarm/docs")
 
         # Old versions replayed into the running app change nothing.
-        old = [c for c in changes if c.version < max(x.version for x in changes
-                                                     if x.doc_id == c.doc_id)]
+        old = [
+            c
+            for c in changes
+            if c.version < max(x.version for x in changes if x.doc_id == c.doc_id)
+        ]
         before = first.counters().get("stale_events", 0)
-        produce(kafka_producer, namespace + KB_CHANGES, [(c.doc_id.encode(), encode(c))
-                                                         for c in old])
-        wait_for(lambda: first.counters().get("stale_events", 0) >= before + len(old), 120,
-                 "the stale replays")
+        produce(
+            kafka_producer, namespace + KB_CHANGES, [(c.doc_id.encode(), encode(c)) for c in old]
+        )
+        wait_for(
+            lambda: first.counters().get("stale_events", 0) >= before + len(old),
+            120,
+            "the stale replays",
+        )
         assert first.get("/ragwarm/docs") == tables_a
     finally:
         first.stop()
@@ -129,8 +156,14 @@ def test_replay_rebuilds_the_same_tables_and_old_versions_change_nothing(
     second = StreamsApp(kafka_bootstrap, namespace, "replay-b", tmp_path).start()
     try:
         total = len(changes) + len(old)
-        wait_for(lambda: second.counters().get("kb_events", 0) + second.counters().get(
-            "stale_events", 0) >= total, 300, "the fresh app to replay from the beginning")
+        wait_for(
+            lambda: (
+                second.counters().get("kb_events", 0) + second.counters().get("stale_events", 0)
+                >= total
+            ),
+            300,
+            "the fresh app to replay from the beginning",
+        )
         assert second.get("/ragwarm/docs") == tables_a
     finally:
         second.stop()

@@ -32,27 +32,50 @@ times = st.datetimes(
 refs = st.builds(ChunkRef, chunk_id=ids, content_hash=hashes)
 
 kb_changes = st.one_of(
-    st.builds(KbChange, op=st.just("upsert"), doc_id=ids, version=st.integers(0, 2**40),
-              text=st.text(max_size=200), timestamp=times, tenant=ids),
-    st.builds(KbChange, op=st.just("delete"), doc_id=ids, version=st.integers(0, 2**40),
-              timestamp=times),
+    st.builds(
+        KbChange,
+        op=st.just("upsert"),
+        doc_id=ids,
+        version=st.integers(0, 2**40),
+        text=st.text(max_size=200),
+        timestamp=times,
+        tenant=ids,
+    ),
+    st.builds(
+        KbChange, op=st.just("delete"), doc_id=ids, version=st.integers(0, 2**40), timestamp=times
+    ),
 )
 queries = st.builds(
-    QueryEvent, question=st.text(min_size=1, max_size=100), chunk_refs=st.lists(refs, max_size=3),
-    prefix_hash=st.none() | hashes, block_hashes=st.lists(hashes, max_size=5),
-    ttft_ms=st.none() | st.floats(0, 1e6), timestamp=times,
+    QueryEvent,
+    question=st.text(min_size=1, max_size=100),
+    chunk_refs=st.lists(refs, max_size=3),
+    prefix_hash=st.none() | hashes,
+    block_hashes=st.lists(hashes, max_size=5),
+    ttft_ms=st.none() | st.floats(0, 1e6),
+    timestamp=times,
 )
 commands = st.builds(
-    WarmupCommand, command_id=ids, op=st.just("prefill"),
+    WarmupCommand,
+    command_id=ids,
+    op=st.just("prefill"),
     token_ids=st.lists(st.integers(0, 50_000), min_size=1, max_size=50),
-    chunk_refs=st.lists(refs, max_size=3), timestamp=times,
+    chunk_refs=st.lists(refs, max_size=3),
+    timestamp=times,
 )
 worker_events = st.builds(
-    WorkerEvent, worker_id=ids, kind=st.sampled_from(["stored", "heartbeat", "ready"]),
-    mem_used_bytes=st.integers(0, 2**40), timestamp=times,
+    WorkerEvent,
+    worker_id=ids,
+    kind=st.sampled_from(["stored", "heartbeat", "ready"]),
+    mem_used_bytes=st.integers(0, 2**40),
+    timestamp=times,
 )
-dead_letters = st.builds(DeadLetter, source_topic=ids, value_b64=st.text(max_size=20),
-                         reason=st.text(max_size=50), timestamp=times)
+dead_letters = st.builds(
+    DeadLetter,
+    source_topic=ids,
+    value_b64=st.text(max_size=20),
+    reason=st.text(max_size=50),
+    timestamp=times,
+)
 any_event = st.one_of(kb_changes, queries, commands, worker_events, dead_letters)
 
 
@@ -72,7 +95,9 @@ def test_arbitrary_bytes_give_a_named_error(data):
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -86,15 +111,26 @@ def test_corrupted_field_is_named(event, field, value):
         decoded = decode(json.dumps(obj).encode())
     except SchemaError as exc:
         assert exc.field
-        assert exc.field.split(".")[0] in obj or exc.field in ("<record>", "text", "token_ids",
-                                                               "chunk_refs", "prefix_hash")
+        assert exc.field.split(".")[0] in obj or exc.field in (
+            "<record>",
+            "text",
+            "token_ids",
+            "chunk_refs",
+            "prefix_hash",
+        )
     else:
         assert decoded.schema_name == obj["schema_name"]
 
 
 def _kb(**overrides):
-    base = {"schema_name": "kb_change", "schema_version": 1, "op": "upsert", "doc_id": "a.md",
-            "version": 1, "text": "hello"}
+    base = {
+        "schema_name": "kb_change",
+        "schema_version": 1,
+        "op": "upsert",
+        "doc_id": "a.md",
+        "version": 1,
+        "text": "hello",
+    }
     base.update(overrides)
     return json.dumps(base).encode()
 
@@ -154,7 +190,8 @@ def test_no_pickle_in_project():
 
     root = Path(__file__).resolve().parents[2]
     offenders = [
-        str(p) for pkg in ("ragwarm", "schemas", "rag", "streams", "workers")
+        str(p)
+        for pkg in ("ragwarm", "schemas", "rag", "streams", "workers")
         for p in (root / pkg).rglob("*.py")
         if "import pickle" in p.read_text() or "pickle.load" in p.read_text()
     ]

@@ -32,8 +32,9 @@ def upsert(version: int, text: str = "t") -> KbChange:
 
 
 def worker(wid: str, used: int = 0, total: int = 100, prefixes=(), ready=True) -> WorkerState:
-    return WorkerState(worker_id=wid, ready=ready, mem_used=used, mem_total=total,
-                       prefixes=list(prefixes))
+    return WorkerState(
+        worker_id=wid, ready=ready, mem_used=used, mem_total=total, prefixes=list(prefixes)
+    )
 
 
 class TestKbChange:
@@ -67,15 +68,21 @@ class TestKbChange:
         assert plan.stale and plan.ops == [] and plan.state is None
 
     def test_doc_links_add_and_remove(self):
-        links = apply_doc_link({}, DocLink(doc_id="d.md", prefix_hash=P1,
-                                           chunk_refs=[ref("d.md#0", H1)]))
+        links = apply_doc_link(
+            {}, DocLink(doc_id="d.md", prefix_hash=P1, chunk_refs=[ref("d.md#0", H1)])
+        )
         assert list(links) == [P1]
         assert apply_doc_link(links, DocLink(doc_id="d.md", prefix_hash=P1, link=False)) == {}
 
 
 def state(**kw) -> PrefixState:
-    base = dict(tenant="default", chunk_refs=[ref("d.md#0", H1)], token_ids=[1] * 32,
-                questions=["why?"], expires_at=10.0)
+    base = dict(
+        tenant="default",
+        chunk_refs=[ref("d.md#0", H1)],
+        token_ids=[1] * 32,
+        questions=["why?"],
+        expires_at=10.0,
+    )
     base.update(kw)
     return PrefixState(**base)
 
@@ -99,8 +106,13 @@ class TestPrefixOps:
         assert plan.commands[0].op == "extend_ttl" and plan.state.expires_at == 160.0
 
     def test_warm_new_prefix_prefills_on_least_loaded_worker(self):
-        op = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32,
-                      chunk_refs=[ref("d.md#0", H1)], question="q?")
+        op = PrefixOp(
+            op="warm",
+            prefix_hash=P1,
+            token_ids=[5] * 32,
+            chunk_refs=[ref("d.md#0", H1)],
+            question="q?",
+        )
         workers = [worker("w1", used=60), worker("w2", used=10)]
         plan = plan_prefix_op(op, None, workers, 0.0, 60.0)
         (cmd,) = plan.commands
@@ -149,17 +161,20 @@ class TestPlacement:
             assert chosen is None
         else:
             assert next(w for w in ws if w.worker_id == chosen).mem_used == min(
-                w.mem_used for w in eligible)
+                w.mem_used for w in eligible
+            )
 
 
 class TestWorkerEvents:
     def test_stored_and_invalidated_update_prefixes(self):
-        ws = apply_worker_event(None, WorkerEvent(worker_id="w", kind="ready", url="http://x",
-                                                  mem_total_bytes=100), 1.0)
+        ws = apply_worker_event(
+            None, WorkerEvent(worker_id="w", kind="ready", url="http://x", mem_total_bytes=100), 1.0
+        )
         ws = apply_worker_event(ws, WorkerEvent(worker_id="w", kind="stored", prefix_hash=P1), 2.0)
         assert ws.prefixes == [P1] and ws.ready and ws.url == "http://x"
-        ws = apply_worker_event(ws, WorkerEvent(worker_id="w", kind="invalidated",
-                                                prefix_hash=P1), 3.0)
+        ws = apply_worker_event(
+            ws, WorkerEvent(worker_id="w", kind="invalidated", prefix_hash=P1), 3.0
+        )
         assert ws.prefixes == []
         ws = apply_worker_event(ws, WorkerEvent(worker_id="w", kind="stopped"), 4.0)
         assert not ws.ready
@@ -167,14 +182,19 @@ class TestWorkerEvents:
 
 class TestHotSet:
     def test_budget_and_min_count(self):
-        ranked = [HotCandidate(P1, 10, 100), HotCandidate(P2, 5, 1000), HotCandidate(H1, 4, 50),
-                  HotCandidate(H2, 1, 10)]
-        hot, cooled = plan_hot_set(ranked, budget_bytes=200, bytes_per_token=1,
-                                   previously_hot=[H3])
+        ranked = [
+            HotCandidate(P1, 10, 100),
+            HotCandidate(P2, 5, 1000),
+            HotCandidate(H1, 4, 50),
+            HotCandidate(H2, 1, 10),
+        ]
+        hot, cooled = plan_hot_set(ranked, budget_bytes=200, bytes_per_token=1, previously_hot=[H3])
         assert hot == [P1, H1] and cooled == [H3]
 
-    @given(st.lists(st.tuples(st.floats(0, 100), st.integers(1, 500)), max_size=30),
-           st.integers(0, 5000))
+    @given(
+        st.lists(st.tuples(st.floats(0, 100), st.integers(1, 500)), max_size=30),
+        st.integers(0, 5000),
+    )
     def test_hot_set_never_exceeds_budget(self, items, budget):
         ranked = [HotCandidate(f"{i:032x}", c, t) for i, (c, t) in enumerate(items)]
         hot, _ = plan_hot_set(ranked, budget, 1, [])
@@ -218,6 +238,7 @@ def test_link_of_prefix_built_from_replaced_chunk_invalidates_it():
     link = DocLink(doc_id="d.md", prefix_hash=P1, chunk_refs=[ref("d.md#0", H1)])
     links, op = plan_doc_link({}, link, doc)
     assert P1 in links and op.op == "invalidate" and op.prefix_hash == P1
-    _, op = plan_doc_link({}, DocLink(doc_id="d.md", prefix_hash=P2,
-                                      chunk_refs=[ref("d.md#0", H3)]), doc)
+    _, op = plan_doc_link(
+        {}, DocLink(doc_id="d.md", prefix_hash=P2, chunk_refs=[ref("d.md#0", H3)]), doc
+    )
     assert op is None
