@@ -10,7 +10,7 @@ import numpy as np
 from rag.chunking import Chunk, Tokenizer, chunk_document
 from rag.embed import Embedder
 from rag.settings import RagSettings
-from rag.store import ChunkStore, DocRecord, StoredChunk
+from rag.store import ChunkStore, DocRecord, DocWrite, StoredChunk
 from schemas import ChunkRef, KbChange
 
 
@@ -50,7 +50,7 @@ def diff_refs(old: Sequence[ChunkRef], new: Sequence[ChunkRef]) -> ChunkDiff:
 
 def is_stale(record: DocRecord | None, version: int) -> bool:
     """An older version never overwrites a newer one; an equal version re-applies."""
-    return record is not None and version < record.version
+    return record is not None and record.version is not None and version < record.version
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,9 @@ class Indexer:
         missing = sorted(needed - vectors.keys())
         if missing:
             rows = self.embedder.embed([texts[h] for h in missing])
-            vectors.update(zip(missing, rows, strict=True))
+            computed = dict(zip(missing, rows, strict=True))
+            self.store.save_vectors(computed)
+            vectors.update(computed)
         # Each computed embedding is credited to the first change that needed it.
         unclaimed = set(missing)
         for plan in plans:
@@ -182,20 +184,23 @@ class Indexer:
     def _apply(self, plan: _Plan, vectors: dict[str, np.ndarray]) -> IndexResult:
         change, diff = plan.change, plan.diff
         fresh = {r.chunk_id for r in diff.fresh}
-        write = [c for c in plan.new if c.chunk_id in fresh]
-        self.store.upsert_chunks(
-            change.tenant, change.version, write, [vectors[c.content_hash] for c in write]
-        )
         kept = {r.chunk_id for r in diff.unchanged}
-        outdated = [
-            s.chunk.chunk_id
-            for s in plan.old
-            if s.chunk.chunk_id in kept and s.version != change.version
-        ]
-        self.store.set_version(change.tenant, outdated, change.version)
-        self.store.delete_chunks(change.tenant, [r.chunk_id for r in diff.removed])
+        write = [c for c in plan.new if c.chunk_id in fresh]
         deleted = change.op == "delete"
-        self.store.put_doc_record(DocRecord(change.doc_id, change.tenant, change.version, deleted))
+        record = DocRecord(change.doc_id, change.tenant, change.version, deleted, len(plan.new))
+        self.store.write_document(
+            DocWrite(
+                record=record,
+                upserts=write,
+                vectors=[vectors[c.content_hash] for c in write],
+                restamp=[
+                    s.chunk.chunk_id
+                    for s in plan.old
+                    if s.chunk.chunk_id in kept and s.version != change.version
+                ],
+                deletes=[r.chunk_id for r in diff.removed],
+            )
+        )
         return IndexResult(
             doc_id=change.doc_id,
             tenant=change.tenant,

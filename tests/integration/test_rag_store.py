@@ -173,6 +173,8 @@ def test_search_get_chunks_and_tenants(
     assert scores == sorted(scores, reverse=True)
     only_t2 = retriever.retrieve("How are sync waves ordered?", tenant="t2")
     assert {h.tenant for h in only_t2.hits} == {"t2"}
+    assert retriever.retrieve("sync waves", tenant="nobody").hits == ()
+    assert store.tenants() == {"default", "t2"}
     anywhere = retriever.retrieve("vault secret behaviour", k=1)
     assert anywhere.hits[0].chunk.doc_id == "t2.md"
     wanted = [r.chunk_id for r in hits.refs] + ["guide.md#999"]

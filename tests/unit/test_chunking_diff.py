@@ -37,6 +37,8 @@ def test_older_versions_are_stale_equal_ones_are_not() -> None:
     assert is_stale(record, 4)
     assert not is_stale(record, 5) and not is_stale(record, 6) and not is_stale(None, 0)
     assert is_stale(DocRecord("d", "default", 5, deleted=True), 3)
+    # A first write that was interrupted left no version: anything may apply.
+    assert not is_stale(DocRecord("d", "default", None, deleted=False, slots=4), 0)
 
 
 _refsets = st.dictionaries(st.integers(0, 12), st.sampled_from("abcdef"), max_size=10).map(
