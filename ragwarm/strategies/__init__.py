@@ -1,0 +1,1 @@
+"""Warmup strategies side by side: workload, policies, the simulated-clock runner, metrics."""

@@ -1,0 +1,84 @@
+"""Settings of `ragwarm bench strategies` (env prefix `RAGWARM_STRATEGIES_`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class StrategySettings(BaseSettings):
+    """The workload, the shared KV budget and each policy's knobs; `--quick` overrides a few."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_STRATEGIES_", extra="ignore")
+
+    seed: int = Field(default=7, description="Seed of the query workload (popularity, arrivals).")
+    queries: int = Field(default=600, ge=1, description="Queries in the workload (full mode).")
+    edits: int | None = Field(
+        default=None,
+        ge=0,
+        description="KB changes replayed after the initial state: the first N that touch a "
+        "document the questions depend on; unset replays every change (full mode).",
+    )
+    quick_queries: int = Field(default=80, ge=1, description="Queries with --quick.")
+    quick_edits: int = Field(default=10, ge=0, description="Relevant KB changes with --quick.")
+    quick_docs: int = Field(
+        default=60, ge=1,
+        description="Documents of the initial state with --quick: those the questions name, "
+        "then a seeded sample of the others.",
+    )
+    quick_chunk_tokens: int = Field(
+        default=64, ge=16, description="Chunk size with --quick (shorter prompts, same shape)."
+    )
+    chunk_tokens: int | None = Field(
+        default=None, ge=16, description="Chunk size in LLM tokens; unset uses RAGWARM_RAG_*."
+    )
+    zipf_s: float = Field(default=1.1, gt=0, description="Zipf exponent of question popularity.")
+    mean_gap_s: float = Field(
+        default=30.0, gt=0, description="Mean simulated seconds between queries outside bursts."
+    )
+    burst_prob: float = Field(
+        default=0.08, ge=0, le=1, description="Chance that an arrival starts a burst."
+    )
+    burst_size: tuple[int, int] = Field(
+        default=(3, 8), description="Smallest and largest number of queries in a burst."
+    )
+    burst_gap_s: float = Field(default=2.0, gt=0, description="Mean gap inside a burst.")
+    edits_from: float = Field(
+        default=0.25, ge=0, lt=1, description="Share of the run before the first KB change."
+    )
+    memory_share: float = Field(
+        default=0.4,
+        gt=0,
+        le=4,
+        description="KV budget of every policy, as a share of the bytes of the distinct "
+        "top-3 prefixes of the live questions at the start.",
+    )
+    prefix_ttl_s: float = Field(default=1800.0, gt=0, description="TTL of a warmed prefix.")
+    hot_share: float = Field(
+        default=0.18, gt=0, le=0.5, description="hot-tokens: share of KV memory for hot prefixes."
+    )
+    hot_window_s: float = Field(default=600.0, gt=0, description="hot-tokens: hopping window.")
+    hot_step_s: float = Field(default=60.0, gt=0, description="hot-tokens: window step.")
+    hot_tick_s: float = Field(default=30.0, gt=0, description="hot-tokens: re-plan period.")
+    hot_min_count: float = Field(default=2.0, description="hot-tokens: queries to count as hot.")
+    rewarm_questions: int = Field(
+        default=4, ge=0, description="event-rag: questions re-retrieved per invalidated prefix."
+    )
+    scheduled_share: float = Field(
+        default=0.18, gt=0, le=1, description="scheduled: share of KV memory for the warm set."
+    )
+    scheduled_period_s: float = Field(
+        default=900.0, gt=0, description="scheduled: seconds between refreshes of the warm set."
+    )
+    history_queries: int = Field(
+        default=300, ge=1, description="history: size of the past query log (drawn like today's)."
+    )
+    warm_threshold_basis: Literal["pinned", "all"] = Field(
+        default="pinned",
+        description="Memory counted against the 0.7 warmup threshold: `pinned` (warmup-owned "
+        "bytes; evictable request cache counts as free, as in vLLM) or `all` cached bytes.",
+    )
+    threads: int | None = Field(default=None, ge=1, description="torch threads; default 1.")
+    tenant: str = Field(default="default", description="Tenant of the documents and queries.")

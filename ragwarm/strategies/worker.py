@@ -1,0 +1,188 @@
+"""One policy's worker: the real `WorkerRuntime` over a torch engine sharing the loaded weights."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from schemas import ChunkRef, WarmupCommand, WorkerEvent
+from streams import logic
+from streams.records import WorkerState
+from workers.api import Limits
+from workers.cache import ChunkKey, PrefixCache
+from workers.engines.base import GenerationResult
+from workers.engines.torch_engine import KV, TorchEngine
+from workers.memory import MEMORY_THRESHOLD, Budget, accepts_warmup
+from workers.metrics import WorkerMetrics
+from workers.runtime import WorkerRuntime
+
+Basis = Literal["pinned", "all"]
+
+
+class KvShare:
+    """KV of request prompts just computed by one policy's engine, offered to the others.
+
+    Identical token chains give identical KV (same weights, same math), so when several
+    policies cache the same served prompt only the first computes it. Only the reactive
+    caching after an answer uses it: TTFTs and warmup prefills are always computed.
+    """
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._kv: OrderedDict[str, KV] = OrderedDict()
+
+    def get(self, key: str) -> KV | None:
+        return self._kv.get(key)
+
+    def put(self, key: str, kv: KV) -> None:
+        self._kv[key] = kv
+        self._kv.move_to_end(key)
+        while len(self._kv) > self.keep:
+            self._kv.popitem(last=False)
+
+
+class SharingEngine(TorchEngine):
+    """A torch engine that takes request-prompt KV from a `KvShare` while `sharing` is on."""
+
+    def __init__(self, *args: Any, share: KvShare | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.share = share
+        self.sharing = False
+
+    def _compute_prefix(self, tokens: list[int], hashes: list[str]) -> tuple[KV, int]:
+        pool = self.share if self.sharing else None
+        found = pool.get(hashes[-1]) if pool is not None else None
+        if found is not None:
+            return found, 0
+        kv, computed = super()._compute_prefix(tokens, hashes)
+        if pool is not None:
+            pool.put(hashes[-1], kv)
+        return kv, computed
+
+
+class _Events:
+    """The worker's event sink: kept in memory for the policy's bookkeeping."""
+
+    def __init__(self) -> None:
+        self.pending: list[WorkerEvent] = []
+
+    def send(self, event: WorkerEvent) -> None:
+        self.pending.append(event)
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Served:
+    """One answered query on this worker: the engine's measured result and the entry used."""
+
+    result: GenerationResult
+    entry_refs: frozenset[ChunkKey]
+    admit_s: float
+
+
+class SimWorker:
+    """A worker as deployed (runtime, commands, reactive caching), on the simulated clock."""
+
+    def __init__(
+        self,
+        engine: SharingEngine,
+        clock: Callable[[], float],
+        *,
+        worker_id: str,
+        cache_requests: bool,
+        basis: Basis,
+    ) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.basis = basis
+        self.sink = _Events()
+        # With the `pinned` basis this class applies the threshold itself (to pinned bytes).
+        threshold = MEMORY_THRESHOLD if basis == "all" else 1.0
+        self.runtime = WorkerRuntime(
+            engine, worker_id=worker_id, url=f"sim://{worker_id}", sink=self.sink,
+            metrics=WorkerMetrics(worker_id=worker_id, model_name=engine.model_id),
+            limits=Limits(1 << 15, 1, 1 << 15, 1 << 20), cache_requests=cache_requests,
+            warmup_threshold=threshold,
+        )
+        self.refs: dict[str, frozenset[ChunkKey]] = {}
+        self.state = WorkerState(worker_id=worker_id)
+        self.warm_seconds = 0.0
+        self.admit_seconds = 0.0
+        self.outcomes: Counter[str] = Counter()
+        self._drain()
+
+    @property
+    def cache(self) -> PrefixCache:
+        return self.engine.cache
+
+    def serve(self, token_ids: Sequence[int], tenant: str, refs: Sequence[ChunkRef]) -> Served:
+        """Answer with one token (TTFT measured by the engine); the runtime caches the prompt."""
+        keys = [(r.chunk_id, r.content_hash) for r in refs]
+        started = time.perf_counter()
+        self.engine.sharing = True
+        try:
+            result = self.runtime.generate(
+                token_ids, tenant=tenant, max_tokens=1, temperature=0.0, arrived=started,
+                emit=lambda step: True, chunk_refs=keys,
+            )
+        finally:
+            self.engine.sharing = False
+        if result is None:
+            raise RuntimeError("the runtime stopped a generation nobody cancelled")
+        admit = max(0.0, time.perf_counter() - started - result.total_s)
+        self.admit_seconds += admit
+        used = self.refs.get(result.prefix_hash or "", frozenset())
+        self._drain()
+        return Served(result, used, admit)
+
+    def apply(self, command: WarmupCommand) -> str:
+        """Carry out a warmup command as the worker does; prefill time is warmup time."""
+        if command.op == "prefill" and not self.accepts_warmup():
+            outcome = "refused"
+        else:
+            started = time.perf_counter()
+            outcome = self.runtime.apply(command)
+            if command.op == "prefill":
+                self.warm_seconds += time.perf_counter() - started
+        self.outcomes[f"{command.op}:{outcome}"] += 1
+        self._drain()
+        return outcome
+
+    def accepts_warmup(self) -> bool:
+        used, total = self.memory_used(), self.cache.budget.max_bytes
+        return accepts_warmup(used, total, MEMORY_THRESHOLD)
+
+    def memory_used(self) -> int:
+        """Bytes counted against the warmup threshold under this worker's basis."""
+        return self.cache.pinned_bytes if self.basis == "pinned" else self.cache.bytes_used
+
+    def expire(self) -> None:
+        self.runtime.tick()
+        self._drain()
+
+    def heartbeat(self) -> WorkerState:
+        """The streams app's row for this worker after a heartbeat (memory under the basis)."""
+        event = self.runtime.status_event("heartbeat")
+        self.state = logic.apply_worker_event(self.state, event, self.clock())
+        self.state = self.state.model_copy(update={"mem_used": self.memory_used()})
+        return self.state
+
+    def _drain(self) -> None:
+        events, self.sink.pending = self.sink.pending, []
+        for event in events:
+            if event.kind == "stored" and event.prefix_hash:
+                self.refs[event.prefix_hash] = frozenset(
+                    (r.chunk_id, r.content_hash) for r in event.chunk_refs
+                )
+
+
+def make_cache(budget: Budget, clock: Callable[[], float], block_size: int) -> PrefixCache:
+    """An LRU prefix cache on the simulated clock; entries live until evicted unless a TTL
+    is given (request caching, like vLLM's, has no TTL)."""
+    return PrefixCache(budget, policy="lru", clock=clock, default_ttl_s=None,
+                       block_size=block_size)
