@@ -371,6 +371,12 @@ class RagClient:
         self.close()
 
 
+def quiet_http_logs() -> None:
+    """Keep httpx's per-request INFO lines out of command output unless at DEBUG."""
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
 def make_pool(settings: ClientSettings, url: str, transport: httpx.BaseTransport | None = None,
               headers: Mapping[str, str] | None = None) -> httpx.Client:
     """A keep-alive pool to one server with the client's limits and timeouts."""

@@ -33,11 +33,12 @@ def summary_lines(answer: Answer) -> list[str]:
 def query(question: str, tenant: str | None, max_tokens: int | None, as_json: bool) -> None:
     """Ask QUESTION: retrieve the top-3 chunks, route to the worker holding the prompt's
     prefix, stream the answer, and print TTFT, cached tokens and the worker."""
-    from ragwarm.client import ClientError, RagClient
+    from ragwarm.client import ClientError, RagClient, quiet_http_logs
     from ragwarm.models import ModelMissing
     from ragwarm.producer import KafkaUnreachable, quiet_client_logs
 
     quiet_client_logs()
+    quiet_http_logs()
     if not question.strip():
         raise click.UsageError("QUESTION is empty")
     on_token = None if as_json else (lambda text: click.echo(text, nl=False))
