@@ -61,10 +61,10 @@ def strategies(
 
 
 def _names(policies: str | None) -> list[str]:
-    from ragwarm.strategies.policies import policy_class, policy_classes
+    from ragwarm.strategies.policies import policy_class, policy_names
 
     if policies is None:
-        return list(policy_classes())
+        return policy_names()
     names = [n.strip() for n in policies.split(",") if n.strip()]
     try:
         for name in names:

@@ -341,6 +341,8 @@ def _admin(settings: KafkaSettings) -> Iterator[KafkaAdminClient]:
 @click.option("--into", help="Copy [--from, --to) of TOPIC into this topic (created if missing).")
 @click.option("--dry-run", is_flag=True, help="Print the plan per partition; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and result as JSON.")
+@click.option("--evaluate", metavar="POLICY",
+              help="Replay the query events of the range offline against a warmup policy.")
 def replay(
     topic: str,
     start: Position,
@@ -349,13 +351,21 @@ def replay(
     into: str | None,
     dry_run: bool,
     as_json: bool,
+    evaluate: str | None = None,
 ) -> None:
-    """Replay TOPIC: rewind a stopped consumer group (--group) or copy a range (--into).
+    """Replay TOPIC: rewind a stopped consumer group (--group), copy a range (--into), or
+    replay logged queries against a warmup policy (--evaluate).
 
     A time maps, per partition, to the first record at or after it (the end of the log
     when there is none); offsets are kept inside what the log still holds.
     """
     quiet_client_logs()
+    if evaluate is not None:
+        from ragwarm.strategies.evaluate import run_evaluate
+
+        if group or into or dry_run:
+            raise click.UsageError("--evaluate only reads: no --group, --into or --dry-run")
+        return run_evaluate(topic, start, end or Position("end"), evaluate, as_json)
     if (group is None) == (into is None):
         raise click.UsageError("give exactly one of --group G or --into TOPIC2")
     if group is not None and end is not None and end.kind != "end":

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from rag.index import IndexResult
-from rag.trace import Question
-from ragwarm.rag_port import RagService
-from ragwarm.strategies.settings import StrategySettings
-from ragwarm.strategies.worker import SimWorker
 from schemas import KbChange, QueryEvent, WarmupCommand
 from streams.logic import command_id
-from streams.ports import WarmPrefix
+
+if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run starts
+    from rag.index import IndexResult
+    from rag.trace import Question
+    from ragwarm.rag_port import RagService
+    from ragwarm.strategies.settings import StrategySettings
+    from ragwarm.strategies.worker import SimWorker
+    from streams.ports import WarmPrefix
 
 
 @dataclass
@@ -144,23 +147,29 @@ class Scheduled(Policy):
                 used += size
 
 
-def _streams_policies() -> list[type[Policy]]:
-    from ragwarm.strategies.streams_sim import EventRag, HotTokens, Hybrid
+# Name -> "module:class", in the order tables list them; classes load on first use.
+POLICIES: dict[str, str] = {
+    "none": "ragwarm.strategies.policies:NoReuse",
+    "reactive": "ragwarm.strategies.policies:Reactive",
+    "scheduled": "ragwarm.strategies.policies:Scheduled",
+    "history": "ragwarm.strategies.policies:History",
+    "event-rag": "ragwarm.strategies.streams_sim:EventRag",
+    "hot-tokens": "ragwarm.strategies.streams_sim:HotTokens",
+    "hybrid": "ragwarm.strategies.streams_sim:Hybrid",
+}
 
-    return [EventRag, HotTokens, Hybrid]
 
-
-def policy_classes() -> dict[str, type[Policy]]:
-    """Every policy by name, in the order tables list them."""
-    simple: list[type[Policy]] = [NoReuse, Reactive, Scheduled, History]
-    return {cls.name: cls for cls in [*simple, *_streams_policies()]}
+def policy_names() -> list[str]:
+    return list(POLICIES)
 
 
 def policy_class(name: str) -> type[Policy]:
     """The policy called `name`; the error lists the valid names."""
-    classes = policy_classes()
     try:
-        return classes[name]
+        target = POLICIES[name]
     except KeyError:
-        valid = ", ".join(classes)
+        valid = ", ".join(POLICIES)
         raise ValueError(f"unknown warmup policy {name!r}; valid names: {valid}") from None
+    module, _, attr = target.partition(":")
+    cls: type[Policy] = getattr(importlib.import_module(module), attr)
+    return cls

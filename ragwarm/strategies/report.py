@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ragwarm.strategies.metrics import hit_rate_series
-from ragwarm.strategies.runner import QueryRow
+from ragwarm.strategies.records import QueryRow
 
 COLUMNS = (
     ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),

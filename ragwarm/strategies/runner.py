@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,15 +27,14 @@ from rag.store import ChunkStore
 from rag.trace import Question, TraceEvent
 from ragwarm.rag_port import RagService
 from ragwarm.strategies import workload as wl
-from ragwarm.strategies.policies import Policy, PolicyContext, policy_class, policy_classes
+from ragwarm.strategies.policies import Policy, PolicyContext, policy_class, policy_names
+from ragwarm.strategies.records import QueryRow, Span, reuse_check
 from ragwarm.strategies.settings import StrategySettings
 from ragwarm.strategies.worker import KvShare, Served, SharingEngine, SimWorker, make_cache
-from schemas import ChunkRef, KbChange, QueryEvent
+from schemas import KbChange, QueryEvent
 from workers.engines.torch_engine import TorchEngine
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
 from workers.settings import WorkerSettings
-
-Span = tuple[ChunkRef, int, int]  # a chunk's ref and its [start, end) in the prompt tokens
 
 
 class SimClock:
@@ -60,28 +59,6 @@ class Rig:
     prompts: PromptBuilder
     rag: RagService
     tenant: str
-
-
-@dataclass(frozen=True)
-class QueryRow:
-    """One query as one policy served it; every TTFT reported comes from these rows."""
-
-    policy: str
-    index: int
-    at: float
-    qid: str
-    burst: bool
-    post_edit: bool
-    ttft_ms: float
-    prompt_tokens: int
-    prefix_tokens: int
-    cached_tokens: int
-    hit: bool  # the whole block-aligned prefix came from the cache
-    partial: bool  # some but not all of it did
-    stale: bool  # reused KV covers a whole chunk whose content hash is no longer current
-    outdated_partial: bool  # reused the unchanged leading tokens of an outdated chunk version
-    mem_share: float
-    pinned_share: float
 
 
 @dataclass
@@ -140,27 +117,6 @@ def chunk_spans(prompts: PromptBuilder, chunks: Sequence[Chunk]) -> list[Span]:
         spans.append((chunk.ref, pos, pos + n))
         pos += n
     return spans
-
-
-def reuse_check(
-    entry_refs: frozenset[tuple[str, str]],
-    spans: Sequence[Span],
-    cached: int,
-    current: Callable[[list[str]], dict[str, str]],
-) -> tuple[bool, bool]:
-    """(stale, outdated_partial) of a served query, against the store's current hashes.
-
-    A chunk whose whole block was reused must match the store (else: stale). A chunk whose
-    leading tokens only were reused may come from an older version (same tokens, same KV).
-    """
-    full = {ref.chunk_id for ref, _, end in spans if end <= cached}
-    part = {ref.chunk_id for ref, start, end in spans if start < cached < end}
-    used = [(c, h) for c, h in entry_refs if c in full | part]
-    if not used:
-        return False, False
-    now = current([c for c, _ in used])
-    old = {c for c, h in used if now.get(c) != h}
-    return bool(old & full), bool(old & part)
 
 
 class Runner:
@@ -334,7 +290,7 @@ def run_benchmark(
     initial, rest = wl.split_trace(events)
     initial_seq = initial[-1].seq if initial else -1
     initial = wl.kb_slice(initial, questions, docs, random.Random(settings.seed))
-    runner = Runner(rig, settings, names or list(policy_classes()), progress)
+    runner = Runner(rig, settings, names or policy_names(), progress)
     index_s = runner.index_initial(initial)
     relevant, prefix_bytes = runner.survey([q for q in questions if q.live_at(initial_seq)])
     chosen = wl.relevant_edits(rest, relevant, edits)

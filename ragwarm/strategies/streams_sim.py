@@ -9,15 +9,17 @@ and time the simulated clock.
 from __future__ import annotations
 
 from collections import Counter, deque
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from rag.index import IndexResult
 from ragwarm.strategies.policies import Policy, PolicyContext
 from schemas import ChunkRef, KbChange, QueryEvent
 from streams import logic
 from streams.agents import warm_op
 from streams.hot import HotPayload, HotTracker
 from streams.records import DocLink, DocState, PrefixOp, PrefixState
+
+if TYPE_CHECKING:
+    from rag.index import IndexResult
 
 
 class StreamsPolicy(Policy):

@@ -1,0 +1,53 @@
+"""Per-query rows of a strategies run and the freshness check behind their `stale` flag."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from schemas import ChunkRef
+
+Span = tuple[ChunkRef, int, int]  # a chunk's ref and its [start, end) in the prompt tokens
+
+
+@dataclass(frozen=True)
+class QueryRow:
+    """One query as one policy served it; every TTFT reported comes from these rows."""
+
+    policy: str
+    index: int
+    at: float
+    qid: str
+    burst: bool
+    post_edit: bool
+    ttft_ms: float
+    prompt_tokens: int
+    prefix_tokens: int
+    cached_tokens: int
+    hit: bool  # the whole block-aligned prefix came from the cache
+    partial: bool  # some but not all of it did
+    stale: bool  # reused KV covers a whole chunk whose content hash is no longer current
+    outdated_partial: bool  # reused the unchanged leading tokens of an outdated chunk version
+    mem_share: float
+    pinned_share: float
+
+
+def reuse_check(
+    entry_refs: frozenset[tuple[str, str]],
+    spans: Sequence[Span],
+    cached: int,
+    current: Callable[[list[str]], dict[str, str]],
+) -> tuple[bool, bool]:
+    """(stale, outdated_partial) of a served query, against the store's current hashes.
+
+    A chunk whose whole block was reused must match the store (else: stale). A chunk whose
+    leading tokens only were reused may come from an older version (same tokens, same KV).
+    """
+    full = {ref.chunk_id for ref, _, end in spans if end <= cached}
+    part = {ref.chunk_id for ref, start, end in spans if start < cached < end}
+    used = [(c, h) for c, h in entry_refs if c in full | part]
+    if not used:
+        return False, False
+    now = current([c for c, _ in used])
+    old = {c for c, h in used if now.get(c) != h}
+    return bool(old & full), bool(old & part)
