@@ -26,8 +26,6 @@ from workers.settings import WorkerSettings
 log = logging.getLogger("ragwarm.worker")
 
 ENGINES = ("torch", "vllm", "remote")
-# Used when an engine cannot say its context length or vocabulary size.
-FALLBACK_CONTEXT = 8192
 
 
 def model_id(settings: WorkerSettings, models: ModelSettings) -> str:
@@ -72,19 +70,12 @@ def make_engine(settings: WorkerSettings, models: ModelSettings) -> Engine:
 
 def engine_limits(engine: Engine, settings: WorkerSettings) -> Limits:
     """Request bounds: the settings, capped by what the model can take."""
-    context = getattr(engine, "max_model_len", None)
-    vocab = getattr(engine, "vocab_size", None)
-    model = getattr(engine, "model", None)
-    if context is None and model is not None:
-        context = getattr(model.config, "max_position_embeddings", None)
-    if vocab is None and getattr(engine, "tokenizer", None) is not None:
-        vocab = len(engine.tokenizer)  # type: ignore[attr-defined]
-    context = int(context or FALLBACK_CONTEXT)
+    context = engine.max_model_len
     return Limits(
         max_prompt_tokens=min(settings.max_prompt_tokens, context - 1),
         max_tokens=settings.max_tokens,
         context_tokens=context,
-        vocab_size=int(vocab or 2**32),
+        vocab_size=engine.vocab_size,
     )
 
 

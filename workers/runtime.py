@@ -123,12 +123,18 @@ class WorkerRuntime:
         """Stream a completion through `emit` (False stops it); None when it was stopped.
 
         `arrived` is the request's `time.perf_counter()`; TTFT counts the wait for the lock.
-        After the answer, the prompt's full blocks are cached unpinned (`cache_requests`).
+        With `cache_requests`, the engine also stores the prompt's full blocks unpinned from
+        the request's own KV (reactive, like vLLM's automatic prefix caching).
         """
         with self.lock:
             was_empty = len(self.engine.cache) == 0
             steps = self.engine.generate(
-                token_ids, max_tokens=max_tokens, tenant=tenant, temperature=temperature
+                token_ids,
+                max_tokens=max_tokens,
+                tenant=tenant,
+                temperature=temperature,
+                cache_prompt=self.cache_requests,
+                chunk_refs=chunk_refs,
             )
 
             # Metrics are counted before the last step goes out: a client reading /metrics
@@ -137,9 +143,8 @@ class WorkerRuntime:
                 self._observe(result, first - arrived, was_empty)
 
             result = _drive(steps, emit, observe)
-            if result is not None:
-                if self.cache_requests:
-                    self._admit_request(token_ids, tenant, chunk_refs, result)
+            if result is not None and result.stored is not None:
+                self.metrics.prefills.labels(source="request").inc()
             self._refresh()
         self.flush()
         return result
@@ -149,23 +154,6 @@ class WorkerRuntime:
         self.metrics.observe(
             Served(result.prompt_tokens, result.cached_tokens, blocks, ttft_s, was_empty)
         )
-
-    def _admit_request(
-        self,
-        token_ids: Sequence[int],
-        tenant: str,
-        chunk_refs: Iterable[ChunkKey],
-        result: GenerationResult,
-    ) -> None:
-        """Reactive caching, like vLLM's automatic prefix caching (unpinned, default TTL)."""
-        block = self.engine.block_size
-        if len(token_ids) // block * block <= result.cached_tokens:
-            return  # nothing new: the cached entry already covers every full block
-        try:
-            self.engine.prefill(token_ids, tenant=tenant, chunk_refs=chunk_refs)
-            self.metrics.prefills.labels(source="request").inc()
-        except WarmupRefused as exc:
-            log.debug("request prefix not cached: %s", exc.reason)
 
     # -- commands --------------------------------------------------------------------
 

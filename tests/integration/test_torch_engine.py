@@ -81,9 +81,17 @@ def _snapshot(kv: KV | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(k.clone(), v.clone()) for k, v in kv]
 
 
+def _unchanged(before: list[tuple[torch.Tensor, torch.Tensor]], kv: KV | None) -> bool:
+    assert kv is not None
+    return all(
+        torch.equal(a, k) and torch.equal(b, v) for (a, b), (k, v) in zip(before, kv, strict=True)
+    )
+
+
 def test_engine_satisfies_the_protocol(engine: TorchEngine) -> None:
     assert isinstance(engine, Engine)
     assert engine.kv_bytes_per_token > 0
+    assert (engine.max_model_len, engine.vocab_size) == (8192, 49152)  # SmolLM2-135M
     assert engine.detokenize(engine.tokenize("Argo CD syncs apps.")) == "Argo CD syncs apps."
 
 
@@ -109,10 +117,8 @@ def test_generate_leaves_stored_kv_untouched(engine: TorchEngine, doc_tokens: li
     _run(engine, doc_tokens[:64] + engine.tokenize(QUESTION))
     _run(engine, doc_tokens[:40])  # a partial match slices the same tensors
     after = engine.stored_kv(stored.prefix_hash)
-    assert after is kv
-    assert all(
-        torch.equal(a, k) and torch.equal(b, v) for (a, b), (k, v) in zip(before, kv, strict=True)
-    )
+    assert after is kv and kv is not None
+    assert _unchanged(before, kv)
     assert all(k.shape[-2] == 64 for k, _ in kv)
 
 
@@ -204,6 +210,85 @@ def test_bad_arguments_fail_at_the_call(engine: TorchEngine) -> None:
         engine.generate([1, 2], max_tokens=0, tenant="t")
     with pytest.raises(ValueError, match="prompt token"):
         engine.generate([], max_tokens=1, tenant="t")
+
+
+@pytest.mark.parametrize("length", [100, 64])  # a partial last block (copied), or none (kept)
+def test_cache_prompt_stores_the_prompt_from_its_own_kv(
+    engine: TorchEngine, doc_tokens: list[int], length: int
+) -> None:
+    prompt, aligned = doc_tokens[:length], length // 16 * 16
+    cold = _cold(engine, prompt)
+    steps = engine.generate(prompt, max_tokens=MAX_TOKENS, tenant="t", cache_prompt=True)
+    first = [next(steps), next(steps)]  # the prompt is stored once the first token is out
+    assert len(engine.cache) == 1
+    (entry,) = engine.cache.entries()
+    kv = engine.stored_kv(entry.prefix_hash)
+    at_store = _snapshot(kv)
+    result = [*first, *steps][-1].result
+    assert result is not None and list(result.token_ids) == cold and result.cached_tokens == 0
+    stored = result.stored
+    assert stored is not None and stored.prefix_hash == entry.prefix_hash
+    assert (stored.n_tokens, stored.computed_tokens) == (aligned, aligned)
+    assert stored.nbytes == aligned * engine.kv_bytes_per_token == entry.nbytes
+    assert kv is not None and all(k.shape[-2] == aligned for k, _ in kv)
+    assert _unchanged(at_store, kv)  # the decode steps after storing did not touch it
+
+    again = _run(engine, prompt, cache_prompt=True)[-1].result
+    assert again is not None and list(again.token_ids) == cold
+    assert again.cached_tokens == min(aligned, length - 1) and again.stored is None
+    assert again.prefix_hash == stored.prefix_hash
+    _run(engine, doc_tokens[: length + 40], cache_prompt=True)  # stores an extension
+    assert len(engine.cache) == 2 and _unchanged(at_store, engine.stored_kv(entry.prefix_hash))
+
+    fresh = engine.prefill(prompt, tenant="fresh")
+    assert fresh.prefix_hash is not None and fresh.computed_tokens == aligned
+    for (k, v), (fk, fv) in zip(kv, engine.stored_kv(fresh.prefix_hash) or (), strict=True):
+        assert torch.allclose(k, fk, atol=1e-5) and torch.allclose(v, fv, atol=1e-5)
+
+
+def test_cache_prompt_extends_a_cached_prefix(engine: TorchEngine, doc_tokens: list[int]) -> None:
+    base = engine.prefill(doc_tokens[:32], tenant="t")
+    prompt = doc_tokens[:100] + engine.tokenize(QUESTION)
+    cold = _cold(engine, prompt)
+    result = _run(engine, prompt, cache_prompt=True, chunk_refs=[("d#0", "h0")], ttl_s=60)[
+        -1
+    ].result
+    assert result is not None and list(result.token_ids) == cold and result.cached_tokens == 32
+    stored = result.stored
+    aligned = len(prompt) // 16 * 16
+    assert stored is not None and (stored.n_tokens, stored.computed_tokens) == (
+        aligned,
+        aligned - 32,
+    )
+    entry = next(e for e in engine.cache.entries() if e.prefix_hash == stored.prefix_hash)
+    assert entry.chunk_refs == {("d#0", "h0")} and not entry.pinned
+    assert base.prefix_hash in {e.prefix_hash for e in engine.cache.entries()}
+
+
+def test_cache_prompt_adds_nothing_inside_a_longer_entry(
+    engine: TorchEngine, doc_tokens: list[int]
+) -> None:
+    engine.prefill(doc_tokens[:96], tenant="t")
+    result = _run(engine, doc_tokens[:50], cache_prompt=True)[-1].result
+    assert result is not None and result.cached_tokens == 48 and result.stored is None
+    assert len(engine.cache) == 1
+
+
+def test_cache_prompt_refused_by_the_budget_still_answers(
+    shared_engine: TorchEngine, doc_tokens: list[int]
+) -> None:
+    one_block = 16 * shared_engine.kv_bytes_per_token
+    tight = TorchEngine(
+        shared_engine.model,
+        shared_engine.tokenizer,
+        model_id=shared_engine.model_id,
+        cache=PrefixCache(Budget(max_bytes=one_block, max_entries=8, warm_bytes=0)),
+    )
+    prompt = doc_tokens[:100]
+    result = _run(tight, prompt, cache_prompt=True)[-1].result
+    assert result is not None and result.stored is None
+    assert list(result.token_ids) == _cold(shared_engine, prompt)
+    assert len(tight.cache) == 0 and tight.memory().used == 0
 
 
 @pytest.mark.gpu

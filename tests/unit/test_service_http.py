@@ -17,7 +17,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
 from workers.cache import ChunkKey, PrefixCache, block_hashes
-from workers.engines.base import GenerationResult, GenerationStep, Memory, PrefillResult
+from workers.engines.base import (
+    GenerationResult,
+    GenerationStep,
+    KeepPrompt,
+    Memory,
+    PrefillResult,
+    keep_by_prefill,
+)
 from workers.memory import Budget
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
@@ -94,7 +101,11 @@ class ToyEngine:
         tenant: str,
         temperature: float = 0.0,
         stop_ids: Iterable[int] | None = None,
+        cache_prompt: bool = False,
+        chunk_refs: Iterable[ChunkKey] = (),
+        ttl_s: float | None = None,
     ) -> Iterator[GenerationStep]:
+        keep = KeepPrompt(tuple(chunk_refs), ttl_s) if cache_prompt else None
         self.sync()
         entry, matched = self.cache.lookup(self.block_hashes(token_ids, tenant=tenant))
         cached = min(matched * BLOCK, len(token_ids) - 1) if entry is not None else 0
@@ -111,7 +122,8 @@ class ToyEngine:
                     0.002,
                     "length",
                 )
-            yield GenerationStep(i, 7, "x", result)
+            step = GenerationStep(i, 7, "x", result)
+            yield step if keep is None else keep_by_prefill(self, step, token_ids, tenant, keep)
 
 
 class ListSink:
@@ -227,6 +239,9 @@ async def test_prefill_then_hit_then_reactive_extension(booted) -> None:
     metrics = lifecycle.metrics.registry
     assert metrics.get_sample_value("vllm:prefix_cache_hits_total", {"model_name": "toy"}) == 8
     assert metrics.get_sample_value("cold_start_count_total") == 0
+    assert metrics.get_sample_value("worker_prefills_total", {"source": "request"}) == 1
+    await complete(client, list(range(14)))  # every full block is cached now: nothing stored
+    assert metrics.get_sample_value("worker_prefills_total", {"source": "request"}) == 1
 
 
 async def test_first_request_on_an_empty_cache_is_a_cold_start(booted) -> None:
@@ -300,7 +315,7 @@ async def test_bearer_token() -> None:
 
 
 def lifecycle_runtime(client: TestClient) -> WorkerRuntime:
-    assert client.server.app is not None
+    assert isinstance(client.server, TestServer) and client.server.app is not None
     state = client.server.app[STATE]
     assert state.runtime is not None
     return state.runtime

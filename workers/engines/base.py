@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
-from workers.cache import CacheEntry, ChunkKey, PrefixCache
+from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
 
 
 class Memory(NamedTuple):
@@ -40,6 +40,8 @@ class GenerationResult:
     ttft_s: float
     total_s: float
     finish_reason: Literal["stop", "length"]
+    # What `cache_prompt` stored; None when not asked, already cached, too short or refused.
+    stored: PrefillResult | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,14 @@ class GenerationStep:
     token_id: int
     text: str
     result: GenerationResult | None = None
+
+
+@dataclass(frozen=True)
+class KeepPrompt:
+    """How `generate(cache_prompt=True)` stores the prompt: its chunk refs and TTL."""
+
+    chunk_refs: tuple[ChunkKey, ...] = ()
+    ttl_s: float | None = None
 
 
 @runtime_checkable
@@ -65,6 +75,16 @@ class Engine(Protocol):
     device: str
     block_size: int
     cache: PrefixCache
+
+    @property
+    def max_model_len(self) -> int:
+        """Most tokens (prompt + completion) one sequence may hold."""
+        ...
+
+    @property
+    def vocab_size(self) -> int:
+        """Valid token ids are `0 <= id < vocab_size`."""
+        ...
 
     @property
     def kv_bytes_per_token(self) -> int: ...
@@ -101,10 +121,17 @@ class Engine(Protocol):
         tenant: str,
         temperature: float = 0.0,
         stop_ids: Iterable[int] | None = None,
+        cache_prompt: bool = False,
+        chunk_refs: Iterable[ChunkKey] = (),
+        ttl_s: float | None = None,
     ) -> Iterator[GenerationStep]:
         """Stream a completion, reusing the longest cached prefix; greedy at temperature 0.
 
         The prompt's cached KV is never modified. `stop_ids` defaults to the model's EOS.
+        With `cache_prompt`, the prompt's full blocks are also stored unpinned (with
+        `chunk_refs`, `ttl_s`) without computing them again, unless the cache already holds
+        them; a refusal by the budget leaves the answer alone. `result.stored` says what was
+        stored; a generation stopped early may have stored it without saying so.
         """
         ...
 
@@ -113,3 +140,20 @@ class Engine(Protocol):
         ...
 
     def memory(self) -> Memory: ...
+
+
+def keep_by_prefill(
+    engine: Engine, step: GenerationStep, prompt: Sequence[int], tenant: str, keep: KeepPrompt
+) -> GenerationStep:
+    """`cache_prompt` for engines whose server caches prompts itself: on the last step,
+    record the prompt with `prefill` (its blocks are cached there, so it costs ~1 token)."""
+    result, block = step.result, engine.block_size
+    if result is None or len(prompt) // block * block <= result.cached_tokens:
+        return step  # not the last step, or the cached entry covers every full block
+    try:
+        stored = engine.prefill(prompt, tenant=tenant, chunk_refs=keep.chunk_refs, ttl_s=keep.ttl_s)
+    except WarmupRefused:
+        return step
+    if stored.prefix_hash is None:
+        return step
+    return replace(step, result=replace(result, stored=stored))

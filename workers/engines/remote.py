@@ -20,7 +20,14 @@ from typing import Any
 import httpx
 
 from workers.cache import ChunkKey, PrefixCache, block_hashes
-from workers.engines.base import GenerationResult, GenerationStep, Memory, PrefillResult
+from workers.engines.base import (
+    GenerationResult,
+    GenerationStep,
+    KeepPrompt,
+    Memory,
+    PrefillResult,
+    keep_by_prefill,
+)
 from workers.memory import LARGE_WARM_SHARE, Budget
 from workers.settings import WorkerSettings
 
@@ -216,6 +223,9 @@ class RemoteEngine:
         tenant: str,
         temperature: float = 0.0,
         stop_ids: Iterable[int] | None = None,
+        cache_prompt: bool = False,
+        chunk_refs: Iterable[ChunkKey] = (),
+        ttl_s: float | None = None,
     ) -> Iterator[GenerationStep]:
         if not token_ids:
             raise ValueError("generate needs at least one prompt token")
@@ -226,10 +236,16 @@ class RemoteEngine:
         self.sync()
         self.cache.lookup(self.block_hashes(token_ids, tenant=tenant))  # LRU and hit counts
         self.sync()
-        return self._stream(list(token_ids), max_tokens, temperature, tenant)
+        keep = KeepPrompt(tuple(chunk_refs), ttl_s) if cache_prompt else None
+        return self._stream(list(token_ids), max_tokens, temperature, tenant, keep)
 
     def _stream(
-        self, prompt: list[int], max_tokens: int, temperature: float, tenant: str
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        temperature: float,
+        tenant: str,
+        keep: KeepPrompt | None,
     ) -> Iterator[GenerationStep]:
         start = time.perf_counter()
         before = self.server_counters() if self._usage_reports_cache is not True else None
@@ -256,7 +272,8 @@ class RemoteEngine:
         if cached is None and before is not None:
             after = self.server_counters()
             cached = int(after[1] - before[1]) if after is not None else 0
-        yield run.finish(self, len(prompt), min(cached or 0, len(prompt)))
+        step = run.finish(self, len(prompt), min(cached or 0, len(prompt)))
+        yield step if keep is None else keep_by_prefill(self, step, prompt, tenant, keep)
 
 
 class _StreamState:

@@ -12,13 +12,23 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from workers.cache import CacheEntry, ChunkKey, PrefixCache, block_hashes
-from workers.engines.base import GenerationResult, GenerationStep, Memory, PrefillResult
+from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused, block_hashes
+from workers.engines.base import (
+    GenerationResult,
+    GenerationStep,
+    KeepPrompt,
+    Memory,
+    PrefillResult,
+)
 from workers.memory import plan_budget
 from workers.settings import WorkerSettings
 
 # Per layer (keys, values), each [1, kv_heads, tokens, head_dim]; never modified once stored.
 KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+# Context length assumed when the model config names none.
+FALLBACK_CONTEXT = 8192
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -89,6 +99,18 @@ class TorchEngine:
         self._stop_ids = _eos_ids(model, tokenizer)
 
     # -- tokens ----------------------------------------------------------------------
+
+    @property
+    def max_model_len(self) -> int:
+        cfg = self.model.config.get_text_config(decoder=True)
+        found = (getattr(cfg, key, None) for key in _CONTEXT_KEYS)
+        return int(next((n for n in found if n), FALLBACK_CONTEXT))
+
+    @property
+    def vocab_size(self) -> int:
+        # Ids the embedding accepts and the tokenizer can decode.
+        cfg = self.model.config.get_text_config(decoder=True)
+        return min(len(self.tokenizer), int(cfg.vocab_size or len(self.tokenizer)))
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -184,6 +206,9 @@ class TorchEngine:
         tenant: str,
         temperature: float = 0.0,
         stop_ids: Iterable[int] | None = None,
+        cache_prompt: bool = False,
+        chunk_refs: Iterable[ChunkKey] = (),
+        ttl_s: float | None = None,
     ) -> Iterator[GenerationStep]:
         # Checked here, not in the generator, so bad arguments fail at the call.
         if not token_ids:
@@ -191,7 +216,8 @@ class TorchEngine:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         stops = frozenset(stop_ids) if stop_ids is not None else self._stop_ids
-        return self._generate(list(token_ids), max_tokens, tenant, temperature, stops)
+        keep = KeepPrompt(tuple(chunk_refs), ttl_s) if cache_prompt else None
+        return self._generate(list(token_ids), max_tokens, tenant, temperature, stops, keep)
 
     def _generate(
         self,
@@ -200,11 +226,18 @@ class TorchEngine:
         tenant: str,
         temperature: float,
         stops: frozenset[int],
+        keep: KeepPrompt | None,
     ) -> Iterator[GenerationStep]:
         start = time.perf_counter()
-        entry, cached = self._lookup(prompt, tenant)
+        hashes = self.block_hashes(prompt, tenant=tenant)
+        entry, matched = self._lookup(hashes)
+        # At least the last prompt token must run through the model to give logits.
+        cached = min(matched, len(prompt) - 1)
         past = self._request_cache(self._kv[entry.prefix_hash] if entry else None, cached)
         logits = self._forward(prompt[cached:], past)
+        # References, not copies: decoding rebinds the layers to new tensors (torch.cat).
+        pending = _freeze(past) if keep and matched < len(hashes) * self.block_size else None
+        stored: PrefillResult | None = None
         stream, out, ttft = _TextStream(self.tokenizer), [], 0.0
         for index in range(max_tokens):
             token = _pick(logits, temperature)
@@ -214,7 +247,12 @@ class TorchEngine:
             if not stopped:
                 out.append(token)
             text = "" if stopped else stream.push(token)
-            if stopped or index == max_tokens - 1:
+            final = stopped or index == max_tokens - 1
+            if pending is not None and keep is not None and (index > 0 or final):
+                # Stored once the first token is out, so caching never delays it.
+                stored = self._keep_prompt(pending, hashes, tenant, keep, cached)
+                pending = None
+            if final:
                 result = GenerationResult(
                     token_ids=tuple(out),
                     text=stream.text(),
@@ -224,21 +262,45 @@ class TorchEngine:
                     ttft_s=ttft,
                     total_s=time.perf_counter() - start,
                     finish_reason="stop" if stopped else "length",
+                    stored=stored,
                 )
                 yield GenerationStep(index, token, text + stream.flush(), result)
                 return
             yield GenerationStep(index, token, text)
             logits = self._forward([token], past)
 
-    def _lookup(self, prompt: list[int], tenant: str) -> tuple[CacheEntry | None, int]:
-        """The cached entry to reuse and how many prompt tokens its KV covers."""
+    def _lookup(self, hashes: list[str]) -> tuple[CacheEntry | None, int]:
+        """The cached entry to reuse and how many leading prompt tokens its KV holds."""
         self.sync()
-        entry, matched = self.cache.lookup(self.block_hashes(prompt, tenant=tenant))
+        entry, matched = self.cache.lookup(hashes)
         self.sync()  # lookup may have expired entries
         if entry is None or entry.prefix_hash not in self._kv:
             return None, 0
-        # At least the last prompt token must run through the model to give logits.
-        return entry, min(matched * self.block_size, len(prompt) - 1)
+        return entry, matched * self.block_size
+
+    def _keep_prompt(
+        self, prompt_kv: KV, hashes: list[str], tenant: str, keep: KeepPrompt, cached: int
+    ) -> PrefillResult | None:
+        """Store the prompt's full blocks from the request's own KV; None when refused."""
+        start = time.perf_counter()
+        n_tokens = len(hashes) * self.block_size
+        kv = _head(prompt_kv, n_tokens)
+        try:
+            entry, evicted = self.cache.admit(
+                tenant=tenant,
+                hashes=hashes,
+                nbytes=_nbytes(kv),
+                chunk_refs=keep.chunk_refs,
+                ttl_s=keep.ttl_s,
+            )
+        except WarmupRefused:
+            return None  # the answer matters more than caching its prompt
+        self._kv[entry.prefix_hash] = kv
+        self.sync()
+        elapsed = time.perf_counter() - start
+        return PrefillResult(
+            entry.prefix_hash, n_tokens, entry.nbytes, n_tokens - cached, tuple(evicted), elapsed
+        )
 
     # -- model -----------------------------------------------------------------------
 
@@ -313,6 +375,14 @@ def _freeze(past: DynamicCache) -> KV:
     if any(k is None or v is None for k, v in kv):
         raise RuntimeError("a cache layer was never filled")
     return tuple((cast(torch.Tensor, k), cast(torch.Tensor, v)) for k, v in kv)
+
+
+def _head(kv: KV, n_tokens: int) -> KV:
+    """The first `n_tokens` of `kv`: the tensors themselves when that is all of them, else
+    copies, so an entry never keeps a longer request's memory alive."""
+    if all(k.shape[-2] == n_tokens for k, _ in kv):
+        return kv
+    return tuple((k[..., :n_tokens, :].clone(), v[..., :n_tokens, :].clone()) for k, v in kv)
 
 
 def _pick(logits: torch.Tensor, temperature: float) -> int:

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from workers.cache import CacheEntry, ChunkKey, PrefixCache, block_hashes
-from workers.engines.base import GenerationResult, GenerationStep, Memory, PrefillResult
+from workers.engines.base import (
+    GenerationResult,
+    GenerationStep,
+    KeepPrompt,
+    Memory,
+    PrefillResult,
+    keep_by_prefill,
+)
 from workers.memory import plan_budget
 from workers.settings import WorkerSettings
 
@@ -185,6 +192,9 @@ class VllmEngine:
         tenant: str,
         temperature: float = 0.0,
         stop_ids: Iterable[int] | None = None,
+        cache_prompt: bool = False,
+        chunk_refs: Iterable[ChunkKey] = (),
+        ttl_s: float | None = None,
     ) -> Iterator[GenerationStep]:
         if not token_ids:
             raise ValueError("generate needs at least one prompt token")
@@ -194,10 +204,16 @@ class VllmEngine:
         entry, _ = self.cache.lookup(self.block_hashes(token_ids, tenant=tenant))
         self.sync()
         params = self._params(max_tokens, temperature, stop_ids)
-        return self._stream(list(token_ids), params, entry)
+        keep = KeepPrompt(tuple(chunk_refs), ttl_s) if cache_prompt else None
+        return self._stream(list(token_ids), params, entry, tenant, keep)
 
     def _stream(
-        self, prompt: list[int], params: Any, entry: CacheEntry | None
+        self,
+        prompt: list[int],
+        params: Any,
+        entry: CacheEntry | None,
+        tenant: str,
+        keep: KeepPrompt | None,
     ) -> Iterator[GenerationStep]:
         engine = self.llm.llm_engine
         request_id = f"ragwarm-{next(self._ids)}"
@@ -208,7 +224,10 @@ class VllmEngine:
             while engine.has_unfinished_requests():
                 for out in engine.step():
                     if out.request_id == request_id:
-                        yield from run.take(out)
+                        for step in run.take(out):
+                            if keep is not None:  # vLLM cached the blocks; add the entry
+                                step = keep_by_prefill(self, step, prompt, tenant, keep)
+                            yield step
                         if out.finished:
                             return
         finally:
