@@ -22,8 +22,10 @@ class WorkerSettings(BaseSettings):
     engine: str = Field(default="torch", description="Engine name: `torch` (transformers).")
     model_id: str | None = Field(
         default=None,
-        description="Model name salting the prefix hashes; defaults to the model directory name. "
-        "Every component hashing prompts for this model must use the same value.",
+        description="Model name salting the prefix hashes. Unset, `ragwarm worker` uses "
+        "RAGWARM_MODEL_LLM_NAME (the name the streams app hashes with); an engine loaded "
+        "directly uses its model directory name. Every component hashing prompts for this "
+        "model must use the same value.",
     )
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="auto", description="Where the torch engine runs; `auto` picks CUDA when present."
