@@ -1,0 +1,120 @@
+"""`ragwarm bench strategies` on a tiny trace: real model, real Qdrant, real timings."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ragwarm.bench_strategies import strategies
+from ragwarm.strategies.metrics import JSON_KEYS, percentile
+from ragwarm.strategies.policies import policy_names
+from ragwarm.strategies.worker import SharingEngine
+
+pytestmark = pytest.mark.integration
+
+QUERIES = 10
+
+
+def _doc(topic: str) -> str:
+    body = " ".join(f"The {topic} option {i} changes how {topic} works." for i in range(8))
+    return f"# {topic.title()}\n\n## Overview\n\n{body}\n\n## Details\n\n{body}"
+
+
+def write_trace(folder: Path) -> tuple[Path, Path]:
+    """Four documents, three commits editing two of them, one re-ingest, four questions."""
+    docs = {f"{t}.md": _doc(t) for t in ("certificate", "rbac", "sync", "hook")}
+    events = [{"seq": i, "timestamp": "2024-01-01T00:00:00Z", "op": "upsert", "doc_id": d,
+               "text": t, "initial": True} for i, (d, t) in enumerate(docs.items())]
+    for rev in range(3):
+        for name in ("certificate.md", "sync.md"):
+            docs[name] = docs[name].replace("Overview", f"Overview (rev {rev})", 1)
+            events.append({"seq": len(events), "timestamp": f"2024-02-0{rev + 1}T00:00:00Z",
+                           "op": "upsert", "doc_id": name, "text": docs[name]})
+    events.append({"seq": len(events), "timestamp": "2024-03-01T00:00:00Z", "op": "upsert",
+                   "doc_id": "rbac.md", "text": docs["rbac.md"]})
+    questions = [
+        {"qid": "a", "question": "How do I configure certificates?", "doc_id": "certificate.md"},
+        {"qid": "b", "question": "What does rbac control?", "doc_id": "rbac.md"},
+        {"qid": "c", "question": "How are sync options ordered?", "doc_id": "sync.md"},
+        {"qid": "d", "question": "When do hooks run?", "answer_doc_ids": ["hook.md"]},
+    ]
+    paths = folder / "events.jsonl", folder / "questions.jsonl"
+    for path, rows in zip(paths, (events, questions), strict=True):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One run of every policy; the engine's measured TTFTs are recorded beside it."""
+    folder = tmp_path_factory.mktemp("strategies")
+    events, questions = write_trace(folder)
+    measured: list[float] = []
+    original = SharingEngine.generate
+
+    def recording(self, *args, **kwargs):  # the real generation, observed
+        for step in original(self, *args, **kwargs):
+            if step.result is not None:
+                measured.append(step.result.ttft_s * 1000)
+            yield step
+
+    env = {"RAGWARM_STRATEGIES_CHUNK_TOKENS": "48", "RAGWARM_STRATEGIES_MEAN_GAP_S": "20",
+           "RAGWARM_STRATEGIES_BURST_PROB": "0.3"}
+    out = folder / "out"
+    args = ["--events", str(events), "--questions", str(questions), "--queries", str(QUERIES),
+            "--edits", "7", "--seed", "3", "--json", "--out", str(out)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SharingEngine, "generate", recording)
+        result = CliRunner().invoke(strategies, args, env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
+    return {"report": json.loads(result.stdout), "rows": rows, "measured": measured, "out": out}
+
+
+def test_json_is_the_contract(run):
+    report = run["report"]
+    assert set(report) == {"policies", "queries", "kb_events"}
+    assert list(report["policies"]) == policy_names()
+    assert report["queries"] == QUERIES and report["kb_events"] == 7
+    for figures in report["policies"].values():
+        assert set(figures) == set(JSON_KEYS)
+        assert isinstance(figures["stale_hits"], int)
+
+
+def test_every_reported_ttft_was_measured_by_the_engine(run):
+    measured = run["measured"]
+    assert len(measured) == QUERIES * len(policy_names())
+    assert sorted(r["ttft_ms"] for r in run["rows"]) == sorted(measured)
+    for name in policy_names():
+        mine = [r["ttft_ms"] for r in run["rows"] if r["policy"] == name]
+        assert len(mine) == QUERIES
+        assert all(t > 0 for t in mine) and len(set(mine)) > 1
+        figures = run["report"]["policies"][name]
+        assert figures["ttft_p50_ms"] == round(percentile(mine, 50), 2)
+        assert figures["ttft_p99_ms"] == round(percentile(mine, 99), 2)
+
+
+def test_figures_follow_the_rows(run):
+    for name, figures in run["report"]["policies"].items():
+        mine = [r for r in run["rows"] if r["policy"] == name]
+        assert figures["hit_rate"] == round(sum(r["hit"] for r in mine) / len(mine), 4)
+        assert figures["stale_hits"] == 0
+        assert 0.0 <= figures["kv_memory_share"] <= 1.0
+    baseline = [r for r in run["rows"] if r["policy"] == "none"]
+    assert all(r["cached_tokens"] == 0 for r in baseline)
+    assert run["report"]["policies"]["none"]["warmup_seconds"] == 0.0
+    assert run["report"]["policies"]["event-rag"]["warmup_seconds"] > 0.0
+
+
+def test_outputs_are_written(run):
+    out: Path = run["out"]
+    for name in ("strategies.md", "strategies.csv", "ttft_cdf.png", "hit_rate_over_time.png",
+                 "run.json"):
+        assert (out / name).stat().st_size > 0
+    with (out / "strategies.csv").open() as handle:
+        assert [r["policy"] for r in csv.DictReader(handle)] == policy_names()
+    assert "| event-rag |" in (out / "strategies.md").read_text()
