@@ -311,6 +311,7 @@ def report(scenario: Scenario, chart: Path) -> dict[str, Any]:
         "re_prefills": counters.get("re_prefills", 0),
         "ttl_extensions": counters.get("ttl_extensions", 0),
         "edits": [{"seq": e.seq, "doc_id": e.doc_id} for e in scenario.plan.edits],
+        "topic_prefix": scenario.stack.prefix,
         "chart": str(chart),
     }
 

@@ -138,6 +138,7 @@ def table_lines(summaries: Sequence[Summary]) -> list[str]:
 def write_chart(rows: Sequence[Row], edit_at_s: float | None, path: Path) -> Path:
     """TTFT of every query over time, by phase, with the moment the edits were applied."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     fig = Figure(figsize=(9, 4.8))
     ax = fig.add_subplot()
@@ -152,6 +153,9 @@ def write_chart(rows: Sequence[Row], edit_at_s: float | None, path: Path) -> Pat
         ax.annotate("KB edits applied", (edit_at_s, 0.97), xycoords=("data", "axes fraction"),
                     rotation=90, va="top", ha="right", color="gray")
     ax.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel("seconds since the first query")
     ax.set_ylabel("time to first token (ms, client-side)")
     ax.set_title("ragwarm demo: TTFT cold, warm, and after real KB edits")

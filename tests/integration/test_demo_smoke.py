@@ -1,0 +1,89 @@
+"""`ragwarm demo` end to end on a small slice of the Argo CD trace, then nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ragwarm.kafka_admin import list_topics
+from ragwarm.models import llm_dir
+from tests.integration.worker_proc import free_port
+
+pytestmark = pytest.mark.integration
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "argocd"
+DOCS = {"docs/faq.md", "docs/user-guide/sync-waves.md", "docs/developer-guide/ci.md",
+        "docs/index.md"}
+RAGWARM = Path(sys.executable).with_name("ragwarm")
+
+
+def small_trace(tmp_path: Path) -> tuple[Path, Path]:
+    """The initial state of four documents and their edits, with their questions."""
+    events, questions = tmp_path / "events.jsonl", tmp_path / "questions.jsonl"
+    with (DATA / "events.jsonl").open() as src, events.open("w") as out:
+        out.writelines(line for line in src if json.loads(line)["doc_id"] in DOCS)
+    with (DATA / "questions.jsonl").open() as src, questions.open("w") as out:
+        out.writelines(line for line in src if json.loads(line)["doc_id"] in DOCS)
+    return events, questions
+
+
+def test_demo_rewarms_edited_questions_and_tears_everything_down(
+    kafka_bootstrap, kafka_settings, tmp_path
+):
+    events, questions = small_trace(tmp_path)
+    home = tmp_path / "home"
+    env = {
+        **os.environ,
+        # Its own state dir, ports and the session's broker: nothing shared with other runs.
+        "RAGWARM_HOME": str(home),
+        "RAGWARM_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "RAGWARM_MODEL_LLM_PATH": str(llm_dir()),
+        "RAGWARM_STREAMS_WEB_PORT": str(free_port()),
+        "RAGWARM_STACK_WORKER_PORT": str(free_port()),
+        "RAGWARM_WORKER_THREADS": "2",
+    }
+    done = subprocess.run(
+        [str(RAGWARM), "demo", "--events", str(events), "--questions", str(questions),
+         "--edits", "2", "--hot-questions", "2", "--max-tokens", "2", "--json",
+         "--out", str(tmp_path / "out")],
+        env=env, capture_output=True, text=True, timeout=540, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout)
+    rows = result["queries"]
+    asked = {r["question"] for r in rows}
+    assert 1 <= len(asked) <= 2
+    for q in asked:
+        phases = [r["phase"] for r in rows if r["question"] == q]
+        assert phases == ["cold", "warm", "warm", "after_edit"]
+        cold, *warm, after = [r for r in rows if r["question"] == q]
+        assert warm[-1]["cached_tokens"] > cold["cached_tokens"]
+        # Re-warmed after the edit: at least the whole prefix was already in the worker's cache.
+        assert after["cached_tokens"] >= after["prefix_tokens"] // 16 * 16 > 0
+    assert result["prefills"] >= 1
+    assert result["invalidations"] + result["ttl_extensions"] >= 1
+    assert Path(result["chart"]).read_bytes()[:4] == b"\x89PNG"
+
+    # Torn down: no process of this run, no topics of its namespace, no state of it left.
+    assert not processes_with_env(f"RAGWARM_HOME={home}")
+    prefix = result["topic_prefix"]
+    assert prefix.startswith("demo.")
+    assert not [t for t in list_topics(kafka_bootstrap, kafka_settings.client_options())
+                if t.startswith(prefix)]
+    assert not list((home / "demo").glob("*")) if (home / "demo").exists() else True
+
+
+def processes_with_env(entry: str) -> list[int]:
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if entry.encode() in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue  # gone, or not ours
+    return found
