@@ -1,10 +1,4 @@
-"""`RagClient`: retrieve, build the canonical prompt, route to a warm worker, stream, log the query.
-
-Pools to the streams app and to every known worker are opened and warmed at start (seed
-003: pre-established keep-alive connections), so a query pays no connection set-up. A
-worker that fails during a request (refused connection, 5xx, broken stream) is replaced by
-the next one the route named.
-"""
+"""`RagClient`: retrieve, canonical prompt, route to a warm worker, stream, log the query."""
 
 from __future__ import annotations
 
@@ -12,6 +6,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any, Protocol
@@ -192,13 +187,22 @@ class QueryEmitter:
 
 # --- the client --------------------------------------------------------------------------
 class RagClient:
-    """Answers questions through the warm worker; sync, one query at a time per instance."""
+    """Answers questions through the warm worker; sync, one query at a time per instance.
+
+    Pools to the streams app and to every known worker are opened and warmed at start (seed
+    003: pre-established keep-alive connections), so a query pays no connection set-up. A
+    worker that fails during a request (refused connection, 5xx, broken stream) is replaced
+    by the next one the route named.
+    """
 
     def __init__(self, settings: ClientSettings, prompts: PromptBuilder, model_salt: str,
                  streams: httpx.Client, retrieval: Retrieval | None = None,
                  emitter: QueryEmitter | None = None,
-                 transport: httpx.BaseTransport | None = None, block_size: int = BLOCK_SIZE):
+                 transport: httpx.BaseTransport | None = None, block_size: int = BLOCK_SIZE,
+                 top_k: int = 3):
         self.settings = settings
+        # Must equal the streams app's RAGWARM_RAG_TOP_K, or warmed prefixes never match.
+        self.top_k = top_k
         self.prompts = prompts
         self.model_salt = model_salt
         self.streams = streams
@@ -217,25 +221,26 @@ class RagClient:
 
         settings = settings or ClientSettings()
         models = models or ModelSettings()
-        streams = make_pool(settings, settings.streams_url)
-        try:
+        with ExitStack() as undo:  # closes what was opened if a later step fails
+            streams = make_pool(settings, settings.streams_url)
+            undo.callback(streams.close)
             # Fail fast, before the slow tokenizer load, when the stack is not up.
             check_streams(streams, settings.streams_url)
-            prompts = PromptBuilder(load_tokenizer(llm_dir(models=models)),
-                                    RagSettings().system_prompt)
-        except BaseException:
-            streams.close()
-            raise
-        retrieval = None
-        if settings.direct_qdrant and QdrantSettings().url:
-            retrieval = QdrantRetrieval.open(models)
-        emitter = QueryEmitter.open(kafka or KafkaSettings()) if settings.emit_queries else None
-        client = cls(settings, prompts, models.llm_name, streams, retrieval, emitter)
-        try:
+            # Same system prompt and top-k as the streams app, so the prefixes are the same.
+            rag = RagSettings()
+            prompts = PromptBuilder(load_tokenizer(llm_dir(models=models)), rag.system_prompt)
+            retrieval = None
+            if settings.direct_qdrant and QdrantSettings().url:
+                retrieval = QdrantRetrieval.open(models)
+                undo.callback(retrieval.close)
+            emitter = None
+            if settings.emit_queries:
+                emitter = QueryEmitter.open(kafka or KafkaSettings())
+                undo.callback(emitter.close)
+            client = cls(settings, prompts, models.llm_name, streams, retrieval, emitter,
+                         top_k=rag.top_k)
             client.warm_pools()
-        except BaseException:
-            client.close()
-            raise
+            undo.pop_all()
         return client
 
     # -- pools ----------------------------------------------------------------------------
@@ -274,7 +279,7 @@ class RagClient:
         """Retrieve the top-k chunks and build the canonical prompt with its block hashes."""
         tenant = tenant or self.settings.tenant
         started = time.perf_counter()
-        chunks = tuple(self.retrieval.retrieve(question, tenant, self.settings.top_k))
+        chunks = tuple(self.retrieval.retrieve(question, tenant, self.top_k))
         retrieve_ms = (time.perf_counter() - started) * 1000
         prompt = self.prompts.build(chunks, question)
         hashes = block_hashes(prompt.token_ids, tenant=tenant, model=self.model_salt,

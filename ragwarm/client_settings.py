@@ -16,7 +16,6 @@ class ClientSettings(BaseSettings):
         description="Base URL of the streams app's web views (retrieval and routing).",
     )
     tenant: str = Field(default="default", min_length=1, description="Tenant of the queries.")
-    top_k: int = Field(default=3, ge=1, le=50, description="Chunks retrieved per question.")
     max_tokens: int = Field(default=64, ge=1, description="Tokens generated per answer.")
     temperature: float = Field(
         default=0.0, ge=0.0, le=2.0, description="Sampling temperature; 0 is greedy."
