@@ -27,7 +27,7 @@ _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
               help="Trace questions JSONL.")
 @click.option("--seed", type=int, default=None, help="Workload seed (RAGWARM_STRATEGIES_SEED).")
 @click.option("--quick", is_flag=True,
-              help="A slice: the initial state, the first relevant edits, ~100 short queries.")
+              help="A slice: 50 documents, the first 10 relevant edits, 72 short queries.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (figures only).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/strategies"), show_default=True,

@@ -77,7 +77,6 @@ def policy_figures(rows: Sequence[Row], extra: Mapping[str, Any]) -> dict[str, A
         if prompt else 0.0,
         "pinned_memory_share": round(mean(r.pinned_share for r in rows), 4),
         "outdated_partial_reuse": sum(r.outdated_partial for r in rows),
-        "admit_seconds": round(float(extra.get("admit_seconds", 0.0)), 2),
     }
 
 

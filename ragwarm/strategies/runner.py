@@ -30,7 +30,7 @@ from ragwarm.strategies import workload as wl
 from ragwarm.strategies.policies import Policy, PolicyContext, policy_class, policy_names
 from ragwarm.strategies.records import QueryRow, Span, reuse_check
 from ragwarm.strategies.settings import StrategySettings
-from ragwarm.strategies.worker import KvShare, Served, SharingEngine, SimWorker, make_cache
+from ragwarm.strategies.worker import Served, SimWorker, make_cache
 from schemas import KbChange, QueryEvent
 from workers.engines.torch_engine import TorchEngine
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
@@ -84,8 +84,12 @@ class Prepared:
     step: wl.QueryStep
     prompt: Prompt
     spans: list[Span]
-    prefix_hash: str | None
+    prefix_hashes: list[str]
     doc_ids: list[str]
+
+    @property
+    def prefix_hash(self) -> str | None:
+        return self.prefix_hashes[-1] if self.prefix_hashes else None
 
 
 def open_rig(settings: StrategySettings, store_dir: Path, chunk_tokens: int) -> Rig:
@@ -104,7 +108,7 @@ def open_rig(settings: StrategySettings, store_dir: Path, chunk_tokens: int) -> 
     prompts = PromptBuilder(base.tokenizer, rag_settings.system_prompt)
     rag = RagService(store, indexer, retriever, prompts, base.model_id, base.block_size)
     # One untimed forward first: lazy initialisation must not land in a policy's TTFT.
-    next(base.generate(base.tokenize("warm up " * 40), max_tokens=1, tenant="warmup"))
+    base.prefill(base.tokenize("warm up " * 40), tenant="warmup")
     return Rig(base, worker, store, indexer, retriever, prompts, rag, settings.tenant)
 
 
@@ -129,7 +133,6 @@ class Runner:
         self.names = list(names)
         self.progress = progress
         self.clock = SimClock()
-        self.share = KvShare()
         self.lanes: dict[str, Lane] = {}
         self.rows: list[QueryRow] = []
         self.kb_times: list[float] = []
@@ -148,8 +151,9 @@ class Runner:
         """Docs the live questions depend on, and the bytes of their distinct prefixes."""
         retrievals = self.rig.retriever.retrieve_many([q.question for q in live], self.rig.tenant)
         prefixes: dict[str, int] = {}
+        docs: set[str] = set()
         for q, r in zip(live, retrievals, strict=True):
-            self.deps[q.qid] = set(q.answer_docs) | set(r.doc_ids)
+            docs |= set(q.answer_docs) | set(r.doc_ids)
             tokens = self.rig.prompts.build_prefix(r.chunks)
             prefix_hash = self.prefix_hash(tokens)
             if prefix_hash is not None:
@@ -157,7 +161,7 @@ class Runner:
         base = self.rig.base
         block = base.block_size
         total = sum(n // block * block * base.kv_bytes_per_token for n in prefixes.values())
-        return set().union(*self.deps.values()) if self.deps else set(), total
+        return docs, total
 
     def prefix_hash(self, prefix_ids: Sequence[int]) -> str | None:
         """The prefix's identity as workers and the streams app compute it."""
@@ -169,8 +173,8 @@ class Runner:
             cls = policy_class(name)
             cache = make_cache(budget, self.clock, self.rig.worker_settings.block_size)
             base = self.rig.base
-            engine = SharingEngine(base.model, base.tokenizer, model_id=base.model_id,
-                                   settings=self.rig.worker_settings, cache=cache, share=self.share)
+            engine = TorchEngine(base.model, base.tokenizer, model_id=base.model_id,
+                                 settings=self.rig.worker_settings, cache=cache)
             worker = SimWorker(engine, self.clock, worker_id=f"sim-{name}",
                                cache_requests=cls.cache_requests,
                                basis=self.settings.warm_threshold_basis)
@@ -222,8 +226,8 @@ class Runner:
         retrieval = self.rig.retriever.retrieve(step.question.question, self.rig.tenant)
         prompt = self.rig.prompts.build(retrieval.chunks, step.question.question)
         spans = chunk_spans(self.rig.prompts, retrieval.chunks)
-        prefix_hash = self.prefix_hash(prompt.prefix_ids)
-        return Prepared(step, prompt, spans, prefix_hash, retrieval.doc_ids)
+        hashes = self.rig.base.block_hashes(prompt.prefix_ids, tenant=self.rig.tenant)
+        return Prepared(step, prompt, spans, hashes, retrieval.doc_ids)
 
     def row(self, name: str, lane: Lane, q: Prepared, served: Served, post_edit: bool) -> QueryRow:
         result, cache = served.result, lane.worker.cache
@@ -247,6 +251,7 @@ class Runner:
         return QueryEvent(
             tenant=self.rig.tenant, question=q.step.question.question, qid=q.step.question.qid,
             chunk_refs=list(q.prompt.chunk_refs), prefix_hash=q.prefix_hash,
+            block_hashes=q.prefix_hashes,
             prefix_tokens=q.prompt.prefix_len, prompt_tokens=r.prompt_tokens,
             cached_tokens=r.cached_tokens, ttft_ms=r.ttft_s * 1000, worker_id=f"sim-{name}",
         )
@@ -266,7 +271,6 @@ class Runner:
             stats = getattr(lane.policy, "stats", {})
             out[name] = {
                 "warmup_seconds": lane.worker.warm_seconds,
-                "admit_seconds": lane.worker.admit_seconds,
                 "commands": dict(lane.worker.outcomes),
                 "streams": dict(stats),
             }

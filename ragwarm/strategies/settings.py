@@ -21,10 +21,10 @@ class StrategySettings(BaseSettings):
         description="KB changes replayed after the initial state: the first N that touch a "
         "document the questions depend on; unset replays every change (full mode).",
     )
-    quick_queries: int = Field(default=80, ge=1, description="Queries with --quick.")
+    quick_queries: int = Field(default=72, ge=1, description="Queries with --quick.")
     quick_edits: int = Field(default=10, ge=0, description="Relevant KB changes with --quick.")
     quick_docs: int = Field(
-        default=60, ge=1,
+        default=50, ge=1,
         description="Documents of the initial state with --quick: those the questions name, "
         "then a seeded sample of the others.",
     )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from streams import logic
@@ -14,53 +14,12 @@ from streams.records import WorkerState
 from workers.api import Limits
 from workers.cache import ChunkKey, PrefixCache
 from workers.engines.base import GenerationResult
-from workers.engines.torch_engine import KV, TorchEngine
+from workers.engines.torch_engine import TorchEngine
 from workers.memory import MEMORY_THRESHOLD, Budget, accepts_warmup
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
 
 Basis = Literal["pinned", "all"]
-
-
-class KvShare:
-    """KV of request prompts just computed by one policy's engine, offered to the others.
-
-    Identical token chains give identical KV (same weights, same math), so when several
-    policies cache the same served prompt only the first computes it. Only the reactive
-    caching after an answer uses it: TTFTs and warmup prefills are always computed.
-    """
-
-    def __init__(self, keep: int = 8) -> None:
-        self.keep = keep
-        self._kv: OrderedDict[str, KV] = OrderedDict()
-
-    def get(self, key: str) -> KV | None:
-        return self._kv.get(key)
-
-    def put(self, key: str, kv: KV) -> None:
-        self._kv[key] = kv
-        self._kv.move_to_end(key)
-        while len(self._kv) > self.keep:
-            self._kv.popitem(last=False)
-
-
-class SharingEngine(TorchEngine):
-    """A torch engine that takes request-prompt KV from a `KvShare` while `sharing` is on."""
-
-    def __init__(self, *args: Any, share: KvShare | None = None, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.share = share
-        self.sharing = False
-
-    def _compute_prefix(self, tokens: list[int], hashes: list[str]) -> tuple[KV, int]:
-        pool = self.share if self.sharing else None
-        found = pool.get(hashes[-1]) if pool is not None else None
-        if found is not None:
-            return found, 0
-        kv, computed = super()._compute_prefix(tokens, hashes)
-        if pool is not None:
-            pool.put(hashes[-1], kv)
-        return kv, computed
 
 
 class _Events:
@@ -82,7 +41,6 @@ class Served:
 
     result: GenerationResult
     entry_refs: frozenset[ChunkKey]
-    admit_s: float
 
 
 class SimWorker:
@@ -90,7 +48,7 @@ class SimWorker:
 
     def __init__(
         self,
-        engine: SharingEngine,
+        engine: TorchEngine,
         clock: Callable[[], float],
         *,
         worker_id: str,
@@ -112,7 +70,6 @@ class SimWorker:
         self.refs: dict[str, frozenset[ChunkKey]] = {}
         self.state = WorkerState(worker_id=worker_id)
         self.warm_seconds = 0.0
-        self.admit_seconds = 0.0
         self.outcomes: Counter[str] = Counter()
         self._drain()
 
@@ -121,24 +78,18 @@ class SimWorker:
         return self.engine.cache
 
     def serve(self, token_ids: Sequence[int], tenant: str, refs: Sequence[ChunkRef]) -> Served:
-        """Answer with one token (TTFT measured by the engine); the runtime caches the prompt."""
+        """Answer with one token (TTFT measured by the engine); with request caching the
+        engine also stores the prompt's blocks from the request's own KV."""
         keys = [(r.chunk_id, r.content_hash) for r in refs]
-        started = time.perf_counter()
-        self.engine.sharing = True
-        try:
-            result = self.runtime.generate(
-                token_ids, tenant=tenant, max_tokens=1, temperature=0.0, arrived=started,
-                emit=lambda step: True, chunk_refs=keys,
-            )
-        finally:
-            self.engine.sharing = False
+        result = self.runtime.generate(
+            token_ids, tenant=tenant, max_tokens=1, temperature=0.0,
+            arrived=time.perf_counter(), emit=lambda step: True, chunk_refs=keys,
+        )
         if result is None:
             raise RuntimeError("the runtime stopped a generation nobody cancelled")
-        admit = max(0.0, time.perf_counter() - started - result.total_s)
-        self.admit_seconds += admit
         used = self.refs.get(result.prefix_hash or "", frozenset())
         self._drain()
-        return Served(result, used, admit)
+        return Served(result, used)
 
     def apply(self, command: WarmupCommand) -> str:
         """Carry out a warmup command as the worker does; prefill time is warmup time."""

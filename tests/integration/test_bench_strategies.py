@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from ragwarm.bench_strategies import strategies
 from ragwarm.strategies.metrics import JSON_KEYS, percentile
 from ragwarm.strategies.policies import policy_names
-from ragwarm.strategies.worker import SharingEngine
+from workers.engines.torch_engine import TorchEngine
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     folder = tmp_path_factory.mktemp("strategies")
     events, questions = write_trace(folder)
     measured: list[float] = []
-    original = SharingEngine.generate
+    original = TorchEngine.generate
 
     def recording(self, *args, **kwargs):  # the real generation, observed
         for step in original(self, *args, **kwargs):
@@ -68,7 +68,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     args = ["--events", str(events), "--questions", str(questions), "--queries", str(QUERIES),
             "--edits", "7", "--seed", "3", "--json", "--out", str(out)]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(SharingEngine, "generate", recording)
+        patch.setattr(TorchEngine, "generate", recording)
         result = CliRunner().invoke(strategies, args, env=env, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
