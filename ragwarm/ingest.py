@@ -214,7 +214,11 @@ def summary_lines(report: IngestReport, bootstrap: str) -> list[str]:
 @click.command()
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--tenant", default="default", show_default=True, help="Tenant of every change.")
-@click.option("--topic", default=KB_CHANGES, show_default=True, help="Topic to publish to.")
+@click.option(
+    "--topic",
+    default=None,
+    help=f"Topic to publish to [default: {KB_CHANGES}, after RAGWARM_KAFKA_TOPIC_PREFIX].",
+)
 @click.option(
     "--max-bytes",
     type=click.IntRange(min=1, max=MAX_TEXT_BYTES),
@@ -228,7 +232,7 @@ def summary_lines(report: IngestReport, bootstrap: str) -> list[str]:
 def ingest(
     path: Path,
     tenant: str,
-    topic: str,
+    topic: str | None,
     max_bytes: int,
     initial_only: bool,
     limit: int | None,
@@ -245,6 +249,7 @@ def ingest(
     quiet_client_logs()
     sources, load, ignored = _plan(path, tenant, max_bytes, initial_only)
     settings = KafkaSettings()
+    topic = topic or settings.topic(KB_CHANGES)
     try:
         with KbProducer(settings.servers, settings.client_options(), topic, 10.0) as producer:
             _check_topic(settings, topic)
