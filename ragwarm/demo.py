@@ -18,7 +18,7 @@ from typing import Any
 import click
 import httpx
 
-from rag.trace import TraceEvent, read_events, read_questions
+from rag.trace import TraceError, TraceEvent, read_events, read_questions
 from ragwarm.demo_plan import (
     DemoPlan,
     Row,
@@ -33,6 +33,7 @@ from ragwarm.procs import Proc
 from ragwarm.settings import REPO_ROOT, HomeSettings, KafkaSettings
 
 DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
+COLD_ASKS = 2  # asks that make a question hot (the streams app's hot_min_count)
 Say = Callable[[str], None]
 
 
@@ -56,7 +57,9 @@ class DemoStack:
         self.stack = Stack(kafka=self.kafka)
         extra = {"RAGWARM_KAFKA_TOPIC_PREFIX": self.prefix}
         for proc in self.stack.workers:
-            proc.env = {**proc.env, **extra}
+            # No reactive caching of answered prompts: every warm hit in the demo is then the
+            # pipeline's doing (hot-token pins, re-prefills), and repeated asks measure it.
+            proc.env = {**proc.env, **extra, "RAGWARM_WORKER_CACHE_REQUESTS": "false"}
         self.stack.streams.env = {
             **self.stack.streams.env, **extra,
             "RAGWARM_STREAMS_APP_ID": self.prefix + "ragwarm-streams",
@@ -64,6 +67,7 @@ class DemoStack:
             "FAUST_DATADIR": str(self.workdir / "faust"),
             # Re-plan the hot set every second so the demo does not wait on the 5 s default.
             "RAGWARM_STREAMS_HOT_TICK_S": "1.0",
+            "RAGWARM_STREAMS_HOT_MIN_COUNT": str(COLD_ASKS),
         }
 
     @property
@@ -141,6 +145,7 @@ class Scenario:
     say: Say
     n_questions: int
     max_tokens: int
+    samples: int = 3
     rows: list[Row] = field(default_factory=list)
     edit_at_s: float | None = None
     t0: float = 0.0
@@ -220,16 +225,19 @@ class Scenario:
 
     def run(self, client: Any) -> None:
         questions = self.pick(client)
-        self.say(f"asking {len(questions)} hot questions cold, then warm:")
-        self.ask(client, questions, "cold")
-        self.ask(client, questions, "warm")
+        self.say(f"asking {len(questions)} questions {COLD_ASKS} times: cold (the worker's "
+                 "reactive cache is off, so warm hits below are the pipeline's doing)")
+        for _ in range(COLD_ASKS):
+            self.ask(client, questions, "cold")
         prefixes = {r.prefix_hash for r in self.rows if r.prefix_hash}
-        self.say("waiting for the hot-token agent to pin their prefixes…")
+        self.say("they are hot now: waiting for the hot-token agent to pin their prefixes…")
         self.wait_held(prefixes, "the hot prefixes")
-        self.ask(client, questions, "warm")
+        for _ in range(self.samples):
+            self.ask(client, questions, "warm")
         self.apply_edits(client, questions)
         self.say("asking the edited questions again:")
-        self.ask(client, questions, "after_edit")
+        for _ in range(self.samples):
+            self.ask(client, questions, "after_edit")
 
     def apply_edits(self, client: Any, questions: Sequence[str]) -> None:
         before = self.stats()
@@ -342,14 +350,16 @@ def print_report(result: dict[str, Any], summaries: Sequence[Summary]) -> None:
               help="Real edits applied (the first ones touching an asked document).")
 @click.option("--hot-questions", type=click.IntRange(1, 20), default=4, show_default=True,
               help="Questions asked (each with its own prompt prefix).")
+@click.option("--samples", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="Asks per question when warm and after the edits (medians are shown).")
 @click.option("--max-tokens", type=click.IntRange(1, 512), default=8, show_default=True,
               help="Tokens generated per answer.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/demo"), show_default=True, help="Where the chart is written.")
 @click.option("--keep-up", is_flag=True, help="Leave the stack running (stop: `ragwarm down`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def demo(events: Path, questions_path: Path, edits: int, hot_questions: int, max_tokens: int,
-         out: Path, keep_up: bool, as_json: bool) -> None:
+def demo(events: Path, questions_path: Path, edits: int, hot_questions: int, samples: int,
+         max_tokens: int, out: Path, keep_up: bool, as_json: bool) -> None:
     """Bring the stack up, ingest the trace's initial state, ask hot questions cold and warm,
     apply real edits, show what the pipeline did and the TTFT after it, tear it all down."""
     from ragwarm.client import quiet_http_logs
@@ -361,13 +371,17 @@ def demo(events: Path, questions_path: Path, edits: int, hot_questions: int, max
     def say(text: str) -> None:
         click.echo(text, err=as_json)
 
-    plan = plan_demo(list(read_events(events)), read_questions(questions_path), edits)
+    try:
+        plan = plan_demo(list(read_events(events)), read_questions(questions_path), edits)
+    except (TraceError, OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot read the trace: {exc}") from None
     if not plan.edits:
         raise click.ClickException(f"{events} has no edit of a document a question asks about")
     demo_stack = DemoStack(say, keep_up)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        scenario, result = _run(demo_stack, plan, say, hot_questions, max_tokens, out)
+        scenario = Scenario(demo_stack, plan, say, hot_questions, max_tokens, samples)
+        result = _run(scenario, out)
     except (RuntimeError, TimeoutError) as exc:  # start failures, client errors: message only
         raise click.ClickException(str(exc)) from None
     finally:
@@ -378,25 +392,24 @@ def demo(events: Path, questions_path: Path, edits: int, hot_questions: int, max
         print_report(result, summarize(scenario.rows))
 
 
-def _run(demo_stack: DemoStack, plan: DemoPlan, say: Say, hot_questions: int, max_tokens: int,
-         out: Path) -> tuple[Scenario, dict[str, Any]]:
+def _run(scenario: Scenario, out: Path) -> dict[str, Any]:
     from ragwarm.client import RagClient
     from ragwarm.client_settings import ClientSettings
 
-    with demo_stack.running() as running:
-        scenario = Scenario(running, plan, say, hot_questions, max_tokens)
-        scenario.ingest(plan.initial, "initial state")
+    with scenario.stack.running() as running:
+        scenario.ingest(scenario.plan.initial, "initial state")
         must_wait(lambda: _ready_workers(running.streams_url) >= len(running.stack.workers),
                   120, "the workers to report ready")
-        settings = ClientSettings(streams_url=running.streams_url, max_tokens=max_tokens)
+        settings = ClientSettings(streams_url=running.streams_url,
+                                  max_tokens=scenario.max_tokens)
         with RagClient.open(settings, running.kafka) as client:
             scenario.run(client)
         chart = write_chart(scenario.rows, scenario.edit_at_s, out / "ttft.png")
         result = report(scenario, chart)
-        if demo_stack.keep_up:
-            say(f"stack left running: RAGWARM_KAFKA_TOPIC_PREFIX={running.prefix} "
-                "ragwarm query '…'; stop it with `ragwarm down`")
-    return scenario, result
+        if running.keep_up:
+            scenario.say(f"stack left running: RAGWARM_KAFKA_TOPIC_PREFIX={running.prefix} "
+                         "ragwarm query '…'; stop it with `ragwarm down`")
+    return result
 
 
 def _interrupt(signum: int, frame: object) -> None:

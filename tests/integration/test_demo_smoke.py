@@ -49,7 +49,8 @@ def test_demo_rewarms_edited_questions_and_tears_everything_down(
     }
     done = subprocess.run(
         [str(RAGWARM), "demo", "--events", str(events), "--questions", str(questions),
-         "--edits", "2", "--hot-questions", "2", "--max-tokens", "2", "--json",
+         "--edits", "2", "--hot-questions", "2", "--samples", "1", "--max-tokens", "2",
+         "--json",
          "--out", str(tmp_path / "out")],
         env=env, capture_output=True, text=True, timeout=540, check=False,
     )
@@ -60,9 +61,10 @@ def test_demo_rewarms_edited_questions_and_tears_everything_down(
     assert 1 <= len(asked) <= 2
     for q in asked:
         phases = [r["phase"] for r in rows if r["question"] == q]
-        assert phases == ["cold", "warm", "warm", "after_edit"]
-        cold, *warm, after = [r for r in rows if r["question"] == q]
-        assert warm[-1]["cached_tokens"] > cold["cached_tokens"]
+        assert phases == ["cold", "cold", "warm", "after_edit"]
+        cold, _, warm, after = [r for r in rows if r["question"] == q]
+        # The reactive cache is off in the demo: warm hits are the hot-token agent's pins.
+        assert warm["cached_tokens"] >= warm["prefix_tokens"] // 16 * 16 > cold["cached_tokens"]
         # Re-warmed after the edit: at least the whole prefix was already in the worker's cache.
         assert after["cached_tokens"] >= after["prefix_tokens"] // 16 * 16 > 0
     assert result["prefills"] >= 1
