@@ -45,7 +45,7 @@ def strategies(
     """
     from ragwarm.strategies.settings import StrategySettings
 
-    settings = StrategySettings(**({"seed": seed} if seed is not None else {}))
+    settings = StrategySettings() if seed is None else StrategySettings(seed=seed)
     names = _names(policies)
     try:
         events = list(read_events(events_path))

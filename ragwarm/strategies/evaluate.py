@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 import click
 from kafka import KafkaConsumer, TopicPartition
@@ -32,9 +33,9 @@ def read_range(
     while todo:
         batch = consumer.poll(timeout_ms=500)
         for tp, records in batch.items():
-            plan = todo.get(tp)
+            wanted = todo.get(tp)
             for record in records:
-                if plan is not None and record.offset < plan.end:
+                if wanted is not None and record.offset < wanted.end:
                     yield record.value or b""
         last = time.monotonic() if batch else last
         for tp in [tp for tp, plan in todo.items() if consumer.position(tp) >= plan.end]:
@@ -59,7 +60,7 @@ def load_events(settings: KafkaSettings, topic: str, start: Position,
             for value in read_range(consumer, topic, plans, idle_timeout_s=30.0):
                 bar.update(1)
                 try:
-                    events.append(decode(value, QueryEvent))
+                    events.append(cast(QueryEvent, decode(value, QueryEvent)))
                 except SchemaError:
                     rejected += 1
     except KafkaError as exc:

@@ -4,25 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-
-class Row(Protocol):
-    """The fields of a per-query row the figures are computed from."""
-
-    policy: str
-    at: float
-    ttft_ms: float
-    hit: bool
-    partial: bool
-    post_edit: bool
-    stale: bool
-    outdated_partial: bool
-    cached_tokens: int
-    prompt_tokens: int
-    mem_share: float
-    pinned_share: float
-
+from ragwarm.strategies.records import QueryRow as Row
 
 # The `--json` contract of `ragwarm bench strategies`, per policy.
 JSON_KEYS = (
@@ -61,6 +45,7 @@ def policy_figures(rows: Sequence[Row], extra: Mapping[str, Any]) -> dict[str, A
     """Figures of one policy from its rows; `extra` holds what the worker counted."""
     ttfts = [r.ttft_ms for r in rows]
     post = [r for r in rows if r.post_edit]
+    again = [r.ttft_ms for r in rows if r.repeat]
     prompt = sum(r.prompt_tokens for r in rows)
     return {
         "ttft_p50_ms": round(percentile(ttfts, 50), 2),
@@ -71,6 +56,9 @@ def policy_figures(rows: Sequence[Row], extra: Mapping[str, Any]) -> dict[str, A
         "kv_memory_share": round(mean(r.mem_share for r in rows), 4),
         "warmup_seconds": round(float(extra.get("warmup_seconds", 0.0)), 2),
         "queries": len(rows),
+        "repeat_queries": len(again),
+        "repeat_ttft_p50_ms": round(percentile(again, 50), 2) if again else None,
+        "repeat_ttft_p99_ms": round(percentile(again, 99), 2) if again else None,
         "post_edit_queries": len(post),
         "partial_hit_rate": round(share(r.partial for r in rows), 4),
         "cached_token_share": round(sum(r.cached_tokens for r in rows) / prompt, 4)

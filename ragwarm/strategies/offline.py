@@ -21,7 +21,7 @@ from workers.memory import DEFAULT_MAX_ENTRIES, Budget
 
 # Fallback cost model: SmolLM2-135M, torch engine, 1 thread on a shared 2-core CPU, fitted
 # to `ragwarm bench strategies --quick` rows (docs/benchmarks.md, section Strategies).
-DEFAULT_COST = (60.0, 4.0)  # (ms fixed, ms per uncached prompt token)
+DEFAULT_COST = (146.0, 4.9)  # (ms fixed, ms per uncached prompt token)
 # The streams app's hot-set re-plan period and the scheduled policy's timer (bench defaults).
 HOT_TICK_S = 30.0
 SCHEDULED_PERIOD_S = 900.0
@@ -154,8 +154,6 @@ class OfflinePolicy:
             self.cache.admit(tenant="offline", hashes=chain, nbytes=nbytes, pin=pin, ttl_s=ttl)
         except WarmupRefused:
             return
-
-    last: dict[str, QueryEvent] = field(default_factory=dict)
 
 
 def chain_of(event: QueryEvent) -> list[str]:

@@ -19,7 +19,8 @@ class QueryRow:
     at: float
     qid: str
     burst: bool
-    post_edit: bool
+    post_edit: bool  # first ask of the question since an edit to a document it depends on
+    repeat: bool  # the question was asked before in this run (its first ask is a cold miss)
     ttft_ms: float
     prompt_tokens: int
     prefix_tokens: int

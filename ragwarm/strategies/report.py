@@ -17,6 +17,7 @@ COLUMNS = (
     ("p50_reduction", "p50 vs none", "{:+.0%}"),
     ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
     ("p99_reduction", "p99 vs none", "{:+.0%}"),
+    ("repeat_ttft_p99_ms", "p99 repeats ms", "{:.0f}"),
     ("hit_rate", "hit rate", "{:.0%}"),
     ("post_edit_hit_rate", "post-edit hit rate", "{:.0%}"),
     ("stale_hits", "stale hits", "{}"),
@@ -37,7 +38,7 @@ def markdown_table(figures: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def _cell(f: Mapping[str, Any], key: str, fmt: str) -> str:
-    if key not in f:
+    if f.get(key) is None:
         return "-"
     value = -f[key] if key.endswith("_reduction") else f[key]
     return fmt.format(value)

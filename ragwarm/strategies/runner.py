@@ -210,6 +210,7 @@ class Runner:
         query = self.prepare(step)
         qid = step.question.qid
         post_edit = qid in self.pending
+        repeat = qid in self.deps
         self.pending.discard(qid)
         self.deps[qid] = set(step.question.answer_docs) | set(query.doc_ids)
         # Rotate who goes first, so no policy always runs right after the same neighbour.
@@ -219,7 +220,7 @@ class Runner:
             lane = self.lanes[name]
             served = lane.worker.serve(query.prompt.token_ids, self.rig.tenant,
                                        query.prompt.chunk_refs)
-            self.rows.append(self.row(name, lane, query, served, post_edit))
+            self.rows.append(self.row(name, lane, query, served, post_edit, repeat))
             lane.policy.served(self.event(query, served, name))
 
     def prepare(self, step: wl.QueryStep) -> Prepared:
@@ -229,7 +230,8 @@ class Runner:
         hashes = self.rig.base.block_hashes(prompt.prefix_ids, tenant=self.rig.tenant)
         return Prepared(step, prompt, spans, hashes, retrieval.doc_ids)
 
-    def row(self, name: str, lane: Lane, q: Prepared, served: Served, post_edit: bool) -> QueryRow:
+    def row(self, name: str, lane: Lane, q: Prepared, served: Served, post_edit: bool,
+            repeat: bool) -> QueryRow:
         result, cache = served.result, lane.worker.cache
         block = lane.worker.engine.block_size
         aligned = q.prompt.prefix_len // block * block
@@ -238,7 +240,7 @@ class Runner:
         total = cache.budget.max_bytes or 1
         return QueryRow(
             policy=name, index=q.step.index, at=q.step.at, qid=q.step.question.qid,
-            burst=q.step.burst, post_edit=post_edit, ttft_ms=result.ttft_s * 1000,
+            burst=q.step.burst, post_edit=post_edit, repeat=repeat, ttft_ms=result.ttft_s * 1000,
             prompt_tokens=result.prompt_tokens, prefix_tokens=q.prompt.prefix_len,
             cached_tokens=cached, hit=aligned > 0 and cached >= aligned,
             partial=0 < cached < aligned, stale=stale, outdated_partial=outdated,

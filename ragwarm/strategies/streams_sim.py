@@ -171,6 +171,7 @@ def _doc_table(ctx: PolicyContext) -> dict[str, DocState]:
         r.doc_id: DocState(version=r.version, tenant=tenant, chunks=chunks.get(r.doc_id, {}),
                            deleted=r.deleted)
         for r in store.doc_records(tenant)
+        if r.version is not None  # a first write still under way has no version yet
     }
 
 

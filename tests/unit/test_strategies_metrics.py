@@ -18,7 +18,8 @@ H1, H2 = "a" * 64, "b" * 64
 def row(policy: str, ttft: float, *, hit: bool = False, post: bool = False,
         stale: bool = False, cached: int = 0) -> QueryRow:
     return QueryRow(policy=policy, index=0, at=0.0, qid="q", burst=False, post_edit=post,
-                    ttft_ms=ttft, prompt_tokens=100, prefix_tokens=90, cached_tokens=cached,
+                    repeat=True, ttft_ms=ttft, prompt_tokens=100, prefix_tokens=90,
+                    cached_tokens=cached,
                     hit=hit, partial=False, stale=stale, outdated_partial=False,
                     mem_share=0.5, pinned_share=0.1)
 
