@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-
 import click
+
+from ragwarm.cli import LazyGroup
 
 BENCHES: dict[str, str] = {
     "engine": "ragwarm.bench_engine:engine",
@@ -14,20 +14,6 @@ BENCHES: dict[str, str] = {
 }
 
 
-class _Benches(click.Group):
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(
-            n for n, t in BENCHES.items() if importlib.util.find_spec(t.partition(":")[0])
-        )
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = BENCHES.get(cmd_name)
-        if target is None:
-            return None
-        module, _, attr = target.partition(":")
-        return getattr(importlib.import_module(module), attr)
-
-
-@click.group(cls=_Benches)
+@click.group(cls=LazyGroup, targets=BENCHES)
 def bench() -> None:
     """Benchmarks that print figures (add --json for one machine-readable object)."""

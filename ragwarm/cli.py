@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from importlib.util import find_spec
 
 import click
 
@@ -30,19 +31,21 @@ COMMANDS: dict[str, str] = {
 
 
 class LazyGroup(click.Group):
+    """A group whose sub-commands are "module:attribute" targets imported when used."""
+
+    def __init__(self, *args, targets: dict[str, str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.targets = targets if targets is not None else COMMANDS
+
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(name for name in COMMANDS if self._available(name))
+        return sorted(n for n, t in self.targets.items() if find_spec(t.partition(":")[0]))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = COMMANDS.get(cmd_name)
+        target = self.targets.get(cmd_name)
         if target is None:
             return None
         module, _, attr = target.partition(":")
         return getattr(importlib.import_module(module), attr)
-
-    @staticmethod
-    def _available(name: str) -> bool:
-        return importlib.util.find_spec(COMMANDS[name].partition(":")[0]) is not None
 
 
 @click.group(cls=LazyGroup)
