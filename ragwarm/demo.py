@@ -206,10 +206,11 @@ class Scenario:
     def ask(self, client: Any, questions: Sequence[str], phase: str) -> None:
         for question in questions:
             answer = client.query(question, max_tokens=self.max_tokens)
-            self.t0 = self.t0 or time.monotonic() - answer.total_ms / 1000
+            asked_at = time.monotonic() - answer.total_ms / 1000
+            self.t0 = self.t0 or asked_at
             self.rows.append(Row(question, phase, answer.ttft_ms, answer.cached_tokens,
                                  answer.prompt_tokens, answer.worker_ttft_ms,
-                                 time.monotonic() - self.t0, answer.prefix_hash,
+                                 asked_at - self.t0, answer.prefix_hash,
                                  answer.prefix_tokens, answer.worker_id))
             self.say(f"  {phase:<10} {answer.ttft_ms:9.1f} ms  cached {answer.cached_tokens:>4}"
                      f"/{answer.prompt_tokens:<4} {question}")
