@@ -408,8 +408,10 @@ def _run(scenario: Scenario, out: Path) -> dict[str, Any]:
         chart = write_chart(scenario.rows, scenario.edit_at_s, out / "ttft.png")
         result = report(scenario, chart)
         if running.keep_up:
-            scenario.say(f"stack left running: RAGWARM_KAFKA_TOPIC_PREFIX={running.prefix} "
-                         "ragwarm query '…'; stop it with `ragwarm down`")
+            scenario.say(
+                f"stack left running (its worker caches no answered prompts; only the pipeline "
+                f"warms): RAGWARM_KAFKA_TOPIC_PREFIX={running.prefix} ragwarm query '…'; stop "
+                f"it with `ragwarm down` (topics {running.prefix}* and {running.workdir} stay)")
     return result
 
 
