@@ -77,9 +77,10 @@ def candidates(route: Route, limit: int) -> list[WorkerRef]:
     ordered = [route.chosen] if route.chosen else []
     ordered += [w for w in route.workers if route.chosen is None or w.worker_id !=
                 route.chosen.worker_id]
-    seen: set[str] = set()
-    unique = [w for w in ordered if not (w.worker_id in seen or seen.add(w.worker_id))]
-    return unique[:limit]
+    unique: dict[str, WorkerRef] = {}
+    for worker in ordered:
+        unique.setdefault(worker.worker_id, worker)
+    return list(unique.values())[:limit]
 
 
 def sse_data(lines: Iterable[str]) -> Iterator[str]:

@@ -97,6 +97,7 @@ def test_candidates_start_with_the_chosen_worker_then_the_others_once():
     assert candidates(route, 3) == [W2, W1, W3]
     assert candidates(route, 2) == [W2, W1]
     assert candidates(Route(None, 0, (W1, W1, W3)), 5) == [W1, W3]
+    assert candidates(Route(None, 0, (W3, W1, W3)), 5) == [W3, W1]
     assert candidates(Route(None, 0, ()), 3) == []
 
 
@@ -112,8 +113,8 @@ def test_route_from_json_skips_workers_without_url():
 def test_candidates_never_repeat_and_respect_the_limit(workers, chosen, limit):
     order = candidates(Route(chosen, 0, tuple(workers)), limit)
     assert len(order) == len({w.worker_id for w in order}) <= limit
-    if chosen is not None:
-        assert order[0] == chosen
+    listed = list(dict.fromkeys(([chosen] if chosen else []) + workers))
+    assert order == listed[:limit]  # first appearance order, chosen first
 
 
 # --- the client over fake servers ---------------------------------------------------------------
