@@ -49,6 +49,7 @@ class Bench:
                 "RAGWARM_STREAMS_WEB_PORT": str(port),
                 "RAGWARM_STREAMS_HOT_TICK_S": "0.5",
                 "RAGWARM_QDRANT_PATH": str(workdir / "qdrant"),
+                "RAGWARM_STREAMS_DATA_DIR": str(workdir / "faust"),
             },
         )
         self.worker = Proc(

@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from ragwarm.settings import KafkaSettings, ModelSettings
+from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings
 from streams.settings import StreamsSettings
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,9 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
     from streams.topics import define_topics
     from streams.views import register_views
 
-    app = create_app(streams, kafka.servers)
+    data_dir = streams.data_dir or HomeSettings().home / "faust" / streams.app_id
+    data_dir.mkdir(parents=True, exist_ok=True)
+    app = create_app(streams, kafka.servers, data_dir)
     pipeline = Pipeline(
         app=app,
         topics=define_topics(app, streams.partitions, kafka.topic_prefix),

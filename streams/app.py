@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import faust
 
 from streams.settings import StreamsSettings
 
 
-def create_app(settings: StreamsSettings, bootstrap: str) -> faust.App:
-    """A Faust app on `bootstrap`; tables are in memory and rebuilt from their changelogs."""
+def create_app(settings: StreamsSettings, bootstrap: str, data_dir: Path) -> faust.App:
+    """A Faust app on `bootstrap`; tables are in memory and rebuilt from their changelogs.
+
+    `data_dir` holds Faust's own files (Faust would otherwise write `<app id>-data` into
+    the current directory).
+    """
     servers = ";".join(f"kafka://{s.strip()}" for s in bootstrap.split(","))
     return faust.App(
         settings.app_id,
@@ -18,6 +24,7 @@ def create_app(settings: StreamsSettings, bootstrap: str) -> faust.App:
         topic_replication_factor=1,
         web_host=settings.web_host,
         web_port=settings.web_port,
+        datadir=str(data_dir),
         web_bind=settings.web_host,
         consumer_auto_offset_reset="earliest",
         key_serializer="json",

@@ -60,6 +60,7 @@ def plan_kb_change(
         chunks=dict(new_chunks),
         deleted=change.op == "delete",
     )
+    doc_changed = prior is None or dict(new_chunks) != prior.chunks
     ops = []
     for prefix_hash, refs in sorted(dependents.items()):
         changed = [r for r in refs if new_chunks.get(r.chunk_id) != r.content_hash]
@@ -71,6 +72,9 @@ def plan_kb_change(
                 chunk_refs=list(refs),
                 reason=_reason(change, changed),
                 origin_ts=now,
+                # Still valid, but new or edited chunks of the document may now rank in
+                # its questions' top-3: retrieve again and warm what they would use.
+                recheck=not changed and doc_changed,
             )
         )
     return KbPlan(stale=False, state=state, ops=ops)
@@ -180,7 +184,13 @@ def _extend_ttl(op, state, workers, now, ttl_s) -> PrefixPlan:
         reason=op.reason,
     )
     new_state = state.model_copy(update={"expires_at": now + ttl_s, "updated_at": now})
-    return PrefixPlan(commands=[cmd], state=new_state, counters={"ttl_extensions": 1})
+    return PrefixPlan(
+        commands=[cmd],
+        state=new_state,
+        counters={"ttl_extensions": 1},
+        rewarm_questions=list(state.questions) if op.recheck else [],
+        rewarm_pin=state.hot,
+    )
 
 
 def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:

@@ -70,6 +70,7 @@ class PrefixOp(_Record):
     question: str | None = None
     target_worker: str | None = None
     pin: bool = False
+    recheck: bool = False
     reason: str = ""
     origin_ts: float | None = None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -12,6 +14,10 @@ class StreamsSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RAGWARM_STREAMS_", extra="ignore")
 
     app_id: str = Field(default="ragwarm-streams", description="Faust app id (consumer group).")
+    data_dir: Path | None = Field(
+        default=None,
+        description="Where Faust keeps its local state; $RAGWARM_HOME/faust/<app id> when unset.",
+    )
     web_host: str = Field(default="127.0.0.1", description="Bind address of the web views.")
     web_port: int = Field(default=6066, description="Port of the web views.")
     partitions: int = Field(default=4, description="Partitions of internal topics and tables.")

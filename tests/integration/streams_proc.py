@@ -36,6 +36,7 @@ class StreamsApp:
             "RAGWARM_STREAMS_APP_ID": prefix + app_id,
             "RAGWARM_STREAMS_WEB_PORT": str(self.port),
             "RAGWARM_QDRANT_PATH": str(workdir / f"qdrant-{app_id}"),
+            "RAGWARM_STREAMS_DATA_DIR": str(workdir / f"faust-{app_id}"),
             "RAGWARM_STREAMS_HOT_TICK_S": "1.0",
             **(extra_env or {}),
         }

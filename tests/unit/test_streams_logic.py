@@ -242,3 +242,17 @@ def test_link_of_prefix_built_from_replaced_chunk_invalidates_it():
         {}, DocLink(doc_id="d.md", prefix_hash=P2, chunk_refs=[ref("d.md#0", H3)]), doc
     )
     assert op is None
+
+
+def test_edit_elsewhere_in_the_document_rechecks_the_valid_prefix():
+    prior = DocState(version=1, chunks={"d.md#0": H1, "d.md#1": H2})
+    deps = {P1: [ref("d.md#0", H1)]}
+    edit = plan_kb_change(upsert(2), prior, {"d.md#0": H1, "d.md#1": H3}, deps, 0.0)
+    assert [(op.op, op.recheck) for op in edit.ops] == [("extend_ttl", True)]
+    same = plan_kb_change(upsert(3), prior, {"d.md#0": H1, "d.md#1": H2}, deps, 0.0)
+    assert [(op.op, op.recheck) for op in same.ops] == [("extend_ttl", False)]
+
+    plan = plan_prefix_op(edit.ops[0], state(hot=True), [], 0.0, 60.0)
+    assert plan.rewarm_questions == ["why?"] and plan.rewarm_pin
+    plan = plan_prefix_op(same.ops[0], state(), [], 0.0, 60.0)
+    assert plan.rewarm_questions == []
