@@ -64,7 +64,7 @@ class DemoStack:
             **self.stack.streams.env, **extra,
             "RAGWARM_STREAMS_APP_ID": self.prefix + "ragwarm-streams",
             "RAGWARM_QDRANT_PATH": str(self.workdir / "qdrant"),
-            "FAUST_DATADIR": str(self.workdir / "faust"),
+            "RAGWARM_STREAMS_DATA_DIR": str(self.workdir / "faust"),
             # Re-plan the hot set every second so the demo does not wait on the 5 s default.
             "RAGWARM_STREAMS_HOT_TICK_S": "1.0",
             "RAGWARM_STREAMS_HOT_MIN_COUNT": str(COLD_ASKS),
