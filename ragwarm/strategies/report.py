@@ -26,6 +26,9 @@ COLUMNS = (
 )
 
 
+STYLES = ("-", "--", "-.", ":")
+
+
 def markdown_table(figures: Mapping[str, Mapping[str, Any]]) -> str:
     """One row per policy; reductions are shown as a change (-65% = 65% lower than none)."""
     head = "| policy | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
@@ -107,9 +110,11 @@ def charts(
     fig, ax = plt.subplots(figsize=(10, 5))
     for at in kb_times:
         ax.axvline(at / 60, color="grey", alpha=0.25, linewidth=1)
-    for name, mine in by_policy.items():
+    for i, (name, mine) in enumerate(by_policy.items()):
         series = hit_rate_series(mine, window=10)
-        ax.plot([t / 60 for t, _ in series], [h for _, h in series], label=name)
+        # Policies often share a curve for a while; line styles keep each one visible.
+        ax.plot([t / 60 for t, _ in series], [h for _, h in series], label=name,
+                linestyle=STYLES[i % len(STYLES)], linewidth=1.6)
     ax.set(xlabel="simulated minutes (grey lines: KB edits)", ylabel="hit rate, last 10 queries",
            title="Prefix hit rate over time around KB edits", ylim=(-0.02, 1.02))
     ax.legend(loc="lower right", fontsize="small")
