@@ -20,8 +20,8 @@ from workers.cache import BLOCK_SIZE, PrefixCache, WarmupRefused
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
 
 # Fallback cost model: SmolLM2-135M, torch engine, 1 thread on a shared 2-core CPU, fitted
-# to `ragwarm bench strategies --quick` rows (docs/benchmarks.md, section Strategies).
-DEFAULT_COST = (146.0, 4.9)  # (ms fixed, ms per uncached prompt token)
+# to the 504 rows of run B of `ragwarm bench strategies --quick` (docs/benchmarks.md).
+DEFAULT_COST = (127.0, 3.14)  # (ms fixed, ms per uncached prompt token)
 # The streams app's hot-set re-plan period and the scheduled policy's timer (bench defaults).
 HOT_TICK_S = 30.0
 SCHEDULED_PERIOD_S = 900.0
