@@ -7,13 +7,19 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
 from workers.cache import CacheEvent, ChunkKey, WarmupRefused
 from workers.commands import EventSink
-from workers.engines.base import Engine, GenerationResult, GenerationStep, PrefillResult
+from workers.engines.base import (
+    Engine,
+    GenerationResult,
+    GenerationStep,
+    PrefillOptions,
+    PrefillResult,
+)
 from workers.memory import MEMORY_THRESHOLD, accepts_warmup
 from workers.metrics import Served, WorkerMetrics
 
@@ -79,28 +85,13 @@ class WorkerRuntime:
     # -- engine work -----------------------------------------------------------------
 
     def prefill(
-        self,
-        token_ids: Sequence[int],
-        *,
-        tenant: str,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-        pin: bool = False,
-        command_id: str | None = None,
-        source: str = "api",
+        self, token_ids: Sequence[int], *, source: str = "api", **options: Unpack[PrefillOptions]
     ) -> PrefillResult:
-        """Store the block-aligned prefix; raises `WarmupRefused` when it cannot fit."""
+        """`Engine.prefill` under the lock; raises `WarmupRefused` when it cannot fit."""
         try:
             with self.lock:
                 try:
-                    result = self.engine.prefill(
-                        token_ids,
-                        tenant=tenant,
-                        chunk_refs=chunk_refs,
-                        ttl_s=ttl_s,
-                        pin=pin,
-                        command_id=command_id,
-                    )
+                    result = self.engine.prefill(token_ids, **options)
                 finally:
                     self._refresh()
         finally:

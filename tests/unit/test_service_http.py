@@ -9,20 +9,19 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
-from workers.cache import ChunkKey, PrefixCache, block_hashes
+from workers.cache import PrefixCache
 from workers.engines.base import (
     GenerationResult,
     GenerationStep,
-    KeepPrompt,
-    Memory,
-    PrefillResult,
+    Request,
+    ServerKVEngine,
     keep_by_prefill,
 )
 from workers.memory import Budget
@@ -35,8 +34,8 @@ KV_PER_TOKEN = 10
 HASH = "ab" * 16
 
 
-class ToyEngine:
-    """Engine protocol over a PrefixCache; 'generates' token 7 ('x') max_tokens times."""
+class ToyEngine(ServerKVEngine):
+    """The shared engine bookkeeping over a PrefixCache; 'generates' token 7 ('x')."""
 
     model_id = "toy"
     device = "cpu"
@@ -47,7 +46,7 @@ class ToyEngine:
 
     def __init__(self) -> None:
         self.cache = PrefixCache(Budget(100_000, 100, 50_000), block_size=BLOCK)
-        self._kv: dict[str, int] = {}
+        self._held: dict[str, int] = {}
 
     def tokenize(self, text: str) -> list[int]:
         return [ord(c) % 500 for c in text]
@@ -55,75 +54,20 @@ class ToyEngine:
     def detokenize(self, token_ids: Sequence[int]) -> str:
         return "".join(chr(t) for t in token_ids)
 
-    def block_hashes(self, token_ids: Sequence[int], *, tenant: str) -> list[str]:
-        return block_hashes(token_ids, tenant=tenant, model=self.model_id, block_size=BLOCK)
+    def _warm(self, tokens: list[int], tenant: str) -> int:
+        return 0  # no server cache to hit: a warmup computes every token
 
-    def sync(self) -> int:
-        stale = [k for k in self._kv if k not in self.cache]
-        return sum(self._kv.pop(k) for k in stale)
-
-    def memory(self) -> Memory:
-        return Memory(self.cache.bytes_used, self.cache.budget.max_bytes)
-
-    def prefill(
-        self,
-        token_ids: Sequence[int],
-        *,
-        tenant: str,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-        pin: bool = False,
-        command_id: str | None = None,
-    ) -> PrefillResult:
-        self.sync()
-        hashes = self.block_hashes(token_ids, tenant=tenant)
-        if not hashes:
-            return PrefillResult(None, 0, 0, 0, (), 0.0)
-        n = len(hashes) * BLOCK
-        computed = 0 if hashes[-1] in self._kv else n
-        entry, evicted = self.cache.admit(
-            tenant=tenant,
-            hashes=hashes,
-            nbytes=n * KV_PER_TOKEN,
-            chunk_refs=chunk_refs,
-            ttl_s=ttl_s,
-            pin=pin,
-            command_id=command_id,
+    def _generate(self, request: Request) -> Iterator[GenerationStep]:
+        prompt, n, tenant, keep = request.prompt, request.max_tokens, request.tenant, request.keep
+        entry, matched = self._lookup(self.block_hashes(prompt, tenant=tenant))
+        cached = min(matched * BLOCK, len(prompt) - 1) if entry is not None else 0
+        hit = entry.prefix_hash if entry else None
+        result = GenerationResult(
+            (7,) * n, "x" * n, len(prompt), cached, hit, 0.001, 0.002, "length"
         )
-        self._kv[entry.prefix_hash] = entry.nbytes
-        return PrefillResult(entry.prefix_hash, n, entry.nbytes, computed, tuple(evicted), 0.0)
-
-    def generate(
-        self,
-        token_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        tenant: str,
-        temperature: float = 0.0,
-        stop_ids: Iterable[int] | None = None,
-        cache_prompt: bool = False,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-    ) -> Iterator[GenerationStep]:
-        keep = KeepPrompt(tuple(chunk_refs), ttl_s) if cache_prompt else None
-        self.sync()
-        entry, matched = self.cache.lookup(self.block_hashes(token_ids, tenant=tenant))
-        cached = min(matched * BLOCK, len(token_ids) - 1) if entry is not None else 0
-        for i in range(max_tokens):
-            result = None
-            if i == max_tokens - 1:
-                result = GenerationResult(
-                    (7,) * max_tokens,
-                    "x" * max_tokens,
-                    len(token_ids),
-                    cached,
-                    entry.prefix_hash if entry else None,
-                    0.001,
-                    0.002,
-                    "length",
-                )
-            step = GenerationStep(i, 7, "x", result)
-            yield step if keep is None else keep_by_prefill(self, step, token_ids, tenant, keep)
+        for i in range(n):
+            step = GenerationStep(i, 7, "x", result if i == n - 1 else None)
+            yield step if keep is None else keep_by_prefill(self, step, prompt, tenant, keep)
 
 
 class ListSink:

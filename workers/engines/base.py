@@ -1,12 +1,24 @@
-"""The protocol every inference engine implements, and the results it returns."""
+"""The protocol every inference engine implements, its results, and the engines' shared part."""
 
 from __future__ import annotations
 
+import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, NamedTuple, Protocol, runtime_checkable
+from typing import (
+    Any,
+    Generic,
+    Literal,
+    NamedTuple,
+    Protocol,
+    Required,
+    TypedDict,
+    TypeVar,
+    runtime_checkable,
+)
 
-from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
+from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused, block_hashes
 
 
 class Memory(NamedTuple):
@@ -157,3 +169,172 @@ def keep_by_prefill(
     if stored.prefix_hash is None:
         return step
     return replace(step, result=replace(result, stored=stored))
+
+
+class PrefillOptions(TypedDict, total=False):
+    """`Engine.prefill`'s keyword arguments, for layers that pass them through unchanged."""
+
+    tenant: Required[str]
+    chunk_refs: Iterable[ChunkKey]
+    ttl_s: float | None
+    pin: bool
+    command_id: str | None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One checked `generate` call, as `PrefixEngine._generate` receives it."""
+
+    prompt: list[int]
+    max_tokens: int
+    tenant: str
+    temperature: float
+    stop_ids: tuple[int, ...] | None
+    keep: KeepPrompt | None
+
+
+H = TypeVar("H")
+
+
+class PrefixEngine(ABC, Generic[H]):
+    """What the engines share: tokens, block hashes, the prefill bookkeeping and the checks
+    of `generate`. `_held` maps each entry the engine stored to what it holds for it (`H`:
+    the KV itself, or only its size where a server keeps the KV); subclasses say how to get
+    it (`_prefix_kv`), how big it is (`_held_bytes`) and how to generate (`_generate`).
+    """
+
+    model_id: str
+    block_size: int
+    cache: PrefixCache
+    tokenizer: Any
+    _held: dict[str, H]
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of `text` as is: special tokens only where the text spells them."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of `token_ids`, special tokens included (the inverse of `tokenize`)."""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
+
+    def block_hashes(self, token_ids: Sequence[int], *, tenant: str) -> list[str]:
+        return block_hashes(
+            token_ids, tenant=tenant, model=self.model_id, block_size=self.block_size
+        )
+
+    def sync(self) -> int:
+        stale = [key for key in self._held if key not in self.cache]
+        return sum(self._held_bytes(self._held.pop(key)) for key in stale)
+
+    def memory(self) -> Memory:
+        return Memory(used=self.cache.bytes_used, total=self.cache.budget.max_bytes)
+
+    def prefill(
+        self,
+        token_ids: Sequence[int],
+        *,
+        tenant: str,
+        chunk_refs: Iterable[ChunkKey] = (),
+        ttl_s: float | None = None,
+        pin: bool = False,
+        command_id: str | None = None,
+    ) -> PrefillResult:
+        start = time.perf_counter()
+        self.sync()
+        tokens = list(token_ids)
+        hashes = self.block_hashes(tokens, tenant=tenant)
+        if not hashes:
+            return PrefillResult(None, 0, 0, 0, (), time.perf_counter() - start)
+        n_tokens = len(hashes) * self.block_size
+        held, computed = self._prefix_kv(tokens[:n_tokens], hashes, tenant)
+        entry, evicted = self.cache.admit(
+            tenant=tenant,
+            hashes=hashes,
+            nbytes=self._held_bytes(held),
+            chunk_refs=chunk_refs,
+            ttl_s=ttl_s,
+            pin=pin,
+            command_id=command_id,
+        )
+        return self._record(entry, held, evicted, computed, start)
+
+    def generate(
+        self,
+        token_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        tenant: str,
+        temperature: float = 0.0,
+        stop_ids: Iterable[int] | None = None,
+        cache_prompt: bool = False,
+        chunk_refs: Iterable[ChunkKey] = (),
+        ttl_s: float | None = None,
+    ) -> Iterator[GenerationStep]:
+        # Checked here, not in a generator, so bad arguments fail at the call.
+        if not token_ids:
+            raise ValueError("generate needs at least one prompt token")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        stops = tuple(stop_ids) if stop_ids is not None else None
+        keep = KeepPrompt(tuple(chunk_refs), ttl_s) if cache_prompt else None
+        request = Request(list(token_ids), max_tokens, tenant, temperature, stops, keep)
+        return self._generate(request)
+
+    def _lookup(self, hashes: list[str]) -> tuple[CacheEntry | None, int]:
+        """The longest cached prefix of `hashes` and its block count; counts as a hit."""
+        self.sync()
+        found = self.cache.lookup(hashes)
+        self.sync()  # lookup may have expired entries
+        return found
+
+    def _record(
+        self,
+        entry: CacheEntry,
+        held: H,
+        evicted: Iterable[CacheEntry],
+        computed: int,
+        start: float,
+    ) -> PrefillResult:
+        """Keep `held` for an entry the cache just admitted; what the prefill stored."""
+        self._held[entry.prefix_hash] = held
+        self.sync()  # frees what the admission evicted
+        elapsed = time.perf_counter() - start
+        return PrefillResult(
+            entry.prefix_hash, entry.n_tokens, entry.nbytes, computed, tuple(evicted), elapsed
+        )
+
+    @abstractmethod
+    def _held_bytes(self, held: H) -> int:
+        """Bytes of KV that `held` stands for."""
+
+    @abstractmethod
+    def _prefix_kv(self, tokens: list[int], hashes: list[str], tenant: str) -> tuple[H, int]:
+        """What to hold for the block-aligned `tokens`, and how many tokens were computed."""
+
+    @abstractmethod
+    def _generate(self, request: Request) -> Iterator[GenerationStep]:
+        """The steps of a checked request (lazily, or after eager work such as the lookup)."""
+
+
+class ServerKVEngine(PrefixEngine[int]):
+    """An engine whose server keeps the KV in its own block pool (vLLM, an HTTP server).
+
+    Only each entry's size is held here. A warmup is a 1-token request over the prefix,
+    which leaves its blocks in the pool; the server cannot drop one prefix, so `sync`
+    frees bookkeeping only and the pool's LRU reuses the blocks when it needs room.
+    """
+
+    kv_bytes_per_token: int
+
+    def _held_bytes(self, held: int) -> int:
+        return held
+
+    def _prefix_kv(self, tokens: list[int], hashes: list[str], tenant: str) -> tuple[int, int]:
+        computed = 0
+        if hashes[-1] not in self._held:
+            computed = len(tokens) - self._warm(tokens, tenant)
+        return len(tokens) * self.kv_bytes_per_token, computed
+
+    @abstractmethod
+    def _warm(self, tokens: list[int], tenant: str) -> int:
+        """Run `tokens` through the server; how many of them it had cached (<= len)."""

@@ -19,13 +19,12 @@ from typing import Any
 
 import httpx
 
-from workers.cache import ChunkKey, PrefixCache, block_hashes
+from workers.cache import PrefixCache
 from workers.engines.base import (
     GenerationResult,
     GenerationStep,
-    KeepPrompt,
-    Memory,
-    PrefillResult,
+    Request,
+    ServerKVEngine,
     keep_by_prefill,
 )
 from workers.memory import LARGE_WARM_SHARE, Budget
@@ -86,7 +85,7 @@ def kv_bytes_per_token(config: dict[str, Any], dtype: str = "auto") -> int:
     return 2 * cfg["num_hidden_layers"] * heads * head_dim * _DTYPE_BYTES[dtype]
 
 
-class RemoteEngine:
+class RemoteEngine(ServerKVEngine):
     """Engine protocol over an OpenAI-compatible server; calls are synchronous (httpx)."""
 
     def __init__(
@@ -108,7 +107,7 @@ class RemoteEngine:
         self.block_size = settings.block_size
         self.max_model_len = max_model_len
         self.vocab_size = len(tokenizer)
-        self._kv_per_token = kv_bytes_per_token
+        self.kv_bytes_per_token = kv_bytes_per_token
         budget = Budget(
             max_bytes=settings.kv_bytes,
             max_entries=settings.max_entries,
@@ -124,32 +123,7 @@ class RemoteEngine:
         # Learned from the first answer: does the server put cached_tokens in usage?
         self._usage_reports_cache: bool | None = None
 
-    # -- tokens ----------------------------------------------------------------------
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self._kv_per_token
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
-
-    def block_hashes(self, token_ids: Sequence[int], *, tenant: str) -> list[str]:
-        return block_hashes(
-            token_ids, tenant=tenant, model=self.model_id, block_size=self.block_size
-        )
-
     # -- cache -----------------------------------------------------------------------
-
-    def sync(self) -> int:
-        """Forget entries the cache dropped; the server's KV goes when its LRU needs room."""
-        stale = [k for k in self._held if k not in self.cache]
-        return sum(self._held.pop(k) for k in stale)
-
-    def memory(self) -> Memory:
-        return Memory(used=self.cache.bytes_used, total=self.cache.budget.max_bytes)
 
     def server_counters(self) -> tuple[float, float] | None:
         """(prefix cache queries, hits) in tokens from the server's /metrics, if it has them."""
@@ -159,42 +133,6 @@ class RemoteEngine:
         queries = prometheus_counter(response.text, QUERIES)
         hits = prometheus_counter(response.text, HITS)
         return None if queries is None or hits is None else (queries, hits)
-
-    def prefill(
-        self,
-        token_ids: Sequence[int],
-        *,
-        tenant: str,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-        pin: bool = False,
-        command_id: str | None = None,
-    ) -> PrefillResult:
-        start = time.perf_counter()
-        self.sync()
-        tokens = list(token_ids)
-        hashes = self.block_hashes(tokens, tenant=tenant)
-        if not hashes:
-            return PrefillResult(None, 0, 0, 0, (), time.perf_counter() - start)
-        n_tokens = len(hashes) * self.block_size
-        computed = 0
-        if hashes[-1] not in self._held:
-            computed = n_tokens - self._warm(tokens[:n_tokens], tenant)
-        entry, evicted = self.cache.admit(
-            tenant=tenant,
-            hashes=hashes,
-            nbytes=n_tokens * self._kv_per_token,
-            chunk_refs=chunk_refs,
-            ttl_s=ttl_s,
-            pin=pin,
-            command_id=command_id,
-        )
-        self._held[entry.prefix_hash] = entry.nbytes
-        self.sync()
-        elapsed = time.perf_counter() - start
-        return PrefillResult(
-            entry.prefix_hash, n_tokens, entry.nbytes, computed, tuple(evicted), elapsed
-        )
 
     def _warm(self, tokens: list[int], tenant: str) -> int:
         """Run the prefix through the server (max_tokens=1); how many tokens it had cached."""
@@ -215,45 +153,21 @@ class RemoteEngine:
 
     # -- generation ------------------------------------------------------------------
 
-    def generate(
-        self,
-        token_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        tenant: str,
-        temperature: float = 0.0,
-        stop_ids: Iterable[int] | None = None,
-        cache_prompt: bool = False,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-    ) -> Iterator[GenerationStep]:
-        if not token_ids:
-            raise ValueError("generate needs at least one prompt token")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        if stop_ids is not None:
+    def _generate(self, request: Request) -> Iterator[GenerationStep]:
+        if request.stop_ids is not None:
             raise ValueError("the remote engine stops at the server's EOS; stop_ids unsupported")
-        self.sync()
-        self.cache.lookup(self.block_hashes(token_ids, tenant=tenant))  # LRU and hit counts
-        self.sync()
-        keep = KeepPrompt(tuple(chunk_refs), ttl_s) if cache_prompt else None
-        return self._stream(list(token_ids), max_tokens, temperature, tenant, keep)
+        self._lookup(self.block_hashes(request.prompt, tenant=request.tenant))  # LRU, hits
+        return self._stream(request)
 
-    def _stream(
-        self,
-        prompt: list[int],
-        max_tokens: int,
-        temperature: float,
-        tenant: str,
-        keep: KeepPrompt | None,
-    ) -> Iterator[GenerationStep]:
+    def _stream(self, request: Request) -> Iterator[GenerationStep]:
+        prompt, tenant, keep = request.prompt, request.tenant, request.keep
         start = time.perf_counter()
         before = self.server_counters() if self._usage_reports_cache is not True else None
         payload = {
             "model": self.served_model,
             "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
             "return_token_ids": True,

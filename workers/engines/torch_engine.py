@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -12,13 +12,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused, block_hashes
+from workers.cache import CacheEntry, PrefixCache, WarmupRefused
 from workers.engines.base import (
     GenerationResult,
     GenerationStep,
     KeepPrompt,
-    Memory,
     PrefillResult,
+    PrefixEngine,
+    Request,
 )
 from workers.memory import plan_budget
 from workers.settings import WorkerSettings
@@ -72,7 +73,7 @@ def load_torch_engine(
     return TorchEngine(model, tokenizer, model_id=model_id, settings=settings, cache=cache)
 
 
-class TorchEngine:
+class TorchEngine(PrefixEngine[KV]):
     """Runs a transformers causal LM and keeps the KV of prefixes the cache admitted."""
 
     def __init__(
@@ -95,7 +96,7 @@ class TorchEngine:
         self.cache = cache if cache is not None else _default_cache(self.device, settings)
         if self.cache.block_size != self.block_size:
             raise ValueError(f"cache block_size {self.cache.block_size} != {self.block_size}")
-        self._kv: dict[str, KV] = {}
+        self._held: dict[str, KV] = {}
         self._stop_ids = _eos_ids(model, tokenizer)
 
     # -- tokens ----------------------------------------------------------------------
@@ -119,73 +120,24 @@ class TorchEngine:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return 2 * cfg.num_hidden_layers * heads * head_dim * self.model.dtype.itemsize
 
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of `text` as is: special tokens only where the text spells them."""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        """The text of `token_ids`, special tokens included (the inverse of `tokenize`)."""
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
-
-    def block_hashes(self, token_ids: Sequence[int], *, tenant: str) -> list[str]:
-        return block_hashes(
-            token_ids, tenant=tenant, model=self.model_id, block_size=self.block_size
-        )
-
     # -- cache -----------------------------------------------------------------------
-
-    def sync(self) -> int:
-        stale = [key for key in self._kv if key not in self.cache]
-        return sum(_nbytes(self._kv.pop(key)) for key in stale)
-
-    def memory(self) -> Memory:
-        return Memory(used=self.cache.bytes_used, total=self.cache.budget.max_bytes)
 
     def stored_kv(self, prefix_hash: str) -> KV | None:
         """The tensors stored for a cached prefix (read-only; for tests and benchmarks)."""
-        return self._kv.get(prefix_hash)
+        return self._held.get(prefix_hash)
 
-    def prefill(
-        self,
-        token_ids: Sequence[int],
-        *,
-        tenant: str,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-        pin: bool = False,
-        command_id: str | None = None,
-    ) -> PrefillResult:
-        start = time.perf_counter()
-        self.sync()
-        tokens = list(token_ids)
-        hashes = self.block_hashes(tokens, tenant=tenant)
-        if not hashes:
-            return PrefillResult(None, 0, 0, 0, (), time.perf_counter() - start)
-        n_tokens = len(hashes) * self.block_size
-        kv, computed = self._kv.get(hashes[-1]), 0
-        if kv is None:
-            kv, computed = self._compute_prefix(tokens[:n_tokens], hashes)
-        entry, evicted = self.cache.admit(
-            tenant=tenant,
-            hashes=hashes,
-            nbytes=_nbytes(kv),
-            chunk_refs=chunk_refs,
-            ttl_s=ttl_s,
-            pin=pin,
-            command_id=command_id,
-        )
-        self._kv[entry.prefix_hash] = kv
-        self.sync()
-        elapsed = time.perf_counter() - start
-        return PrefillResult(
-            entry.prefix_hash, n_tokens, entry.nbytes, computed, tuple(evicted), elapsed
-        )
+    def _held_bytes(self, held: KV) -> int:
+        return _nbytes(held)
+
+    def _prefix_kv(self, tokens: list[int], hashes: list[str], tenant: str) -> tuple[KV, int]:
+        kv = self._held.get(hashes[-1])
+        return (kv, 0) if kv is not None else self._compute_prefix(tokens, hashes)
 
     def _compute_prefix(self, tokens: list[int], hashes: list[str]) -> tuple[KV, int]:
         """KV of exactly `tokens`, computing only what no cached prefix already holds."""
         # peek, not lookup: a warmup is not a hit and must not reorder eviction.
         entry, matched = self.cache.peek(hashes)
-        base_kv = self._kv.get(entry.prefix_hash) if entry is not None else None
+        base_kv = self._held.get(entry.prefix_hash) if entry is not None else None
         base = matched * self.block_size if base_kv is not None else 0
         if base_kv is not None and base == len(tokens):
             # A longer entry holds all of it: copy the slice so this entry owns its memory.
@@ -198,56 +150,29 @@ class TorchEngine:
 
     # -- generation ------------------------------------------------------------------
 
-    def generate(
-        self,
-        token_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        tenant: str,
-        temperature: float = 0.0,
-        stop_ids: Iterable[int] | None = None,
-        cache_prompt: bool = False,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-    ) -> Iterator[GenerationStep]:
-        # Checked here, not in the generator, so bad arguments fail at the call.
-        if not token_ids:
-            raise ValueError("generate needs at least one prompt token")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        stops = frozenset(stop_ids) if stop_ids is not None else self._stop_ids
-        keep = KeepPrompt(tuple(chunk_refs), ttl_s) if cache_prompt else None
-        return self._generate(list(token_ids), max_tokens, tenant, temperature, stops, keep)
-
-    def _generate(
-        self,
-        prompt: list[int],
-        max_tokens: int,
-        tenant: str,
-        temperature: float,
-        stops: frozenset[int],
-        keep: KeepPrompt | None,
-    ) -> Iterator[GenerationStep]:
+    def _generate(self, request: Request) -> Iterator[GenerationStep]:
+        prompt, tenant, keep = request.prompt, request.tenant, request.keep
+        stops = frozenset(request.stop_ids) if request.stop_ids is not None else self._stop_ids
         start = time.perf_counter()
         hashes = self.block_hashes(prompt, tenant=tenant)
-        entry, matched = self._lookup(hashes)
+        entry, matched = self._reusable(hashes)
         # At least the last prompt token must run through the model to give logits.
         cached = min(matched, len(prompt) - 1)
-        past = self._request_cache(self._kv[entry.prefix_hash] if entry else None, cached)
+        past = self._request_cache(self._held[entry.prefix_hash] if entry else None, cached)
         logits = self._forward(prompt[cached:], past)
         # References, not copies: decoding rebinds the layers to new tensors (torch.cat).
         pending = _freeze(past) if keep and matched < len(hashes) * self.block_size else None
         stored: PrefillResult | None = None
         stream, out, ttft = _TextStream(self.tokenizer), [], 0.0
-        for index in range(max_tokens):
-            token = _pick(logits, temperature)
+        for index in range(request.max_tokens):
+            token = _pick(logits, request.temperature)
             if index == 0:
                 ttft = time.perf_counter() - start
             stopped = token in stops
             if not stopped:
                 out.append(token)
             text = "" if stopped else stream.push(token)
-            final = stopped or index == max_tokens - 1
+            final = stopped or index == request.max_tokens - 1
             if pending is not None and keep is not None and (index > 0 or final):
                 # Stored once the first token is out, so caching never delays it.
                 stored = self._keep_prompt(pending, hashes, tenant, keep, cached)
@@ -269,12 +194,10 @@ class TorchEngine:
             yield GenerationStep(index, token, text)
             logits = self._forward([token], past)
 
-    def _lookup(self, hashes: list[str]) -> tuple[CacheEntry | None, int]:
+    def _reusable(self, hashes: list[str]) -> tuple[CacheEntry | None, int]:
         """The cached entry to reuse and how many leading prompt tokens its KV holds."""
-        self.sync()
-        entry, matched = self.cache.lookup(hashes)
-        self.sync()  # lookup may have expired entries
-        if entry is None or entry.prefix_hash not in self._kv:
+        entry, matched = self._lookup(hashes)
+        if entry is None or entry.prefix_hash not in self._held:
             return None, 0
         return entry, matched * self.block_size
 
@@ -295,12 +218,7 @@ class TorchEngine:
             )
         except WarmupRefused:
             return None  # the answer matters more than caching its prompt
-        self._kv[entry.prefix_hash] = kv
-        self.sync()
-        elapsed = time.perf_counter() - start
-        return PrefillResult(
-            entry.prefix_hash, n_tokens, entry.nbytes, n_tokens - cached, tuple(evicted), elapsed
-        )
+        return self._record(entry, kv, evicted, n_tokens - cached, start)
 
     # -- model -----------------------------------------------------------------------
 

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from workers.cache import CacheEntry, ChunkKey, PrefixCache, block_hashes
+from workers.cache import CacheEntry, PrefixCache
 from workers.engines.base import (
     GenerationResult,
     GenerationStep,
     KeepPrompt,
-    Memory,
-    PrefillResult,
+    Request,
+    ServerKVEngine,
     keep_by_prefill,
 )
 from workers.memory import plan_budget
@@ -64,7 +64,7 @@ def load_vllm_engine(path: Path, settings: WorkerSettings | None = None) -> Vllm
     )
 
 
-class VllmEngine:
+class VllmEngine(ServerKVEngine):
     """vLLM's LLM object driven step by step, so tokens stream as they are sampled."""
 
     def __init__(self, llm: Any, *, model_id: str, settings: WorkerSettings) -> None:
@@ -78,7 +78,7 @@ class VllmEngine:
         model_config = llm.llm_engine.model_config
         self.max_model_len = int(model_config.max_model_len)
         self.vocab_size = len(self.tokenizer)
-        self._kv_per_token = _kv_bytes_per_token(model_config)
+        self.kv_bytes_per_token = _kv_bytes_per_token(model_config)
         kv_cap = min(settings.kv_bytes, self._pool_bytes(llm) or settings.kv_bytes)
         total = int(torch.cuda.mem_get_info()[1])
         self.cache = PrefixCache(
@@ -95,34 +95,9 @@ class VllmEngine:
         blocks = getattr(cache_config, "num_gpu_blocks", None)
         if not blocks:
             return None
-        return int(blocks) * int(cache_config.block_size) * self._kv_per_token
-
-    # -- tokens ----------------------------------------------------------------------
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self._kv_per_token
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
-
-    def block_hashes(self, token_ids: Sequence[int], *, tenant: str) -> list[str]:
-        return block_hashes(
-            token_ids, tenant=tenant, model=self.model_id, block_size=self.block_size
-        )
+        return int(blocks) * int(cache_config.block_size) * self.kv_bytes_per_token
 
     # -- cache -----------------------------------------------------------------------
-
-    def sync(self) -> int:
-        """Forget removed entries; their blocks stay in vLLM's pool until its LRU reuses them."""
-        stale = [k for k in self._held if k not in self.cache]
-        return sum(self._held.pop(k) for k in stale)
-
-    def memory(self) -> Memory:
-        return Memory(used=self.cache.bytes_used, total=self.cache.budget.max_bytes)
 
     def clear(self, *, command_id: str | None = None) -> list[CacheEntry]:
         """Drop every entry and every cached block in vLLM."""
@@ -131,42 +106,10 @@ class VllmEngine:
         self.llm.reset_prefix_cache()
         return removed
 
-    def prefill(
-        self,
-        token_ids: Sequence[int],
-        *,
-        tenant: str,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-        pin: bool = False,
-        command_id: str | None = None,
-    ) -> PrefillResult:
-        start = time.perf_counter()
-        self.sync()
-        tokens = list(token_ids)
-        hashes = self.block_hashes(tokens, tenant=tenant)
-        if not hashes:
-            return PrefillResult(None, 0, 0, 0, (), time.perf_counter() - start)
-        n_tokens = len(hashes) * self.block_size
-        computed = 0
-        if hashes[-1] not in self._held:
-            out = self._run(tokens[:n_tokens], max_tokens=1, temperature=0.0)
-            computed = n_tokens - min(int(getattr(out, "num_cached_tokens", 0) or 0), n_tokens)
-        entry, evicted = self.cache.admit(
-            tenant=tenant,
-            hashes=hashes,
-            nbytes=n_tokens * self._kv_per_token,
-            chunk_refs=chunk_refs,
-            ttl_s=ttl_s,
-            pin=pin,
-            command_id=command_id,
-        )
-        self._held[entry.prefix_hash] = entry.nbytes
-        self.sync()
-        elapsed = time.perf_counter() - start
-        return PrefillResult(
-            entry.prefix_hash, n_tokens, entry.nbytes, computed, tuple(evicted), elapsed
-        )
+    def _warm(self, tokens: list[int], tenant: str) -> int:
+        # `tenant` unused: in-process requests carry no cache salt, as before.
+        out = self._run(tokens, max_tokens=1, temperature=0.0)
+        return min(int(getattr(out, "num_cached_tokens", 0) or 0), len(tokens))
 
     def _run(self, tokens: list[int], *, max_tokens: int, temperature: float) -> Any:
         outs = self.llm.generate(
@@ -184,28 +127,10 @@ class VllmEngine:
 
     # -- generation ------------------------------------------------------------------
 
-    def generate(
-        self,
-        token_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        tenant: str,
-        temperature: float = 0.0,
-        stop_ids: Iterable[int] | None = None,
-        cache_prompt: bool = False,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-    ) -> Iterator[GenerationStep]:
-        if not token_ids:
-            raise ValueError("generate needs at least one prompt token")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        self.sync()
-        entry, _ = self.cache.lookup(self.block_hashes(token_ids, tenant=tenant))
-        self.sync()
-        params = self._params(max_tokens, temperature, stop_ids)
-        keep = KeepPrompt(tuple(chunk_refs), ttl_s) if cache_prompt else None
-        return self._stream(list(token_ids), params, entry, tenant, keep)
+    def _generate(self, request: Request) -> Iterator[GenerationStep]:
+        entry, _ = self._lookup(self.block_hashes(request.prompt, tenant=request.tenant))
+        params = self._params(request.max_tokens, request.temperature, request.stop_ids)
+        return self._stream(request.prompt, params, entry, request.tenant, request.keep)
 
     def _stream(
         self,
