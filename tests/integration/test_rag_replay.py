@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from rag.embed import Embedder
 from rag.index import Indexer, IndexResult
@@ -44,7 +43,6 @@ class Replayed:
 
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replayed]:
-    torch.set_num_threads(2)
     tokenizer: Any = load_tokenizer(fetch_llm())
     embedder = Embedder.packaged()
     events = list(read_events(DATA / "events.jsonl"))

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from rag.embed import Embedder
 from rag.index import Indexer
@@ -47,7 +46,6 @@ def tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def embedder() -> Embedder:
-    torch.set_num_threads(2)
     return Embedder.packaged()
 
 
