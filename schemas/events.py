@@ -145,6 +145,9 @@ class WorkerEvent(Event):
     command_id: Id | None = None
     mem_used_bytes: int = Field(default=0, ge=0)
     mem_total_bytes: int = Field(default=0, ge=0)
+    # The part of mem_used that eviction cannot reclaim (pinned warm prefixes): what the
+    # warmup threshold is measured against, since evictable request-cache KV makes room.
+    pinned_bytes: int = Field(default=0, ge=0)
     entries: int = Field(default=0, ge=0)
     warm_prefixes: list[Hash] = Field(default_factory=list, max_length=65_536)
 

@@ -293,10 +293,11 @@ def choose_worker(
 ) -> str | None:
     """The ready worker holding the longest prefix of `block_hashes`, else the least loaded.
 
-    Workers above the memory threshold take no new warmup. Ties go to the lower id, so
-    the choice is deterministic and testable.
+    Workers whose pinned (unevictable) share is above the threshold take no new warmup;
+    evictable request-cache KV makes room for a warmup, so it does not count there. Ties go
+    to the lower id, so the choice is deterministic and testable.
     """
-    eligible = [w for w in workers if w.ready and w.mem_ratio <= threshold]
+    eligible = [w for w in workers if w.ready and w.warm_ratio <= threshold]
     if not eligible:
         return None
     best_len, best = 0, None
@@ -321,6 +322,7 @@ def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float
             ready=True,
             mem_used=event.mem_used_bytes,
             mem_total=event.mem_total_bytes,
+            pinned=event.pinned_bytes,
             entries=event.entries,
         )
         if event.kind == "heartbeat" or event.warm_prefixes:
@@ -337,7 +339,11 @@ def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float
     elif event.prefix_hash and event.kind in ("evicted", "invalidated"):
         update["prefixes"] = [p for p in ws.prefixes if p != event.prefix_hash]
     if event.kind not in ("ready", "heartbeat", "stopped") and event.mem_total_bytes:
-        update.update(mem_used=event.mem_used_bytes, mem_total=event.mem_total_bytes)
+        update.update(
+            mem_used=event.mem_used_bytes,
+            mem_total=event.mem_total_bytes,
+            pinned=event.pinned_bytes,
+        )
     return ws.model_copy(update=update)
 
 

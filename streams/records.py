@@ -46,13 +46,20 @@ class WorkerState(_Record):
     ready: bool = False
     mem_used: int = 0
     mem_total: int = 0
+    pinned: int = 0
     entries: int = 0
     prefixes: list[str] = Field(default_factory=list)
     last_seen: float = 0.0
 
     @property
     def mem_ratio(self) -> float:
+        """Load: all KV held, evictable included (the router's cold-worker weight)."""
         return self.mem_used / self.mem_total if self.mem_total else 0.0
+
+    @property
+    def warm_ratio(self) -> float:
+        """What the warmup threshold compares: KV that eviction cannot reclaim."""
+        return self.pinned / self.mem_total if self.mem_total else 0.0
 
 
 class PrefixOp(_Record):

@@ -171,10 +171,12 @@ class WorkerRuntime:
         return outcome
 
     def _cmd_prefill(self, cmd: WarmupCommand) -> str:
-        used, total = self.snapshot.mem_used, self.snapshot.mem_total
+        # Seeds 000/003: no new warmup once memory use passes the threshold. Unpinned
+        # request-cache KV is evicted to make room (as vLLM counts free blocks), so only
+        # pinned bytes count; otherwise a full reactive cache would refuse every warmup.
+        used, total = self.snapshot.pinned_bytes, self.snapshot.mem_total
         if not accepts_warmup(used, total, self.warmup_threshold):
-            # Seeds 000/003: no new warmup once memory use passes the threshold.
-            raise WarmupRefused(f"memory use {used}/{total} is over {self.warmup_threshold}")
+            raise WarmupRefused(f"pinned memory {used}/{total} is over {self.warmup_threshold}")
         result = self.prefill(
             cmd.token_ids,
             tenant=cmd.tenant,
@@ -244,6 +246,7 @@ class WorkerRuntime:
             url=self.url,
             mem_used_bytes=snap.mem_used,
             mem_total_bytes=snap.mem_total,
+            pinned_bytes=snap.pinned_bytes,
             entries=len(snap.entries),
             warm_prefixes=snap.prefixes,
         )
@@ -271,6 +274,7 @@ class WorkerRuntime:
             command_id=ev.command_id,
             mem_used_bytes=snap.mem_used,
             mem_total_bytes=snap.mem_total,
+            pinned_bytes=snap.pinned_bytes,
             entries=len(snap.entries),
         )
 

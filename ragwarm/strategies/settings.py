@@ -78,7 +78,8 @@ class StrategySettings(BaseSettings):
     warm_threshold_basis: Literal["pinned", "all"] = Field(
         default="pinned",
         description="Memory counted against the 0.7 warmup threshold: `pinned` (warmup-owned "
-        "bytes; evictable request cache counts as free, as in vLLM) or `all` cached bytes.",
+        "bytes; evictable request cache counts as free, as in vLLM — what workers do) or `all` "
+        "cached bytes (the earlier rule, for comparison).",
     )
     threads: int | None = Field(default=None, ge=1, description="torch threads; default 1.")
     tenant: str = Field(default="default", description="Tenant of the documents and queries.")

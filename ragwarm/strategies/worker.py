@@ -120,7 +120,10 @@ class SimWorker:
         """The streams app's row for this worker after a heartbeat (memory under the basis)."""
         event = self.runtime.status_event("heartbeat")
         self.state = logic.apply_worker_event(self.state, event, self.clock())
-        self.state = self.state.model_copy(update={"mem_used": self.memory_used()})
+        # Placement compares `pinned` with the threshold; under the `all` basis every
+        # cached byte counts there (the rule before workers counted pinned bytes only).
+        used = self.memory_used()
+        self.state = self.state.model_copy(update={"mem_used": used, "pinned": used})
         return self.state
 
     def _drain(self) -> None:

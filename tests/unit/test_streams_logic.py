@@ -31,9 +31,16 @@ def upsert(version: int, text: str = "t") -> KbChange:
     return KbChange(op="upsert", doc_id="d.md", version=version, text=text)
 
 
-def worker(wid: str, used: int = 0, total: int = 100, prefixes=(), ready=True) -> WorkerState:
+def worker(
+    wid: str, used: int = 0, total: int = 100, prefixes=(), ready=True, pinned=None
+) -> WorkerState:
     return WorkerState(
-        worker_id=wid, ready=ready, mem_used=used, mem_total=total, prefixes=list(prefixes)
+        worker_id=wid,
+        ready=ready,
+        mem_used=used,
+        mem_total=total,
+        pinned=used if pinned is None else pinned,
+        prefixes=list(prefixes),
     )
 
 
@@ -148,6 +155,10 @@ class TestPlacement:
     def test_above_threshold_never_chosen(self):
         ws = [worker("w1", used=71, prefixes=[H1]), worker("w2", used=50)]
         assert choose_worker(ws, [H1]) == "w2"
+
+    def test_evictable_memory_does_not_block_warmup(self):
+        ws = [worker("w1", used=95, pinned=20), worker("w2", used=60, pinned=71)]
+        assert choose_worker(ws, [H1]) == "w1"
 
     def test_not_ready_never_chosen(self):
         assert choose_worker([worker("w1", ready=False)], [H1]) is None
