@@ -131,11 +131,17 @@ def namespace(
     """
     from ragwarm.kafka_admin import create_topics, delete_topics, list_topics
     from schemas.topics import prefixed
+    from tests.integration.streams_proc import STARTED as APPS
+    from tests.integration.worker_proc import STARTED as WORKERS
 
     prefix = unique_name("t") + "."
     options = kafka_settings.client_options()
     create_topics(kafka_bootstrap, options, prefixed(prefix))
     yield prefix
+    # Processes still using the namespace stop first, whatever the fixture order.
+    for proc in [*WORKERS, *APPS]:
+        if proc.topic_prefix == prefix:
+            proc.stop()
     delete_topics(kafka_bootstrap, options,
                   [t for t in list_topics(kafka_bootstrap, options) if t.startswith(prefix)])
 

@@ -16,6 +16,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Every streams app started by tests (see worker_proc.STARTED).
+STARTED: list[StreamsApp] = []
+
+
 class StreamsApp:
     """`ragwarm streams` with its own app id, Qdrant path and web port."""
 
@@ -27,6 +31,7 @@ class StreamsApp:
         workdir: Path,
         extra_env: dict[str, str] | None = None,
     ):
+        self.topic_prefix = prefix
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {
@@ -49,6 +54,7 @@ class StreamsApp:
         )
 
     def start(self, timeout_s: float = 180.0) -> StreamsApp:
+        STARTED.append(self)
         self.proc.start()
         self.proc.wait_healthy(timeout_s)
         return self

@@ -16,6 +16,10 @@ import httpx
 
 RAGWARM = Path(sys.executable).with_name("ragwarm")
 
+# Every worker process started by tests, so a topic namespace can stop its users before
+# its topics go (a consumer whose topic vanished polls metadata in a tight loop).
+STARTED: list[WorkerProc] = []
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -81,6 +85,7 @@ class WorkerProc:
                 start_new_session=True,
             )
         self.started_at = time.monotonic()
+        STARTED.append(self)
         return self
 
     def probe(self) -> Probe:
