@@ -102,8 +102,8 @@ class _Plan:
 
 
 class Indexer:
-    """Applies `KbChange`s to a `ChunkStore`; each document's chunk set is replaced atomically
-    enough to be re-applied after a crash (the version record is written last)."""
+    """Applies `KbChange`s to a `ChunkStore`: chunk, diff against the stored chunks, embed
+    only hashes never seen, write. A change cut short by a crash can simply be re-applied."""
 
     def __init__(
         self,
@@ -135,12 +135,14 @@ class Indexer:
         """Index changes in order, embedding the new hashes of a run of documents together."""
         results: list[IndexResult] = []
         batch: list[KbChange] = []
+        seen: set[tuple[str, str]] = set()
         for change in changes:
             # A document seen twice waits for the batch holding its earlier change.
-            if any(c.doc_id == change.doc_id and c.tenant == change.tenant for c in batch):
+            if (change.tenant, change.doc_id) in seen:
                 results.extend(self._index_batch(batch))
-                batch = []
+                batch, seen = [], set()
             batch.append(change)
+            seen.add((change.tenant, change.doc_id))
         results.extend(self._index_batch(batch))
         return results
 
