@@ -12,11 +12,14 @@ SETTINGS: tuple[str, ...] = (
     "ragwarm.settings:HomeSettings",
     "ragwarm.settings:KafkaSettings",
     "ragwarm.settings:ModelSettings",
+    "ragwarm.settings:StackSettings",
+    "ragwarm.kafka_local:LocalKafkaSettings",
     "rag.settings:RagSettings",
     "rag.settings:QdrantSettings",
     "workers.settings:WorkerSettings",
     "streams.settings:StreamsSettings",
     "ragwarm.client_settings:ClientSettings",
+    "ragwarm.strategies.settings:StrategySettings",
 )
 
 
