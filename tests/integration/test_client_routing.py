@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +16,7 @@ from ragwarm.client_settings import ClientSettings
 from ragwarm.settings import KafkaSettings
 from schemas import KbChange, QueryEvent, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES
+from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -34,16 +34,6 @@ def initial_changes(doc_ids: tuple[str, ...]) -> list[KbChange]:
                 changes.append(KbChange(op="upsert", doc_id=e["doc_id"], version=e["seq"],
                                         text=e["text"]))
     return changes
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def ready_workers(app) -> set[str]:

@@ -20,7 +20,8 @@ from ragwarm.models import llm_dir, load_tokenizer
 from ragwarm.settings import ModelSettings
 from schemas import KbChange, QueryEvent, WorkerEvent, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WORKER_EVENTS
-from tests.integration.test_streams_pipeline import EVENTS, wait_for
+from tests.integration.test_streams_pipeline import EVENTS
+from tests.integration.waiting import wait_for
 from workers.cache import block_hashes
 
 pytestmark = pytest.mark.integration

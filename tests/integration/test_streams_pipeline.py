@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from kafka import KafkaConsumer
 from schemas import DeadLetter, KbChange, decode, encode
 from schemas.topics import DEADLETTER, KB_CHANGES
 from tests.integration.streams_proc import StreamsApp
+from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -48,16 +48,6 @@ def malformed(rng: random.Random, i: int) -> bytes:
     if kind == 3:
         return json.dumps(good | {"op": "rename"}).encode()
     return json.dumps(good | {"schema_name": "mystery"}).encode()
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def produce(producer, topic: str, records: list[tuple[bytes, bytes]]) -> None:
