@@ -109,18 +109,16 @@ def warm_op(
     cause: PrefixOp | None = None,
     *,
     pin: bool = False,
-    op: str = "warm",
-    target: str | None = None,
 ) -> PrefixOp:
+    """A `warm` op for `prefix`; `cause` is the op whose decision led here, if any."""
     return PrefixOp(
-        op=op,
+        op="warm",
         prefix_hash=prefix.prefix_hash,
         tenant=tenant,
         chunk_refs=prefix.chunk_refs,
         token_ids=prefix.token_ids,
         question=question,
         pin=pin,
-        target_worker=target,
         reason=f"re-prefill after {cause.reason}" if cause else "hot",
         origin_ts=cause.origin_ts if cause else None,
     )
