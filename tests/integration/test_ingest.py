@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 
 from ragwarm.ingest import ingest
 from ragwarm.producer import KbProducer
 from ragwarm.settings import KafkaSettings
 from schemas import KbChange, decode
+from tests.integration.kafka_read import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -26,21 +25,7 @@ def _run(bootstrap: str, *args: str) -> Result:
 
 
 def _read_all(bootstrap: str, topic: str, expected: int) -> list[ConsumerRecord]:
-    options = KafkaSettings().client_options()
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **options)
-    try:
-        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        got: list[ConsumerRecord] = []
-        deadline = time.monotonic() + 30
-        while len(got) < expected and time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=500).values():
-                got.extend(records)
-        got.extend(r for rs in consumer.poll(timeout_ms=500).values() for r in rs)
-        return got
-    finally:
-        consumer.close()
+    return read_topic(bootstrap, topic, expected, timeout_s=30)
 
 
 def test_folder_sends_good_files_and_reports_bad_ones(

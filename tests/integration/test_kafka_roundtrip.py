@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 
 from ragwarm.settings import KafkaSettings
 from schemas import KbChange, decode, encode
+from tests.integration.kafka_read import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -35,19 +35,7 @@ def _event(i: int) -> KbChange:
 
 
 def _consume(bootstrap: str, topic: str, count: int, options: dict) -> list[KbChange]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **options)
-    try:
-        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        got: list[KbChange] = []
-        deadline = time.monotonic() + 60
-        while len(got) < count and time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=1000).values():
-                got.extend(decode(r.value, KbChange) for r in records)
-        return got
-    finally:
-        consumer.close()
+    return [decode(r.value, KbChange) for r in read_topic(bootstrap, topic, count)]
 
 
 def test_thousand_kb_changes_round_trip(

@@ -9,12 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from click.testing import CliRunner, Result
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.consumer.fetcher import ConsumerRecord
 
 from ragwarm.kafka_admin import admin_client, delete_topics, list_topics
 from ragwarm.replay import replay
 from ragwarm.settings import KafkaSettings
+from tests.integration.kafka_read import partitions, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -83,26 +84,8 @@ def _consume_as_group(bootstrap: str, topic: str, group: str, expected: int) -> 
         consumer.close()
 
 
-def _partitions(consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
-    """The topic's partitions; a new consumer may not have its metadata yet, so ask again."""
-    deadline = time.monotonic() + 20
-    while True:
-        found = consumer.partitions_for_topic(topic)
-        if found or time.monotonic() > deadline:
-            return [TopicPartition(topic, p) for p in sorted(found or ())]
-        time.sleep(0.2)
-
-
 def _read_range(bootstrap: str, topic: str) -> list[ConsumerRecord]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **_options())
-    try:
-        parts = _partitions(consumer, topic)
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        ends = consumer.end_offsets(parts)
-        return _drain(consumer, sum(ends.values()))
-    finally:
-        consumer.close()
+    return read_topic(bootstrap, topic)
 
 
 def _committed(bootstrap: str, group: str) -> dict[int, int]:
@@ -114,7 +97,7 @@ def _committed(bootstrap: str, group: str) -> dict[int, int]:
 def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, **_options())
     try:
-        parts = _partitions(consumer, topic)
+        parts = partitions(consumer, topic)
         return {tp.partition: o for tp, o in consumer.end_offsets(parts).items()}
     finally:
         consumer.close()
