@@ -83,7 +83,7 @@ class RagService:
             chunks.append(hit.chunk)
         return self._prefix(chunks, tenant) if chunks else None
 
-    def refs_current(self, refs: Sequence[ChunkRef], tenant: str = "default") -> bool:
+    def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
         stored = self.store.get_chunks([r.chunk_id for r in refs], tenant)
         return all(
             r.chunk_id in stored and stored[r.chunk_id].chunk.content_hash == r.content_hash

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -12,10 +14,23 @@ from streams.settings import StreamsSettings
 log = logging.getLogger(__name__)
 
 
-def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> object:
+@dataclass
+class StreamsApp:
+    """The Faust app and what was defined on it."""
+
+    app: Any
+    topics: Any
+    tables: Any  # streams.tables.Tables: the changelog-backed tables
+    pipeline: Any  # streams.handlers.Pipeline
+
+
+def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> StreamsApp:
     """The Faust app with its topics, tables, agents and views around `rag_port`."""
-    from streams.agents import Pipeline, register_agents
+    from concurrent.futures import ThreadPoolExecutor
+
+    from streams.agents import KafkaOutbox, register_agents
     from streams.app import create_app
+    from streams.handlers import Pipeline, StreamTables
     from streams.hot import HotTracker
     from streams.tables import define_tables
     from streams.topics import define_topics
@@ -24,20 +39,22 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
     data_dir = streams.data_dir or HomeSettings().home / "faust" / streams.app_id
     data_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(streams, kafka.servers, data_dir)
+    topics = define_topics(app, streams.partitions, kafka.topic_prefix)
+    tables = define_tables(app, streams.partitions)
     pipeline = Pipeline(
-        app=app,
-        topics=define_topics(app, streams.partitions, kafka.topic_prefix),
-        tables=define_tables(app, streams.partitions),
+        tables=StreamTables(**vars(tables)),
+        out=KafkaOutbox(topics),
         rag=rag_port,
         settings=streams,
         tracker=HotTracker(streams.hot_window_s, streams.hot_step_s, streams.hot_capacity),
+        executor=ThreadPoolExecutor(1, thread_name_prefix="ragwarm-store"),
     )
-    register_agents(pipeline)
-    register_views(pipeline)
-    return pipeline
+    register_agents(app, topics, pipeline)
+    register_views(app, pipeline)
+    return StreamsApp(app, topics, tables, pipeline)
 
 
-def ensure_topics(pipeline, kafka: KafkaSettings) -> None:
+def ensure_topics(streams_app: StreamsApp, kafka: KafkaSettings) -> None:
     """Create every topic the app reads before Faust starts.
 
     Faust creates changelog and internal topics itself, but a global table whose
@@ -47,9 +64,9 @@ def ensure_topics(pipeline, kafka: KafkaSettings) -> None:
     from ragwarm.kafka_admin import create_topics
     from schemas.topics import TopicSpec, prefixed
 
-    partitions = pipeline.settings.partitions
+    partitions = streams_app.pipeline.settings.partitions
     specs = prefixed(kafka.topic_prefix)
-    for table in vars(pipeline.tables).values():
+    for table in vars(streams_app.tables).values():
         specs.append(
             TopicSpec(
                 table.changelog_topic.get_topic_name(),
@@ -58,7 +75,7 @@ def ensure_topics(pipeline, kafka: KafkaSettings) -> None:
                 {"cleanup.policy": "compact"},
             )
         )
-    for topic in (pipeline.topics.prefix_ops, pipeline.topics.doc_links):
+    for topic in (streams_app.topics.prefix_ops, streams_app.topics.doc_links):
         specs.append(TopicSpec(topic.get_topic_name(), "key", partitions))
     create_topics(kafka.servers, kafka.client_options(), specs)
 
@@ -78,13 +95,13 @@ def streams(web_port: int | None, loglevel: str) -> None:
     kafka = KafkaSettings()
     # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
     rag = RagService.open(ModelSettings())
-    pipeline = build_pipeline(settings, kafka, rag)
-    ensure_topics(pipeline, kafka)
+    built = build_pipeline(settings, kafka, rag)
+    ensure_topics(built, kafka)
     click.echo(
         f"streams: app {settings.app_id} on {kafka.servers}, "
         f"views at http://{settings.web_host}:{settings.web_port}/ragwarm/stats"
     )
     try:
-        Worker(pipeline.app, loglevel=loglevel).execute_from_commandline()
+        Worker(built.app, loglevel=loglevel).execute_from_commandline()
     finally:
         rag.close()

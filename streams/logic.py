@@ -216,7 +216,21 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
     if state is None:
         plan.links = _links(op.prefix_hash, op.chunk_refs, link=True)
     if target is not None and target in holders or target is None and holders:
-        return plan  # already warm where it is wanted
+        # Already warm where it is wanted. A prefix still in use must not expire under its
+        # users: past half its TTL, the holders' copies get the new expiry too.
+        if state is not None and state.expires_at - now < ttl_s / 2:
+            plan.commands = [
+                WarmupCommand(
+                    command_id=command_id(),
+                    op="extend_ttl",
+                    prefix_hash=op.prefix_hash,
+                    tenant=base.tenant,
+                    ttl_s=ttl_s,
+                    reason=op.reason,
+                )
+            ]
+            plan.counters = {"ttl_extensions": 1}
+        return plan
     if target is None and state is not None and state.worker_id and state.updated_at > now - 30:
         return plan  # a prefill is already on its way; wait for the worker's report
     worker = target or choose_worker(workers, [op.prefix_hash])

@@ -28,7 +28,7 @@ class RagPort(Protocol):
     def prefix_for_refs(self, refs: Sequence[ChunkRef], tenant: str) -> WarmPrefix | None:
         """Rebuild the prefix of these exact chunks; None if any is no longer current."""
 
-    def refs_current(self, refs: Sequence[ChunkRef]) -> bool:
+    def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
         """Whether every ref's content hash is still the current one of its chunk."""
 
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]:

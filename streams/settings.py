@@ -33,6 +33,11 @@ class StreamsSettings(BaseSettings):
     kv_bytes_per_token: int = Field(
         default=46_080, description="KV bytes per token until workers report (SmolLM2, fp32)."
     )
+    track_queries: bool = Field(
+        default=True,
+        description="Keep the prefix of every answered query warm (TTL) and linked to its "
+        "chunks, so a KB change re-warms what its questions retrieve; off: hot prefixes only.",
+    )
     rewarm_questions: int = Field(default=4, description="Hot questions re-warmed per prefix.")
     worker_stale_s: float = Field(
         default=30.0, description="Heartbeat age that marks a worker gone."

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 
 from faust.web import Request, Response, View
 
-from streams.agents import Pipeline
+from streams.handlers import Pipeline
 from streams.logic import choose_worker, holders_of
 from streams.records import PrefixState
 
@@ -15,8 +14,7 @@ MAX_HASHES = 4096
 MAX_K = 50
 
 
-def register_views(p: Pipeline) -> None:
-    app = p.app
+def register_views(app, p: Pipeline) -> None:
 
     @app.page("/ragwarm/health")
     async def health(web, request: Request) -> Response:
@@ -44,7 +42,7 @@ def register_views(p: Pipeline) -> None:
 
     @app.page("/ragwarm/hot")
     async def hot(web, request: Request) -> Response:
-        now = time.time()
+        now = p.clock()
         return web.json(
             {
                 "hot": [

@@ -36,7 +36,7 @@ class PolicyContext:
     def prefill(self, prefix: WarmPrefix, *, pin: bool, ttl_s: float | None, why: str) -> str:
         """Send one prefill command to the worker, as the streams app would."""
         return self.worker.apply(WarmupCommand(
-            command_id=command_id(), op="prefill", worker_id=self.worker.state.worker_id,
+            command_id=command_id(), op="prefill", worker_id=self.worker.worker_id,
             prefix_hash=prefix.prefix_hash, tenant=self.tenant, token_ids=prefix.token_ids,
             chunk_refs=prefix.chunk_refs, ttl_s=ttl_s, pin=pin, reason=why,
         ))

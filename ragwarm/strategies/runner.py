@@ -176,8 +176,7 @@ class Runner:
             engine = TorchEngine(base.model, base.tokenizer, model_id=base.model_id,
                                  settings=self.rig.worker_settings, cache=cache)
             worker = SimWorker(engine, self.clock, worker_id=f"sim-{name}",
-                               cache_requests=cls.cache_requests,
-                               basis=self.settings.warm_threshold_basis)
+                               cache_requests=cls.cache_requests)
             ctx = PolicyContext(worker, self.rig.rag, self.settings, self.clock, past)
             self.lanes[name] = Lane(cls(ctx), worker)
         for lane in tqdm(self.lanes.values(), desc="policy start", disable=self._quiet()):

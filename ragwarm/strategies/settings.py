@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -74,12 +72,6 @@ class StrategySettings(BaseSettings):
     )
     history_queries: int = Field(
         default=300, ge=1, description="history: size of the past query log (drawn like today's)."
-    )
-    warm_threshold_basis: Literal["pinned", "all"] = Field(
-        default="pinned",
-        description="Memory counted against the 0.7 warmup threshold: `pinned` (warmup-owned "
-        "bytes; evictable request cache counts as free, as in vLLM — what workers do) or `all` "
-        "cached bytes (the earlier rule, for comparison).",
     )
     threads: int | None = Field(default=None, ge=1, description="torch threads; default 1.")
     tenant: str = Field(default="default", description="Tenant of the documents and queries.")

@@ -1,29 +1,89 @@
-"""event-rag, hot-tokens and hybrid: the streams app's decisions, run synchronously.
+"""event-rag, hot-tokens and hybrid: the streams app's own handlers on the simulated clock.
 
-Every decision is taken by `streams.logic` and `streams.hot`, the code the Faust agents
-run; this module is the agents' glue (`streams/agents.py`) without Kafka: tables are dicts,
-the internal topics one in-order queue, the commands topic a direct call on the worker,
-and time the simulated clock.
+Each policy runs `streams.handlers` (the code behind the Faust agents) on a `Pipeline`
+whose tables are dicts, whose topics are one in-order queue, whose commands reach the
+policy's worker at once, and whose clock is the benchmark's. A policy differs from the
+deployed app only in which inputs it is fed.
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
-from typing import TYPE_CHECKING, ClassVar
+from collections import deque
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ragwarm.strategies.policies import Policy, PolicyContext
-from schemas import ChunkRef, KbChange, QueryEvent
-from streams import logic
-from streams.agents import warm_op
-from streams.hot import HotPayload, HotTracker
-from streams.records import DocLink, DocState, PrefixOp, PrefixState
+from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
+from streams import handlers as h
+from streams.hot import HotTracker
+from streams.ports import WarmPrefix
+from streams.records import DocLink, DocState, PrefixOp
+from streams.settings import StreamsSettings
 
 if TYPE_CHECKING:
     from rag.index import IndexResult
+    from ragwarm.rag_port import RagService
+
+Item = PrefixOp | DocLink | WorkerEvent | KbChange | QueryEvent
+
+
+def run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a handler that never waits: in the simulator every send and store call is
+    immediate, so the coroutine finishes on its first step."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("a streams handler waited on I/O inside the simulator")
+
+
+class IndexedOnce:
+    """The RAG port of one policy: the runner indexes each change once for every policy,
+    so `index` hands back that result instead of writing the shared store again."""
+
+    def __init__(self, rag: RagService) -> None:
+        self.rag = rag
+        self.result: IndexResult | None = None
+
+    def index(self, change: KbChange) -> dict[str, str] | None:
+        r = self.result
+        if r is None or not r.applied:
+            return None
+        return {c.chunk_id: c.content_hash for c in r.chunks}
+
+    def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
+        return self.rag.prefix_for_question(question, tenant)
+
+    def prefix_for_refs(self, refs: Sequence[ChunkRef], tenant: str) -> WarmPrefix | None:
+        return self.rag.prefix_for_refs(refs, tenant)
+
+    def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
+        return self.rag.refs_current(refs, tenant)
+
+    def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
+        return self.rag.search(question, tenant, k)
+
+
+class SimOutbox:
+    """Topics as one FIFO queue; commands are consumed by the worker as they are sent."""
+
+    def __init__(self, queue: deque[Item], policy: StreamsPolicy) -> None:
+        self.queue = queue
+        self.policy = policy
+
+    async def op(self, op: PrefixOp) -> None:
+        self.queue.append(op)
+
+    async def link(self, link: DocLink) -> None:
+        self.queue.append(link)
+
+    async def command(self, cmd: WarmupCommand) -> None:
+        self.policy.ctx.worker.apply(cmd)
 
 
 class StreamsPolicy(Policy):
-    """The streams app with some of its inputs: KB events, query registration, hot tokens."""
+    """The streams app fed some of its inputs: KB events, hot-token ticks, query tracking."""
 
     kb_events: ClassVar[bool] = False
     track_queries: ClassVar[bool] = False
@@ -32,134 +92,82 @@ class StreamsPolicy(Policy):
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         s = ctx.settings
-        self.docs: dict[str, DocState] = {}
-        self.doc_prefixes: dict[str, dict[str, list]] = {}
-        self.prefixes: dict[str, PrefixState] = {}
-        self.tracker = HotTracker(window_s=s.hot_window_s, step_s=s.hot_step_s)
-        self.queue: deque[PrefixOp | DocLink] = deque()
-        self.stats: Counter[str] = Counter()
+        settings = StreamsSettings(
+            prefix_ttl_s=s.prefix_ttl_s,
+            hot_window_s=s.hot_window_s,
+            hot_step_s=s.hot_step_s,
+            hot_tick_s=s.hot_tick_s,
+            hot_share=s.hot_share,
+            hot_min_count=s.hot_min_count,
+            rewarm_questions=s.rewarm_questions,
+            track_queries=self.track_queries,
+            kv_bytes_per_token=ctx.worker.engine.kv_bytes_per_token,
+            worker_stale_s=float("inf"),  # one worker, heartbeating on every step
+            tenant=s.tenant,
+        )
+        self.queue: deque[Item] = deque()
+        self.port = IndexedOnce(ctx.rag)
+        self.pipeline = h.Pipeline(
+            tables=h.StreamTables(docs={}, doc_prefixes={}, prefixes={}, workers={}),
+            out=SimOutbox(self.queue, self),
+            rag=self.port,
+            settings=settings,
+            tracker=HotTracker(settings.hot_window_s, settings.hot_step_s, settings.hot_capacity),
+            clock=ctx.clock,
+        )
         self.next_hot = 0.0
+        ctx.worker.listeners.append(self.queue.append)  # worker.events
 
-    # -- hooks ---------------------------------------------------------------------
+    @property
+    def stats(self):
+        return self.pipeline.stats
+
+    # -- the policy hooks feed the app's inputs ---------------------------------------
 
     def start(self) -> None:
         if self.kb_events:
-            self.docs = _doc_table(self.ctx)
+            self.pipeline.tables.docs.update(_doc_table(self.ctx))
+        self.feed(self.ctx.worker.runtime.status_event("ready"))
 
     def tick(self, now: float) -> None:
+        self.feed(self.ctx.worker.runtime.status_event("heartbeat"))
         if self.hot and now >= self.next_hot:
-            self.plan_hot(now)
-            self.next_hot = now + self.ctx.settings.hot_tick_s
+            run_sync(h.plan_hot(self.pipeline))  # the app's hot-tick timer
+            self.next_hot = now + self.pipeline.settings.hot_tick_s
+            self.drain()
 
     def kb_change(self, change: KbChange, result: IndexResult) -> None:
-        if not self.kb_events:
-            return
-        prior = self.docs.get(change.doc_id)
-        if logic.is_stale(change, prior) or not result.applied:
-            self.stats["stale_events"] += 1
-            return
-        new_chunks = {c.chunk_id: c.content_hash for c in result.chunks}
-        links = self.doc_prefixes.get(change.doc_id) or {}
-        dependents = {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
-        plan = logic.plan_kb_change(change, prior, new_chunks, dependents, self.ctx.clock())
-        assert plan.state is not None  # not stale: plan_kb_change always sets it
-        self.docs[change.doc_id] = plan.state
-        self.stats["kb_events"] += 1
-        self.queue.extend(plan.ops)
-        self.drain()
+        if self.kb_events:
+            self.port.result = result
+            self.feed(change)
+            self.port.result = None
 
     def served(self, query: QueryEvent) -> None:
-        if self.hot:
-            payload = HotPayload(tenant=query.tenant, question=query.question,
-                                 chunk_refs=tuple(query.chunk_refs),
-                                 prefix_tokens=query.prefix_tokens)
-            self.tracker.observe(query.prefix_hash, payload, self.ctx.clock())
-        if self.track_queries and query.chunk_refs:
-            # The query names the prefix it used: keep it warm and linked to its documents.
-            prefix = self.ctx.rag.prefix_for_refs(query.chunk_refs, query.tenant)
-            if prefix is not None:
-                self.queue.append(warm_op(prefix, query.tenant, query.question))
-                self.drain()
+        self.feed(query)
 
-    # -- the agents' glue ----------------------------------------------------------
+    # -- one consumer for every topic ----------------------------------------------------
 
-    def drain(self) -> None:
-        while self.queue:
-            item = self.queue.popleft()
-            if isinstance(item, DocLink):
-                self.on_doc_link(item)
-            else:
-                self.on_prefix_op(item)
-
-    def on_prefix_op(self, op: PrefixOp) -> None:
-        rag = self.ctx.rag
-        if op.op in ("warm", "warm_on") and not rag.refs_current(op.chunk_refs, op.tenant):
-            self.stats["stale_warm_skipped"] += 1  # never prefill from outdated chunk text
-            return
-        if op.op == "invalidate":
-            self.tracker.forget(op.prefix_hash)
-        state = self.prefixes.get(op.prefix_hash)
-        workers = [self.ctx.worker.heartbeat()]
-        plan = logic.plan_prefix_op(op, state, workers, self.ctx.clock(),
-                                    self.ctx.settings.prefix_ttl_s)
-        self.apply_plan(plan, op)
-
-    def apply_plan(self, plan: logic.PrefixPlan, op: PrefixOp) -> None:
-        for cmd in plan.commands:
-            self.ctx.worker.apply(cmd)
-        if plan.state is None:
-            self.prefixes.pop(op.prefix_hash, None)
-        else:
-            self.prefixes[op.prefix_hash] = plan.state
-        self.queue.extend(plan.links)
-        self.stats.update(plan.counters)
-        if op.reason.startswith("re-prefill") and plan.counters.get("prefills"):
-            self.stats["re_prefills"] += 1
-        for question in plan.rewarm_questions[: self.ctx.settings.rewarm_questions]:
-            prefix = self.ctx.rag.prefix_for_question(question, op.tenant)
-            if prefix is not None:
-                self.queue.append(warm_op(prefix, op.tenant, question, op, pin=plan.rewarm_pin))
-
-    def on_doc_link(self, link: DocLink) -> None:
-        current = self.doc_prefixes.get(link.doc_id) or {}
-        links, stale = logic.plan_doc_link(current, link, self.docs.get(link.doc_id))
-        self.doc_prefixes[link.doc_id] = links
-        if stale is not None:
-            self.queue.append(stale)
-
-    def plan_hot(self, now: float) -> None:
-        """Warm the hottest prefixes within the hot share; release those that cooled."""
-        ranked = self.tracker.ranked(now)
-        worker = self.ctx.worker.heartbeat()
-        budget = int(self.ctx.settings.hot_share * worker.mem_total)
-        per_token = self.ctx.worker.engine.kv_bytes_per_token
-        candidates = [logic.HotCandidate(h, c, pl.prefix_tokens) for h, c, pl in ranked]
-        hot, cooled = logic.plan_hot_set(candidates, budget, per_token, self.tracker.hot,
-                                         self.ctx.settings.hot_min_count)
-        payloads = {h: pl for h, _, pl in ranked}
-        for prefix_hash in hot:
-            if prefix_hash not in self.tracker.hot:
-                op = self.hot_warm_op(prefix_hash, payloads[prefix_hash])
-                if op is not None:
-                    self.tracker.hot[prefix_hash] = op
-                    self.queue.append(op)
-        for prefix_hash in cooled:
-            old = self.tracker.hot.pop(prefix_hash)
-            self.queue.append(PrefixOp(op="cool", prefix_hash=old.prefix_hash,
-                                       tenant=old.tenant, reason="cooled down"))
+    def feed(self, item: Item) -> None:
+        self.queue.append(item)
         self.drain()
 
-    def hot_warm_op(self, prefix_hash: str, payload: HotPayload) -> PrefixOp | None:
-        rag = self.ctx.rag
-        prefix = rag.prefix_for_refs(list(payload.chunk_refs), payload.tenant)
-        if prefix is None or prefix.prefix_hash != prefix_hash:
-            prefix = rag.prefix_for_question(payload.question, payload.tenant)
-        if prefix is None:
-            return None
-        return warm_op(prefix, payload.tenant, payload.question, pin=True)
+    def drain(self) -> None:
+        p = self.pipeline
+        while self.queue:
+            item = self.queue.popleft()
+            if isinstance(item, PrefixOp):
+                run_sync(h.on_prefix_op(p, item))
+            elif isinstance(item, DocLink):
+                run_sync(h.on_doc_link(p, item))
+            elif isinstance(item, WorkerEvent):
+                run_sync(h.on_worker_event(p, item))
+            elif isinstance(item, KbChange):
+                run_sync(h.on_kb_change(p, item))
+            else:
+                run_sync(h.on_query(p, item))
 
 
-def _doc_table(ctx: PolicyContext) -> dict[str, DocState]:
+def _doc_table(ctx: PolicyContext) -> dict[str, dict]:
     """The `docs` table as the KB-change agent leaves it after the initial state."""
     store, tenant = ctx.rag.store, ctx.tenant
     chunks: dict[str, dict[str, str]] = {}
@@ -168,8 +176,9 @@ def _doc_table(ctx: PolicyContext) -> dict[str, DocState]:
             stored.chunk.content_hash
         )
     return {
-        r.doc_id: DocState(version=r.version, tenant=tenant, chunks=chunks.get(r.doc_id, {}),
-                           deleted=r.deleted)
+        r.doc_id: DocState(
+            version=r.version, tenant=tenant, chunks=chunks.get(r.doc_id, {}), deleted=r.deleted
+        ).model_dump(mode="json")
         for r in store.doc_records(tenant)
         if r.version is not None  # a first write still under way has no version yet
     }

@@ -6,20 +6,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
-from streams import logic
-from streams.records import WorkerState
 from workers.api import Limits
 from workers.cache import ChunkKey, PrefixCache
 from workers.engines.base import GenerationResult
 from workers.engines.torch_engine import TorchEngine
-from workers.memory import MEMORY_THRESHOLD, Budget, accepts_warmup
+from workers.memory import MEMORY_THRESHOLD, Budget
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
-
-Basis = Literal["pinned", "all"]
 
 
 class _Events:
@@ -53,22 +48,21 @@ class SimWorker:
         *,
         worker_id: str,
         cache_requests: bool,
-        basis: Basis,
     ) -> None:
         self.engine = engine
         self.clock = clock
-        self.basis = basis
+        self.worker_id = worker_id
         self.sink = _Events()
-        # With the `pinned` basis this class applies the threshold itself (to pinned bytes).
-        threshold = MEMORY_THRESHOLD if basis == "all" else 1.0
+        # The runtime refuses a prefill once pinned memory passes the 0.7 threshold.
         self.runtime = WorkerRuntime(
             engine, worker_id=worker_id, url=f"sim://{worker_id}", sink=self.sink,
             metrics=WorkerMetrics(worker_id=worker_id, model_name=engine.model_id),
             limits=Limits(1 << 15, 1, 1 << 15, 1 << 20), cache_requests=cache_requests,
-            warmup_threshold=threshold,
+            warmup_threshold=MEMORY_THRESHOLD,
         )
         self.refs: dict[str, frozenset[ChunkKey]] = {}
-        self.state = WorkerState(worker_id=worker_id)
+        # Who reads this worker's `worker.events` (the streams policies' pipelines).
+        self.listeners: list[Callable[[WorkerEvent], None]] = []
         self.warm_seconds = 0.0
         self.outcomes: Counter[str] = Counter()
         self._drain()
@@ -93,42 +87,23 @@ class SimWorker:
 
     def apply(self, command: WarmupCommand) -> str:
         """Carry out a warmup command as the worker does; prefill time is warmup time."""
-        if command.op == "prefill" and not self.accepts_warmup():
-            outcome = "refused"
-        else:
-            started = time.perf_counter()
-            outcome = self.runtime.apply(command)
-            if command.op == "prefill":
-                self.warm_seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        outcome = self.runtime.apply(command)
+        if command.op == "prefill":
+            self.warm_seconds += time.perf_counter() - started
         self.outcomes[f"{command.op}:{outcome}"] += 1
         self._drain()
         return outcome
-
-    def accepts_warmup(self) -> bool:
-        used, total = self.memory_used(), self.cache.budget.max_bytes
-        return accepts_warmup(used, total, MEMORY_THRESHOLD)
-
-    def memory_used(self) -> int:
-        """Bytes counted against the warmup threshold under this worker's basis."""
-        return self.cache.pinned_bytes if self.basis == "pinned" else self.cache.bytes_used
 
     def expire(self) -> None:
         self.runtime.tick()
         self._drain()
 
-    def heartbeat(self) -> WorkerState:
-        """The streams app's row for this worker after a heartbeat (memory under the basis)."""
-        event = self.runtime.status_event("heartbeat")
-        self.state = logic.apply_worker_event(self.state, event, self.clock())
-        # Placement compares `pinned` with the threshold; under the `all` basis every
-        # cached byte counts there (the rule before workers counted pinned bytes only).
-        used = self.memory_used()
-        self.state = self.state.model_copy(update={"mem_used": used, "pinned": used})
-        return self.state
-
     def _drain(self) -> None:
         events, self.sink.pending = self.sink.pending, []
         for event in events:
+            for listener in self.listeners:
+                listener(event)
             if event.kind == "stored" and event.prefix_hash:
                 self.refs[event.prefix_hash] = frozenset(
                     (r.chunk_id, r.content_hash) for r in event.chunk_refs

@@ -129,8 +129,15 @@ class TestPrefixOps:
 
     def test_warm_already_held_adds_question_only(self):
         op = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32, question="new?")
-        plan = plan_prefix_op(op, state(), [worker("w1", prefixes=[P1])], 0.0, 60.0)
+        held = [worker("w1", prefixes=[P1])]
+        plan = plan_prefix_op(op, state(expires_at=50.0), held, 0.0, 60.0)
         assert plan.commands == [] and plan.state.questions == ["new?", "why?"]
+
+    def test_warm_of_held_prefix_past_half_its_ttl_extends_the_holders_copy(self):
+        op = PrefixOp(op="warm", prefix_hash=P1, question="why?")
+        plan = plan_prefix_op(op, state(expires_at=30.0), [worker("w1", prefixes=[P1])], 5.0, 60.0)
+        assert [(c.op, c.ttl_s) for c in plan.commands] == [("extend_ttl", 60.0)]
+        assert plan.state.expires_at == 65.0 and plan.counters == {"ttl_extensions": 1}
 
     def test_warm_on_targets_the_new_worker(self):
         op = PrefixOp(op="warm_on", prefix_hash=P1, target_worker="w9", token_ids=[5] * 32)

@@ -1,0 +1,268 @@
+"""What the streams app does with each record: look state up, call `streams.logic`, send.
+
+The handlers know nothing of Faust or Kafka. They read and write the tables through plain
+mappings and send through an `Outbox`: the Faust agents (`streams/agents.py`) give them
+changelog tables and topics, the strategies benchmark gives them dicts and a queue on a
+simulated clock, so both run this same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, MutableMapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
+from streams import logic
+from streams.hot import HotPayload, HotTracker
+from streams.ports import RagPort, WarmPrefix
+from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState
+from streams.settings import StreamsSettings
+
+Table = MutableMapping[str, Any]
+
+
+class Outbox(Protocol):
+    """Where the handlers' output goes: the internal topics and the workers' commands."""
+
+    async def op(self, op: PrefixOp) -> None:
+        """To `ragwarm.prefix-ops`, keyed by the prefix hash."""
+
+    async def link(self, link: DocLink) -> None:
+        """To `ragwarm.doc-links`, keyed by the doc id."""
+
+    async def command(self, cmd: WarmupCommand) -> None:
+        """To `warmup.commands`, keyed by the prefix hash."""
+
+
+@dataclass
+class StreamTables:
+    """The app's state; Faust changelog tables in the app, dicts in the benchmark."""
+
+    docs: Table  # doc_id -> DocState
+    doc_prefixes: Table  # doc_id -> {prefix hash: [chunk refs]}
+    prefixes: Table  # prefix hash -> PrefixState
+    workers: Table  # worker id -> WorkerState (read by every partition)
+
+
+@dataclass
+class Pipeline:
+    """Everything the handlers share: tables, outbox, the RAG port, clock and counters."""
+
+    tables: StreamTables
+    out: Outbox
+    rag: RagPort
+    settings: StreamsSettings
+    tracker: HotTracker
+    clock: Callable[[], float] = time.time
+    stats: Counter = field(default_factory=Counter)
+    # Qdrant local mode and the embedder are not safe to share across threads: in the app
+    # one thread runs every store call, off the event loop. None runs them inline.
+    executor: Executor | None = None
+
+    async def blocking(self, fn: Callable, *args):
+        if self.executor is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def live_workers(self) -> list[WorkerState]:
+        horizon = self.clock() - self.settings.worker_stale_s
+        rows = [WorkerState.model_validate(v) for v in self.tables.workers.values() if v]
+        return [
+            w if w.last_seen >= horizon else w.model_copy(update={"ready": False}) for w in rows
+        ]
+
+
+def warm_op(
+    prefix: WarmPrefix,
+    tenant: str,
+    question: str | None,
+    cause: PrefixOp | None = None,
+    *,
+    pin: bool = False,
+    reason: str = "hot",
+) -> PrefixOp:
+    """A `warm` op for `prefix`; `cause` is the op whose decision led here, if any."""
+    return PrefixOp(
+        op="warm",
+        prefix_hash=prefix.prefix_hash,
+        tenant=tenant,
+        chunk_refs=prefix.chunk_refs,
+        token_ids=prefix.token_ids,
+        question=question,
+        pin=pin,
+        reason=f"re-prefill after {cause.reason}" if cause else reason,
+        origin_ts=cause.origin_ts if cause else None,
+    )
+
+
+# --- kb.changes (key doc_id) -----------------------------------------------------------------
+
+
+async def on_kb_change(p: Pipeline, change: KbChange) -> None:
+    prior_raw = p.tables.docs.get(change.doc_id)
+    prior = DocState.model_validate(prior_raw) if prior_raw else None
+    if logic.is_stale(change, prior):
+        p.stats["stale_events"] += 1
+        return
+    new_chunks = await p.blocking(p.rag.index, change)
+    if new_chunks is None:  # the store holds a newer version than our table (a replay)
+        p.stats["stale_events"] += 1
+        return
+    links = p.tables.doc_prefixes.get(change.doc_id) or {}
+    dependents = {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
+    plan = logic.plan_kb_change(change, prior, new_chunks, dependents, p.clock())
+    assert plan.state is not None  # not stale, so the plan carries the new state
+    p.tables.docs[change.doc_id] = plan.state.model_dump(mode="json")
+    p.stats["kb_events"] += 1
+    for op in plan.ops:
+        await p.out.op(op)
+
+
+# --- ragwarm.prefix-ops (key prefix hash) ----------------------------------------------------
+
+
+async def on_prefix_op(p: Pipeline, op: PrefixOp) -> None:
+    if op.op in ("warm", "warm_on") and not await p.blocking(
+        p.rag.refs_current, op.chunk_refs, op.tenant
+    ):
+        # Freshness: never prefill KV from chunk text that is no longer current.
+        p.stats["stale_warm_skipped"] += 1
+        return
+    if op.op == "invalidate":
+        p.tracker.forget(op.prefix_hash)
+    raw = p.tables.prefixes.get(op.prefix_hash)
+    state = PrefixState.model_validate(raw) if raw else None
+    plan = logic.plan_prefix_op(op, state, p.live_workers(), p.clock(), p.settings.prefix_ttl_s)
+    await apply_plan(p, plan, op)
+
+
+async def apply_plan(p: Pipeline, plan: logic.PrefixPlan, op: PrefixOp) -> None:
+    for cmd in plan.commands:
+        await p.out.command(cmd)
+    if plan.state is None:
+        p.tables.prefixes.pop(op.prefix_hash, None)
+    else:
+        p.tables.prefixes[op.prefix_hash] = plan.state.model_dump(mode="json")
+    for link in plan.links:
+        await p.out.link(link)
+    p.stats.update(plan.counters)
+    if op.reason.startswith("re-prefill") and plan.counters.get("prefills"):
+        p.stats["re_prefills"] += 1
+    for question in plan.rewarm_questions[: p.settings.rewarm_questions]:
+        prefix = await p.blocking(p.rag.prefix_for_question, question, op.tenant)
+        if prefix is not None:
+            await p.out.op(warm_op(prefix, op.tenant, question, op, pin=plan.rewarm_pin))
+
+
+# --- ragwarm.doc-links (key doc_id) ----------------------------------------------------------
+
+
+async def on_doc_link(p: Pipeline, link: DocLink) -> None:
+    current = p.tables.docs.get(link.doc_id)
+    doc = DocState.model_validate(current) if current else None
+    links, stale = logic.plan_doc_link(p.tables.doc_prefixes.get(link.doc_id) or {}, link, doc)
+    p.tables.doc_prefixes[link.doc_id] = links
+    if stale is not None:
+        await p.out.op(stale)
+
+
+# --- worker.events (global table) ------------------------------------------------------------
+
+
+async def on_worker_event(p: Pipeline, event: WorkerEvent) -> None:
+    raw = p.tables.workers.get(event.worker_id)
+    prior = WorkerState.model_validate(raw) if raw else None
+    state = logic.apply_worker_event(prior, event, p.clock())
+    p.tables.workers[event.worker_id] = state.model_dump(mode="json")
+    if event.kind == "stored" and event.prefix_tokens:
+        p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens
+    if event.kind == "ready":
+        for op in list(p.tracker.hot.values()):
+            await p.out.op(
+                op.model_copy(update={"op": "warm_on", "target_worker": event.worker_id})
+            )
+
+
+# --- rag.queries (key tenant) ----------------------------------------------------------------
+
+
+async def on_query(p: Pipeline, query: QueryEvent) -> None:
+    payload = HotPayload(
+        tenant=query.tenant,
+        question=query.question,
+        chunk_refs=tuple(query.chunk_refs),
+        prefix_tokens=query.prefix_tokens,
+    )
+    p.tracker.observe(query.prefix_hash, payload, p.clock())
+    p.stats["queries"] += 1
+    if p.settings.track_queries:
+        op = await query_warm_op(p, query)
+        if op is not None:
+            await p.out.op(op)
+
+
+async def query_warm_op(p: Pipeline, query: QueryEvent) -> PrefixOp | None:
+    """Keep the prefix an answered query used warm (TTL) and linked to its chunks, so an
+    edit to them re-warms what the question retrieves then. None when nothing would change:
+    the prefix is known, held by a worker, far from expiry and already lists the question."""
+    if not query.prefix_hash or not query.chunk_refs:
+        return None
+    raw = p.tables.prefixes.get(query.prefix_hash)
+    if raw is None:
+        prefix = await p.blocking(p.rag.prefix_for_refs, query.chunk_refs, query.tenant)
+        if prefix is None or prefix.prefix_hash != query.prefix_hash:
+            return None  # its chunks changed since it was asked: the KB change handles that
+        return warm_op(prefix, query.tenant, query.question, reason="query")
+    state = PrefixState.model_validate(raw)
+    held = logic.holders_of(query.prefix_hash, p.live_workers())
+    fresh = state.expires_at - p.clock() > p.settings.prefix_ttl_s / 2
+    if held and fresh and query.question in state.questions:
+        return None
+    # The state has the tokens; the op only refreshes the TTL and the question list.
+    return PrefixOp(
+        op="warm",
+        prefix_hash=query.prefix_hash,
+        tenant=query.tenant,
+        chunk_refs=state.chunk_refs,
+        question=query.question,
+        reason="query",
+    )
+
+
+async def plan_hot(p: Pipeline) -> None:
+    """Warm the hottest prefixes that fit the hot-token share; release those that cooled."""
+    ranked = p.tracker.ranked(p.clock())
+    ready = [w for w in p.live_workers() if w.ready]
+    budget = int(p.settings.hot_share * sum(w.mem_total for w in ready))
+    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    candidates = [logic.HotCandidate(h, c, pl.prefix_tokens) for h, c, pl in ranked]
+    hot, cooled = logic.plan_hot_set(
+        candidates, budget, per_token, p.tracker.hot, p.settings.hot_min_count
+    )
+    payloads = {h: pl for h, _, pl in ranked}
+    for prefix_hash in hot:
+        if prefix_hash not in p.tracker.hot:
+            op = await hot_warm_op(p, prefix_hash, payloads[prefix_hash])
+            if op is not None:
+                p.tracker.hot[prefix_hash] = op
+                await p.out.op(op)
+    for prefix_hash in cooled:
+        op = p.tracker.hot.pop(prefix_hash)
+        await p.out.op(
+            PrefixOp(op="cool", prefix_hash=op.prefix_hash, tenant=op.tenant, reason="cooled down")
+        )
+
+
+async def hot_warm_op(p: Pipeline, prefix_hash: str, payload: HotPayload) -> PrefixOp | None:
+    prefix = await p.blocking(p.rag.prefix_for_refs, list(payload.chunk_refs), payload.tenant)
+    if prefix is None or prefix.prefix_hash != prefix_hash:
+        # The query's chunks changed since it was asked: warm what it would retrieve now.
+        prefix = await p.blocking(p.rag.prefix_for_question, payload.question, payload.tenant)
+    if prefix is None:
+        return None
+    return warm_op(prefix, payload.tenant, payload.question, pin=True)

@@ -1,0 +1,157 @@
+"""The streams handlers over dict tables and an in-memory outbox (no Kafka, no store)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from ragwarm.strategies.streams_sim import run_sync
+from schemas import ChunkRef, QueryEvent, WarmupCommand
+from streams import handlers as h
+from streams.hot import HotTracker
+from streams.ports import WarmPrefix
+from streams.records import DocLink, PrefixOp, PrefixState, WorkerState
+from streams.settings import StreamsSettings
+
+P1 = "a" * 64
+REFS = [ChunkRef(chunk_id="d.md#0", content_hash="1" * 64)]
+
+
+class Port:
+    """A RAG port over a fixed set of current chunks, recording what it was asked."""
+
+    def __init__(self, current: dict[tuple[str, str], str]) -> None:
+        self.current = current  # (tenant, chunk id) -> content hash
+        self.calls: list[str] = []
+
+    def index(self, change):
+        raise AssertionError("not used here")
+
+    def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
+        return None
+
+    def prefix_for_refs(self, refs: Sequence[ChunkRef], tenant: str) -> WarmPrefix | None:
+        self.calls.append("prefix_for_refs")
+        if not self.refs_current(refs, tenant):
+            return None
+        return WarmPrefix(prefix_hash=P1, token_ids=[7] * 32, chunk_refs=list(refs))
+
+    def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
+        return all(self.current.get((tenant, r.chunk_id)) == r.content_hash for r in refs)
+
+    def search(self, question, tenant, k):
+        return []
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self.ops: list[PrefixOp] = []
+        self.links: list[DocLink] = []
+        self.commands: list[WarmupCommand] = []
+
+    async def op(self, op: PrefixOp) -> None:
+        self.ops.append(op)
+
+    async def link(self, link: DocLink) -> None:
+        self.links.append(link)
+
+    async def command(self, cmd: WarmupCommand) -> None:
+        self.commands.append(cmd)
+
+
+def pipeline(port: Port, now: float = 100.0, **settings) -> tuple[h.Pipeline, Outbox]:
+    out = Outbox()
+    tables = h.StreamTables(docs={}, doc_prefixes={}, prefixes={}, workers={})
+    worker = WorkerState(worker_id="w1", ready=True, mem_total=1000, last_seen=now)
+    tables.workers["w1"] = worker.model_dump(mode="json")
+    p = h.Pipeline(
+        tables=tables,
+        out=out,
+        rag=port,
+        settings=StreamsSettings(**settings),
+        tracker=HotTracker(600.0, 60.0),
+        clock=lambda: now,
+    )
+    return p, out
+
+
+def query(question: str = "why?", tenant: str = "default") -> QueryEvent:
+    return QueryEvent(
+        tenant=tenant,
+        question=question,
+        chunk_refs=REFS,
+        prefix_hash=P1,
+        prefix_tokens=32,
+        prompt_tokens=40,
+    )
+
+
+def test_a_new_query_prefix_is_registered_with_its_tokens():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    p, out = pipeline(port)
+    run_sync(h.on_query(p, query()))
+    [op] = out.ops
+    assert (op.op, op.prefix_hash, op.question, op.reason) == ("warm", P1, "why?", "query")
+    assert op.token_ids == [7] * 32 and op.chunk_refs == REFS
+
+
+def test_a_known_fresh_held_prefix_asked_again_sends_nothing():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    p, out = pipeline(port, prefix_ttl_s=60.0)
+    p.tables.prefixes[P1] = PrefixState(
+        tenant="default",
+        chunk_refs=REFS,
+        token_ids=[7] * 32,
+        questions=["why?"],
+        expires_at=150.0,
+    ).model_dump(mode="json")
+    held = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=[P1], last_seen=100)
+    p.tables.workers["w1"] = held.model_dump(mode="json")
+    run_sync(h.on_query(p, query()))
+    assert out.ops == [] and port.calls == []
+    # A new question on it is recorded (without tokens: the state has them).
+    run_sync(h.on_query(p, query("how?")))
+    [op] = out.ops
+    assert op.question == "how?" and op.token_ids == [] and port.calls == []
+
+
+def test_query_tracking_can_be_switched_off():
+    p, out = pipeline(Port({("default", "d.md#0"): "1" * 64}), track_queries=False)
+    run_sync(h.on_query(p, query()))
+    assert out.ops == [] and p.stats["queries"] == 1
+
+
+def test_a_query_whose_chunks_changed_since_is_not_registered():
+    p, out = pipeline(Port({("default", "d.md#0"): "2" * 64}))
+    run_sync(h.on_query(p, query()))
+    assert out.ops == []
+
+
+def test_freshness_is_checked_in_the_ops_tenant():
+    # The chunk is current for tenant "acme" only: a warm op of "acme" prefills.
+    port = Port({("acme", "d.md#0"): "1" * 64})
+    p, out = pipeline(port)
+    op = PrefixOp(
+        op="warm",
+        prefix_hash=P1,
+        tenant="acme",
+        chunk_refs=REFS,
+        token_ids=[7] * 32,
+        question="why?",
+    )
+    run_sync(h.on_prefix_op(p, op))
+    assert [c.op for c in out.commands] == ["prefill"] and out.commands[0].tenant == "acme"
+    run_sync(
+        h.on_prefix_op(p, op.model_copy(update={"tenant": "default", "prefix_hash": "b" * 64}))
+    )
+    assert p.stats["stale_warm_skipped"] == 1
+
+
+def test_run_sync_refuses_a_handler_that_waits():
+    async def waits() -> None:
+        await asyncio.sleep(0)
+
+    with pytest.raises(RuntimeError, match="waited on I/O"):
+        run_sync(waits())
