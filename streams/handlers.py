@@ -182,10 +182,37 @@ async def on_worker_event(p: Pipeline, event: WorkerEvent) -> None:
     if event.kind == "stored" and event.prefix_tokens:
         p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens
     if event.kind == "ready":
-        for op in list(p.tracker.hot.values()):
-            await p.out.op(
-                op.model_copy(update={"op": "warm_on", "target_worker": event.worker_id})
+        await warm_new_worker(p, event)
+
+
+async def warm_new_worker(p: Pipeline, event: WorkerEvent) -> None:
+    """A worker that (re)started holds nothing: send it the hot set, re-plan the hot set
+    with its memory added, then the tracked prefixes most in use, up to the warmup
+    threshold of its memory (the hot share included)."""
+    for op in list(p.tracker.hot.values()):
+        await p.out.op(op.model_copy(update={"op": "warm_on", "target_worker": event.worker_id}))
+    await plan_hot(p)
+    if not p.settings.track_queries:
+        return
+    now = p.clock()
+    reserve = p.settings.hot_share if p.settings.hot_tokens else 0.0
+    budget = int((logic.MEMORY_THRESHOLD - reserve) * event.mem_total_bytes)
+    tracked = [(h, PrefixState.model_validate(v)) for h, v in list(p.tables.prefixes.items()) if v]
+    counts = {h: c for h, c, _ in p.tracker.ranked(now)}
+    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    states = dict(tracked)
+    for prefix_hash in logic.plan_rewarm(tracked, now, budget, per_token, p.tracker.hot, counts):
+        state = states[prefix_hash]
+        await p.out.op(
+            PrefixOp(
+                op="warm_on",
+                prefix_hash=prefix_hash,
+                tenant=state.tenant,
+                chunk_refs=state.chunk_refs,
+                target_worker=event.worker_id,
+                reason="worker ready",
             )
+        )
 
 
 # --- rag.queries (key tenant) ----------------------------------------------------------------
@@ -236,6 +263,8 @@ async def query_warm_op(p: Pipeline, query: QueryEvent) -> PrefixOp | None:
 
 async def plan_hot(p: Pipeline) -> None:
     """Warm the hottest prefixes that fit the hot-token share; release those that cooled."""
+    if not p.settings.hot_tokens:
+        return
     ranked = p.tracker.ranked(p.clock())
     ready = [w for w in p.live_workers() if w.ready]
     budget = int(p.settings.hot_share * sum(w.mem_total for w in ready))

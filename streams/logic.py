@@ -167,9 +167,17 @@ def _invalidate(op, state, workers, now, ttl_s) -> PrefixPlan:
     plan = PrefixPlan(commands=[cmd], counters={"invalidations": 1})
     if state is not None:
         plan.links = _links(op.prefix_hash, state.chunk_refs, link=False)
-        plan.rewarm_questions = list(state.questions)
-        plan.rewarm_pin = state.hot
+        if _warm_now(op.prefix_hash, state, workers):
+            plan.rewarm_questions = list(state.questions)
+            plan.rewarm_pin = state.hot
     return plan
+
+
+def _warm_now(prefix_hash: str, state: PrefixState, workers: Sequence[WorkerState]) -> bool:
+    """Whether an edit should re-warm this prefix's questions: it is hot, or some worker
+    holds it. A tracked prefix the cache already evicted was cold before the edit; warming
+    its questions then would only push out KV that is in use."""
+    return state.hot or bool(holders_of(prefix_hash, workers))
 
 
 def _extend_ttl(op, state, workers, now, ttl_s) -> PrefixPlan:
@@ -188,7 +196,11 @@ def _extend_ttl(op, state, workers, now, ttl_s) -> PrefixPlan:
         commands=[cmd],
         state=new_state,
         counters={"ttl_extensions": 1},
-        rewarm_questions=list(state.questions) if op.recheck else [],
+        rewarm_questions=(
+            list(state.questions)
+            if op.recheck and _warm_now(op.prefix_hash, state, workers)
+            else []
+        ),
         rewarm_pin=state.hot,
     )
 
@@ -392,3 +404,34 @@ def plan_hot_set(
         used += need
     cooled = sorted(set(previously_hot) - set(hot))
     return hot, cooled
+
+
+# --- A worker that became ready (keyed by worker id) ------------------------------------------
+
+
+def plan_rewarm(
+    tracked: Iterable[tuple[str, PrefixState]],
+    now: float,
+    budget_bytes: int,
+    bytes_per_token: int,
+    skip: Iterable[str] = (),
+    counts: Mapping[str, float] | None = None,
+) -> list[str]:
+    """The tracked prefixes to prefill on a worker that (re)started empty.
+
+    Unexpired prefixes not in `skip` (already sent: the hot set), most used first (count in
+    the hot-token window, then last use), while they fit `budget_bytes`; a prefix too large
+    for what is left is skipped, smaller ones after it may still fit.
+    """
+    counts = counts or {}
+    skipped = set(skip)
+    live = [(h, s) for h, s in tracked if s.expires_at > now and h not in skipped]
+    live.sort(key=lambda hs: (-counts.get(hs[0], 0.0), -hs[1].updated_at, hs[0]))
+    chosen, used = [], 0
+    for prefix_hash, state in live:
+        need = len(state.token_ids) * bytes_per_token
+        if used + need > budget_bytes:
+            continue
+        chosen.append(prefix_hash)
+        used += need
+    return chosen

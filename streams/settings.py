@@ -26,6 +26,9 @@ class StreamsSettings(BaseSettings):
     hot_step_s: float = Field(default=60.0, description="Step of the hopping window.")
     hot_tick_s: float = Field(default=5.0, description="How often the hot set is re-planned.")
     hot_capacity: int = Field(default=256, description="Counters per heavy-hitter sketch.")
+    hot_tokens: bool = Field(
+        default=True, description="Warm the heavy-hitter prefixes of the query stream (pinned)."
+    )
     hot_share: float = Field(
         default=0.18, ge=0.0, le=0.5, description="Share of worker KV memory for hot tokens."
     )

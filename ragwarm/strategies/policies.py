@@ -66,8 +66,12 @@ class Policy:
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
 
+    def logged(self, query: QueryEvent) -> None:
+        """A query of yesterday's log (before the run, no worker up): replayed so a policy
+        that keeps state over the query stream can rebuild it."""
+
     def start(self) -> None:
-        """The initial KB is indexed; no query has been asked yet."""
+        """The initial KB is indexed and the worker is up; no query has been asked today."""
 
     def tick(self, now: float) -> None:
         """The clock reached `now` (called before every step of the timeline)."""

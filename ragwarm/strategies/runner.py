@@ -168,7 +168,8 @@ class Runner:
         hashes = self.rig.base.block_hashes(prefix_ids, tenant=self.rig.tenant)
         return hashes[-1] if hashes else None
 
-    def open_lanes(self, budget: Budget, past: Sequence[Question]) -> None:
+    def open_lanes(self, budget: Budget, past: Sequence[Question],
+                   log: Sequence[tuple[float, Question]] = ()) -> None:
         for name in self.names:
             cls = policy_class(name)
             cache = make_cache(budget, self.clock, self.rig.worker_settings.block_size)
@@ -179,8 +180,32 @@ class Runner:
                                cache_requests=cls.cache_requests)
             ctx = PolicyContext(worker, self.rig.rag, self.settings, self.clock, past)
             self.lanes[name] = Lane(cls(ctx), worker)
+        self.replay_log(log)
+        self.clock.now = 0.0
         for lane in tqdm(self.lanes.values(), desc="policy start", disable=self._quiet()):
             lane.policy.start()
+
+    def replay_log(self, log: Sequence[tuple[float, Question]]) -> None:
+        """Yesterday's answered queries, at their (negative) times, to every policy."""
+        events: dict[str, QueryEvent] = {}
+        for at, question in tqdm(log, desc="yesterday's log", disable=self._quiet()):
+            if question.qid not in events:
+                events[question.qid] = self.logged_event(question)
+            self.clock.now = at
+            for lane in self.lanes.values():
+                lane.policy.logged(events[question.qid])
+
+    def logged_event(self, question: Question) -> QueryEvent:
+        """What the RAG client published for `question` on the start-of-run KB."""
+        retrieval = self.rig.retriever.retrieve(question.question, self.rig.tenant)
+        prompt = self.rig.prompts.build(retrieval.chunks, question.question)
+        hashes = self.rig.base.block_hashes(prompt.prefix_ids, tenant=self.rig.tenant)
+        return QueryEvent(
+            tenant=self.rig.tenant, question=question.question, qid=question.qid,
+            chunk_refs=list(prompt.chunk_refs), prefix_hash=hashes[-1] if hashes else None,
+            block_hashes=hashes, prefix_tokens=prompt.prefix_len,
+            prompt_tokens=len(prompt.token_ids), cached_tokens=0, worker_id="yesterday",
+        )
 
     # -- the timeline --------------------------------------------------------------
 
@@ -302,8 +327,8 @@ def run_benchmark(
     budget_bytes = int(settings.memory_share * prefix_bytes)
     budget = Budget(max_bytes=budget_bytes, max_entries=DEFAULT_MAX_ENTRIES,
                     warm_bytes=budget_bytes)
-    steps, past = _workload(settings, questions, chosen, initial_seq, queries)
-    runner.open_lanes(budget, past)
+    steps, log = _workload(settings, questions, chosen, initial_seq, queries)
+    runner.open_lanes(budget, wl.by_popularity([q for _, q in log]), log)
     runner.run(steps)
     n_queries = sum(isinstance(s, wl.QueryStep) for s in steps)
     meta = {
@@ -319,7 +344,9 @@ def run_benchmark(
 def _workload(
     settings: StrategySettings, questions: Sequence[Question], edits: Sequence[TraceEvent],
     initial_seq: int, queries: int,
-) -> tuple[list[wl.Step], list[Question]]:
+) -> tuple[list[wl.Step], list[tuple[float, Question]]]:
+    """Today's timeline, and yesterday's log: as many draws as `history_queries`, on the
+    same arrival process, ending one mean gap before today's first query."""
     rng = random.Random(settings.seed)
     weights = wl.zipf_weights([q.qid for q in questions], settings.zipf_s, rng)
     arrivals = wl.arrivals(queries, rng, settings.mean_gap_s, settings.burst_prob,
@@ -328,7 +355,10 @@ def _workload(
                         settings.edits_from)
     yesterday = random.Random(settings.seed + 1)
     log = wl.past_log(questions, weights, initial_seq, settings.history_queries, yesterday)
-    return steps, wl.by_popularity(log)
+    times = wl.arrivals(len(log), yesterday, settings.mean_gap_s, settings.burst_prob,
+                        settings.burst_size, settings.burst_gap_s)
+    end = times[-1].at + settings.mean_gap_s if times else 0.0
+    return steps, [(a.at - end, q) for a, q in zip(times, log, strict=True)]
 
 
 def _say(message: str) -> None:

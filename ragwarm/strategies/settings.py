@@ -71,7 +71,10 @@ class StrategySettings(BaseSettings):
         default=900.0, gt=0, description="scheduled: seconds between refreshes of the warm set."
     )
     history_queries: int = Field(
-        default=300, ge=1, description="history: size of the past query log (drawn like today's)."
+        default=300,
+        ge=1,
+        description="Yesterday's query log: draws like today's on the same arrival process, "
+        "ending just before the run (history and scheduled rank it; streams policies replay it).",
     )
     threads: int | None = Field(default=None, ge=1, description="torch threads; default 1.")
     tenant: str = Field(default="default", description="Tenant of the documents and queries.")

@@ -101,6 +101,7 @@ class StreamsPolicy(Policy):
             hot_min_count=s.hot_min_count,
             rewarm_questions=s.rewarm_questions,
             track_queries=self.track_queries,
+            hot_tokens=self.hot,
             kv_bytes_per_token=ctx.worker.engine.kv_bytes_per_token,
             worker_stale_s=float("inf"),  # one worker, heartbeating on every step
             tenant=s.tenant,
@@ -115,6 +116,8 @@ class StreamsPolicy(Policy):
             tracker=HotTracker(settings.hot_window_s, settings.hot_step_s, settings.hot_capacity),
             clock=ctx.clock,
         )
+        if self.kb_events:
+            self.pipeline.tables.docs.update(_doc_table(ctx))
         self.next_hot = 0.0
         ctx.worker.listeners.append(self.queue.append)  # worker.events
 
@@ -124,14 +127,17 @@ class StreamsPolicy(Policy):
 
     # -- the policy hooks feed the app's inputs ---------------------------------------
 
+    def logged(self, query: QueryEvent) -> None:
+        # Yesterday's rag.queries: the app saw them (tables, hot windows); no worker yet.
+        self.feed(query)
+
     def start(self) -> None:
-        if self.kb_events:
-            self.pipeline.tables.docs.update(_doc_table(self.ctx))
+        # The worker reports ready: the app warms what it knows to be in use.
         self.feed(self.ctx.worker.runtime.status_event("ready"))
 
     def tick(self, now: float) -> None:
         self.feed(self.ctx.worker.runtime.status_event("heartbeat"))
-        if self.hot and now >= self.next_hot:
+        if now >= self.next_hot:
             run_sync(h.plan_hot(self.pipeline))  # the app's hot-tick timer
             self.next_hot = now + self.pipeline.settings.hot_tick_s
             self.drain()

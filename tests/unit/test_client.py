@@ -26,11 +26,22 @@ from workers.cache import block_hashes
 
 HASH = "ab" * 32
 CHUNKS = [
-    {"chunk_id": "docs/faq.md#0", "content_hash": HASH, "doc_id": "docs/faq.md",
-     "text": "Reset the admin password with argocd account update-password.", "score": 0.9,
-     "version": 27},
-    {"chunk_id": "docs/faq.md#1", "content_hash": "cd" * 32, "doc_id": "docs/faq.md",
-     "text": "Disable the admin user with admin.enabled false.", "score": 0.8, "version": 27},
+    {
+        "chunk_id": "docs/faq.md#0",
+        "content_hash": HASH,
+        "doc_id": "docs/faq.md",
+        "text": "Reset the admin password with argocd account update-password.",
+        "score": 0.9,
+        "version": 27,
+    },
+    {
+        "chunk_id": "docs/faq.md#1",
+        "content_hash": "cd" * 32,
+        "doc_id": "docs/faq.md",
+        "text": "Disable the admin user with admin.enabled false.",
+        "score": 0.8,
+        "version": 27,
+    },
 ]
 
 
@@ -41,11 +52,12 @@ def test_sse_data_joins_multiline_data_and_skips_comments_and_other_fields():
 
 
 def test_sse_data_drops_an_unterminated_event():
-    assert list(sse_data(["data: {}", "", "data: {\"half"])) == ["{}"]
+    assert list(sse_data(["data: {}", "", 'data: {"half'])) == ["{}"]
 
 
-@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=30),
-                max_size=20))
+@given(
+    st.lists(st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=30), max_size=20)
+)
 def test_sse_data_round_trips_any_payloads(payloads):
     lines = [line for p in payloads for line in (f"data: {p}", "")]
     assert list(sse_data(lines)) == payloads
@@ -57,8 +69,12 @@ def _chunk(text: str, finish: str | None = None) -> str:
 
 def test_stream_result_collects_text_first_token_time_and_usage():
     result = StreamResult(sent_at=1.0)
-    usage = {"prompt_tokens": 40, "completion_tokens": 2,
-             "prompt_tokens_details": {"cached_tokens": 32}, "ttft_ms": 5.0}
+    usage = {
+        "prompt_tokens": 40,
+        "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 32},
+        "ttft_ms": 5.0,
+    }
     assert result.feed(_chunk("Hel"), 1.25) == "Hel"
     assert result.feed(_chunk("lo", "length"), 1.5) == "lo"
     result.feed(json.dumps({"choices": [], "usage": usage}), 1.6)
@@ -68,11 +84,14 @@ def test_stream_result_collects_text_first_token_time_and_usage():
     assert result.usage == usage
 
 
-@pytest.mark.parametrize("events", [
-    [_chunk("a")],  # no finish reason, no [DONE]
-    [_chunk("a", "stop")],  # no [DONE]
-    ["[DONE]"],  # nothing generated
-])
+@pytest.mark.parametrize(
+    "events",
+    [
+        [_chunk("a")],  # no finish reason, no [DONE]
+        [_chunk("a", "stop")],  # no [DONE]
+        ["[DONE]"],  # nothing generated
+    ],
+)
 def test_an_incomplete_stream_is_a_worker_failure(events):
     result = StreamResult(sent_at=0.0)
     for data in events:
@@ -81,8 +100,9 @@ def test_an_incomplete_stream_is_a_worker_failure(events):
         result.check_complete()
 
 
-@pytest.mark.parametrize("data", ['{"error": {"message": "generation failed: boom"}}',
-                                  "not json", "[1, 2]"])
+@pytest.mark.parametrize(
+    "data", ['{"error": {"message": "generation failed: boom"}}', "not json", "[1, 2]"]
+)
 def test_error_or_malformed_events_are_worker_failures(data):
     with pytest.raises(WorkerFailed):
         StreamResult(sent_at=0.0).feed(data, 0.1)
@@ -102,14 +122,21 @@ def test_candidates_start_with_the_chosen_worker_then_the_others_once():
 
 
 def test_route_from_json_skips_workers_without_url():
-    raw = {"worker_id": "w2", "url": W2.url, "matched_blocks": 3,
-           "workers": [{"worker_id": "w1", "url": None}, {"worker_id": "w2", "url": W2.url}]}
+    raw = {
+        "worker_id": "w2",
+        "url": W2.url,
+        "matched_blocks": 3,
+        "workers": [{"worker_id": "w1", "url": None}, {"worker_id": "w2", "url": W2.url}],
+    }
     assert Route.from_json(raw) == Route(W2, 3, (W2,))
     assert Route.from_json({"worker_id": None, "url": None, "workers": []}).chosen is None
 
 
-@given(st.lists(st.sampled_from([W1, W2, W3]), max_size=6), st.sampled_from([None, W1, W2]),
-       st.integers(1, 5))
+@given(
+    st.lists(st.sampled_from([W1, W2, W3]), max_size=6),
+    st.sampled_from([None, W1, W2]),
+    st.integers(1, 5),
+)
 def test_candidates_never_repeat_and_respect_the_limit(workers, chosen, limit):
     order = candidates(Route(chosen, 0, tuple(workers)), limit)
     assert len(order) == len({w.worker_id for w in order}) <= limit
@@ -119,10 +146,18 @@ def test_candidates_never_repeat_and_respect_the_limit(workers, chosen, limit):
 
 # --- the client over fake servers ---------------------------------------------------------------
 def sse_body(text: str = "Hi there", cached: int = 16) -> bytes:
-    usage = {"prompt_tokens": 60, "completion_tokens": 2,
-             "prompt_tokens_details": {"cached_tokens": cached}, "ttft_ms": 3.5}
-    events = [_chunk("Hi"), _chunk(text[2:], "length"),
-              json.dumps({"choices": [], "usage": usage}), "[DONE]"]
+    usage = {
+        "prompt_tokens": 60,
+        "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "ttft_ms": 3.5,
+    }
+    events = [
+        _chunk("Hi"),
+        _chunk(text[2:], "length"),
+        json.dumps({"choices": [], "usage": usage}),
+        "[DONE]",
+    ]
     return "".join(f"data: {e}\n\n" for e in events).encode()
 
 
@@ -161,10 +196,15 @@ class FakeCluster:
             return httpx.Response(200, json={"chunks": CHUNKS})
         if path == "/ragwarm/route":
             chosen = self.chosen
-            return httpx.Response(200, json={
-                "worker_id": chosen, "url": self.url(chosen) if chosen else None,
-                "matched_blocks": 2 if chosen else 0,
-                "workers": [{"worker_id": w["worker_id"], "url": w["url"]} for w in workers]})
+            return httpx.Response(
+                200,
+                json={
+                    "worker_id": chosen,
+                    "url": self.url(chosen) if chosen else None,
+                    "matched_blocks": 2 if chosen else 0,
+                    "workers": [{"worker_id": w["worker_id"], "url": w["url"]} for w in workers],
+                },
+            )
         if path == "/ragwarm/workers":
             return httpx.Response(200, json={"workers": workers})
         return httpx.Response(200, json={"status": "ok"})
@@ -186,8 +226,14 @@ def make_client(cluster: FakeCluster, **settings) -> tuple[RagClient, ListEmitte
     config = ClientSettings(streams_url="http://streams.test", max_tokens=4, **settings)
     streams = httpx.Client(base_url=config.streams_url, transport=transport)
     emitter = ListEmitter()
-    client = RagClient(config, PromptBuilder(WordTokenizer(), "Answer from context."), "m",
-                       streams, emitter=emitter, transport=transport)  # type: ignore[arg-type]
+    client = RagClient(
+        config,
+        PromptBuilder(WordTokenizer(), "Answer from context."),
+        "m",
+        streams,
+        emitter=emitter,
+        transport=transport,
+    )  # type: ignore[arg-type]
     return client, emitter
 
 
@@ -196,7 +242,8 @@ def test_warm_pools_opens_a_connection_to_the_streams_app_and_every_worker():
     client, _ = make_client(cluster)
     assert client.warm_pools() == ["w1", "w2"]
     assert {"w1.test/health/live", "w2.test/health/live", "streams.test/ragwarm/health"} <= set(
-        cluster.calls)
+        cluster.calls
+    )
 
 
 def test_query_goes_to_the_routed_worker_and_emits_its_query_event():
@@ -223,8 +270,9 @@ BROKEN = b"data: " + _chunk("Hi").encode() + b"\n\n"  # cut off before finish an
 ERROR = b'data: {"error": {"message": "generation failed"}}\n\ndata: [DONE]\n\n'
 
 
-@pytest.mark.parametrize("failure", [httpx.ConnectError("refused"), 503, 500, BROKEN, ERROR,
-                                     httpx.ReadError("reset")])
+@pytest.mark.parametrize(
+    "failure", [httpx.ConnectError("refused"), 503, 500, BROKEN, ERROR, httpx.ReadError("reset")]
+)
 def test_a_failing_worker_is_retried_on_the_next_one(failure):
     cluster = FakeCluster("w2", {"w1": "ok", "w2": failure})
     client, emitter = make_client(cluster)
@@ -260,7 +308,8 @@ def test_query_event_of_a_prompt_shorter_than_a_block_has_no_prefix_hash():
     cluster = FakeCluster("w1", {"w1": "ok"})
     client, _ = make_client(cluster)
     prepared = client.prepare("q")
-    short = prepared.__class__(prepared.question, prepared.tenant, (), prepared.prompt, (),
-                               0.0, 10_000)
+    short = prepared.__class__(
+        prepared.question, prepared.tenant, (), prepared.prompt, (), 0.0, 10_000
+    )
     answer = client.ask(short)
     assert query_event(short, answer).prefix_hash is None

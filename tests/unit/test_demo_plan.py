@@ -20,8 +20,9 @@ T = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def event(seq: int, doc: str, text: str | None, initial: bool, op: str = "upsert") -> TraceEvent:
-    return TraceEvent(seq=seq, timestamp=T, op=op, doc_id=doc, text=text,
-                      metadata={"initial": initial})
+    return TraceEvent(
+        seq=seq, timestamp=T, op=op, doc_id=doc, text=text, metadata={"initial": initial}
+    )
 
 
 def question(qid: str, doc: str, first_seq: int = 0) -> Question:
@@ -29,12 +30,21 @@ def question(qid: str, doc: str, first_seq: int = 0) -> Question:
 
 
 EVENTS = [
-    event(0, "a.md", "A0", True), event(1, "b.md", "B0", True), event(2, "c.md", "C0", True),
+    event(0, "a.md", "A0", True),
+    event(1, "b.md", "B0", True),
+    event(2, "c.md", "C0", True),
     event(3, "z.md", "Z1", False),  # no question asks about z.md
-    event(4, "b.md", "B1", False), event(5, "a.md", "A1", False), event(6, "b.md", "B2", False),
+    event(4, "b.md", "B1", False),
+    event(5, "a.md", "A1", False),
+    event(6, "b.md", "B2", False),
 ]
-QUESTIONS = [question("q1", "a.md"), question("q2", "a.md"), question("q3", "b.md"),
-             question("q4", "c.md"), question("q5", "b.md", first_seq=6)]
+QUESTIONS = [
+    question("q1", "a.md"),
+    question("q2", "a.md"),
+    question("q3", "b.md"),
+    question("q4", "c.md"),
+    question("q5", "b.md", first_seq=6),
+]
 
 
 def test_plan_takes_the_first_edits_of_asked_documents_and_their_live_questions():
@@ -58,22 +68,30 @@ def paragraphs(doc_id: str, text: str) -> dict[str, str]:
 
 def test_changed_chunks_follow_the_edits_in_order():
     initial = [event(0, "a.md", "x|y|z", True), event(1, "b.md", "p|q", True)]
-    edits = [event(2, "a.md", "x|Y|z", False), event(3, "a.md", "x|Y", False),
-             event(4, "b.md", None, False, op="delete")]
+    edits = [
+        event(2, "a.md", "x|Y|z", False),
+        event(3, "a.md", "x|Y", False),
+        event(4, "b.md", None, False, op="delete"),
+    ]
     assert changed_chunks(initial, edits, paragraphs) == {"a.md#1", "a.md#2", "b.md#0", "b.md#1"}
     assert changed_chunks(initial, edits[:1], paragraphs) == {"a.md#1"}
     # An edit that only appends a chunk changes none of the existing ones.
     assert changed_chunks(initial, [event(5, "a.md", "x|y|z|w", False)], paragraphs) == set()
 
 
-def row(q: str, phase: str, ttft: float, cached: int, prefix: str = "p1",
-        prefix_tokens: int = 100) -> Row:
+def row(
+    q: str, phase: str, ttft: float, cached: int, prefix: str = "p1", prefix_tokens: int = 100
+) -> Row:
     return Row(q, phase, ttft, cached, 120, None, 0.0, prefix, prefix_tokens, "w1")
 
 
 def test_summaries_take_medians_and_say_what_became_of_the_prefix():
-    rows = [row("q", "cold", 900, 0), row("q", "warm", 40, 112), row("q", "warm", 60, 112),
-            row("q", "after_edit", 55, 96, prefix="p2")]
+    rows = [
+        row("q", "cold", 900, 0),
+        row("q", "warm", 40, 112),
+        row("q", "warm", 60, 112),
+        row("q", "after_edit", 55, 96, prefix="p2"),
+    ]
     (s,) = summarize(rows)
     assert s.ttft == {"cold": 900, "warm": 50, "after_edit": 55}
     assert s.cached == {"cold": 0, "warm": 112, "after_edit": 96}
@@ -84,20 +102,23 @@ def test_after_edit_state_tells_unchanged_rewarmed_and_cold_apart():
     warm = row("q", "warm", 40, 112)
     assert after_edit_state([warm, row("q", "after_edit", 40, 112)]) == "unchanged (TTL extended)"
     assert after_edit_state([warm, row("q", "after_edit", 300, 32, prefix="p2")]) == (
-        "changed, NOT re-warmed")
+        "changed, NOT re-warmed"
+    )
     assert after_edit_state([warm]) == "-"
 
 
 def test_table_has_a_line_per_question_and_marks_missing_phases():
-    rows = [row("a question that is much longer than the forty-six columns", "cold", 900, 0),
-            row("short?", "cold", 800, 0), row("short?", "warm", 30, 96)]
+    rows = [
+        row("a question that is much longer than the forty-six columns", "cold", 900, 0),
+        row("short?", "cold", 800, 0),
+        row("short?", "warm", 30, 96),
+    ]
     lines = table_lines(summarize(rows))
     assert len(lines) == 4 and "…" in lines[2]
     assert lines[3].split()[1:4] == ["800.0", "30.0", "-"]
 
 
 def test_chart_is_written_as_png(tmp_path):
-    rows = [row("q", "cold", 900, 0), row("q", "warm", 40, 112),
-            row("q", "after_edit", 45, 96)]
+    rows = [row("q", "cold", 900, 0), row("q", "warm", 40, 112), row("q", "after_edit", 45, 96)]
     path = write_chart(rows, 1.5, tmp_path / "out" / "ttft.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

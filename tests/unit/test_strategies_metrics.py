@@ -15,17 +15,37 @@ from schemas import ChunkRef
 H1, H2 = "a" * 64, "b" * 64
 
 
-def row(policy: str, ttft: float, *, hit: bool = False, post: bool = False,
-        stale: bool = False, cached: int = 0) -> QueryRow:
-    return QueryRow(policy=policy, index=0, at=0.0, qid="q", burst=False, post_edit=post,
-                    repeat=True, ttft_ms=ttft, prompt_tokens=100, prefix_tokens=90,
-                    cached_tokens=cached,
-                    hit=hit, partial=False, stale=stale, outdated_partial=False,
-                    mem_share=0.5, pinned_share=0.1)
+def row(
+    policy: str,
+    ttft: float,
+    *,
+    hit: bool = False,
+    post: bool = False,
+    stale: bool = False,
+    cached: int = 0,
+) -> QueryRow:
+    return QueryRow(
+        policy=policy,
+        index=0,
+        at=0.0,
+        qid="q",
+        burst=False,
+        post_edit=post,
+        repeat=True,
+        ttft_ms=ttft,
+        prompt_tokens=100,
+        prefix_tokens=90,
+        cached_tokens=cached,
+        hit=hit,
+        partial=False,
+        stale=stale,
+        outdated_partial=False,
+        mem_share=0.5,
+        pinned_share=0.1,
+    )
 
 
-@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=50),
-       st.floats(0, 100))
+@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=50), st.floats(0, 100))
 def test_percentile_lies_between_min_and_max(values, q):
     assert min(values) <= percentile(values, q) <= max(values)
 
@@ -36,8 +56,12 @@ def test_percentile_interpolates_like_numpy():
 
 
 def test_summarize_computes_rates_and_reductions():
-    rows = [row("none", 1000.0), row("none", 1000.0),
-            row("reactive", 100.0, hit=True, post=True, cached=80), row("reactive", 1000.0)]
+    rows = [
+        row("none", 1000.0),
+        row("none", 1000.0),
+        row("reactive", 100.0, hit=True, post=True, cached=80),
+        row("reactive", 1000.0),
+    ]
     figures = summarize(rows, {"reactive": {"warmup_seconds": 1.5}}, ["none", "reactive"])
     r = figures["reactive"]
     assert r["hit_rate"] == 0.5 and r["post_edit_hit_rate"] == 1.0 and r["queries"] == 2
@@ -47,8 +71,7 @@ def test_summarize_computes_rates_and_reductions():
 
 
 def test_json_report_has_exactly_the_contract_keys():
-    figures = summarize([row("none", 5.0), row("hybrid", 1.0, stale=True)], {},
-                        ["none", "hybrid"])
+    figures = summarize([row("none", 5.0), row("hybrid", 1.0, stale=True)], {}, ["none", "hybrid"])
     report = json_report(figures, queries=1, kb_events=3)
     assert set(report) == {"policies", "queries", "kb_events"}
     assert set(report["policies"]["hybrid"]) == set(JSON_KEYS)
@@ -57,8 +80,15 @@ def test_json_report_has_exactly_the_contract_keys():
 
 
 def test_policy_names_and_the_error_listing_them():
-    assert policy_names() == ["none", "reactive", "scheduled", "history", "event-rag",
-                                      "hot-tokens", "hybrid"]
+    assert policy_names() == [
+        "none",
+        "reactive",
+        "scheduled",
+        "history",
+        "event-rag",
+        "hot-tokens",
+        "hybrid",
+    ]
     assert policy_class("hybrid").name == "hybrid"
     with pytest.raises(ValueError, match="valid names: none, reactive, .*hybrid"):
         policy_class("lfu")
@@ -69,8 +99,10 @@ def test_only_none_skips_request_caching():
     assert caching["none"] is False and caching["reactive"] is True
 
 
-SPANS = [(ChunkRef(chunk_id="d#0", content_hash=H1), 10, 50),
-         (ChunkRef(chunk_id="d#1", content_hash=H1), 50, 90)]
+SPANS = [
+    (ChunkRef(chunk_id="d#0", content_hash=H1), 10, 50),
+    (ChunkRef(chunk_id="d#1", content_hash=H1), 50, 90),
+]
 
 
 def test_reuse_check_flags_a_whole_outdated_chunk_as_stale():
@@ -92,8 +124,9 @@ def test_reuse_check_accepts_current_chunks_and_skips_the_store_for_misses():
 
 
 def test_markdown_table_lists_every_policy():
-    figures = summarize([row("none", 10.0), row("reactive", 5.0, hit=True)], {},
-                        ["none", "reactive"])
+    figures = summarize(
+        [row("none", 10.0), row("reactive", 5.0, hit=True)], {}, ["none", "reactive"]
+    )
     table = markdown_table(figures).splitlines()
     assert table[0].startswith("| policy | TTFT p50 ms")
     assert table[3].startswith("| reactive | 5 | -50% |")

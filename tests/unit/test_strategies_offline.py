@@ -13,16 +13,22 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 PER_TOKEN = 1000
 
 
-def query(i: int, question: str, version: str, ttft: float | None = 500.0,
-          cached: int = 0) -> QueryEvent:
+def query(
+    i: int, question: str, version: str, ttft: float | None = 500.0, cached: int = 0
+) -> QueryEvent:
     """A query whose 4-block prefix is built from chunk `doc#0` at `version`."""
     digest = (version * 64)[:64]
     chain = [f"{version}{question[:1]}{b:030d}" for b in range(4)]
     return QueryEvent(
-        question=question, timestamp=T0 + timedelta(seconds=10 * i),
+        question=question,
+        timestamp=T0 + timedelta(seconds=10 * i),
         chunk_refs=[ChunkRef(chunk_id="doc#0", content_hash=digest)],
-        prefix_hash=chain[-1], block_hashes=chain, prefix_tokens=64, prompt_tokens=80,
-        cached_tokens=cached, ttft_ms=ttft,
+        prefix_hash=chain[-1],
+        block_hashes=chain,
+        prefix_tokens=64,
+        prompt_tokens=80,
+        cached_tokens=cached,
+        ttft_ms=ttft,
     )
 
 
@@ -32,8 +38,10 @@ def hit_rates(events: list[QueryEvent], policy: str) -> list[bool]:
 
 
 def test_fit_cost_recovers_a_line_and_falls_back_without_data():
-    events = [query(0, "a?", "a", ttft=10 + 2 * 80), query(1, "a?", "a", ttft=10 + 2 * 16,
-                                                          cached=64)]
+    events = [
+        query(0, "a?", "a", ttft=10 + 2 * 80),
+        query(1, "a?", "a", ttft=10 + 2 * 16, cached=64),
+    ]
     cost = fit_cost(events)
     assert cost.fixed_ms == pytest.approx(10) and cost.per_token_ms == pytest.approx(2)
     assert cost.fitted_on == 2

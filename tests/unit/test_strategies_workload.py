@@ -16,14 +16,22 @@ T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 def ev(seq: int, doc: str, minute: int = 0, initial: bool = False) -> TraceEvent:
     meta = {"initial": True} if initial else {}
-    return TraceEvent(seq=seq, timestamp=T0 + timedelta(minutes=minute), op="upsert",
-                      doc_id=doc, text=f"{doc} v{seq}", metadata=meta)
+    return TraceEvent(
+        seq=seq,
+        timestamp=T0 + timedelta(minutes=minute),
+        op="upsert",
+        doc_id=doc,
+        text=f"{doc} v{seq}",
+        metadata=meta,
+    )
 
 
-def q(qid: str, doc: str | None = None, first: int | None = None,
-      removed: int | None = None) -> Question:
-    return Question(qid=qid, question=f"what about {qid}?", doc_id=doc, first_seq=first,
-                    removed_seq=removed)
+def q(
+    qid: str, doc: str | None = None, first: int | None = None, removed: int | None = None
+) -> Question:
+    return Question(
+        qid=qid, question=f"what about {qid}?", doc_id=doc, first_seq=first, removed_seq=removed
+    )
 
 
 def test_zipf_weights_rank_the_shuffled_questions():

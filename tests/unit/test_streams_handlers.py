@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from ragwarm.strategies.streams_sim import run_sync
-from schemas import ChunkRef, QueryEvent, WarmupCommand
+from schemas import ChunkRef, QueryEvent, WarmupCommand, WorkerEvent
 from streams import handlers as h
 from streams.hot import HotTracker
 from streams.ports import WarmPrefix
@@ -155,3 +155,24 @@ def test_run_sync_refuses_a_handler_that_waits():
 
     with pytest.raises(RuntimeError, match="waited on I/O"):
         run_sync(waits())
+
+
+def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_in_use():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False, kv_bytes_per_token=10)
+    for name, expires in (("1", 150.0), ("2", 90.0)):  # "2" expired at now=100
+        p.tables.prefixes[name * 64] = PrefixState(
+            tenant="default",
+            chunk_refs=REFS,
+            token_ids=[7] * 32,
+            expires_at=expires,
+        ).model_dump(mode="json")
+    ready = WorkerEvent(worker_id="w2", kind="ready", mem_total_bytes=10_000)
+    run_sync(h.on_worker_event(p, ready))
+    assert [(o.op, o.prefix_hash, o.target_worker) for o in out.ops] == [
+        ("warm_on", "1" * 64, "w2")
+    ]
+    # A prefix that no longer fits 0.7 of the worker's memory is left out.
+    out.ops.clear()
+    run_sync(h.on_worker_event(p, ready.model_copy(update={"mem_total_bytes": 400})))
+    assert out.ops == []

@@ -16,6 +16,7 @@ from streams.logic import (
     plan_hot_set,
     plan_kb_change,
     plan_prefix_op,
+    plan_rewarm,
 )
 from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState
 
@@ -111,6 +112,17 @@ class TestPrefixOps:
     def test_extend_ttl_moves_expiry(self):
         plan = plan_prefix_op(PrefixOp(op="extend_ttl", prefix_hash=P1), state(), [], 100.0, 60.0)
         assert plan.commands[0].op == "extend_ttl" and plan.state.expires_at == 160.0
+
+    def test_edit_to_a_prefix_no_worker_holds_rewarms_nothing_unless_hot(self):
+        op = PrefixOp(op="invalidate", prefix_hash=P1, reason="edit")
+        cold = plan_prefix_op(op, state(), [worker("w1")], 0.0, 60.0)
+        assert cold.rewarm_questions == [] and [c.op for c in cold.commands] == ["invalidate"]
+        hot = plan_prefix_op(op, state(hot=True), [worker("w1")], 0.0, 60.0)
+        assert hot.rewarm_questions == ["why?"] and hot.rewarm_pin
+        recheck = PrefixOp(op="extend_ttl", prefix_hash=P1, recheck=True, reason="edit")
+        assert plan_prefix_op(recheck, state(), [worker("w1")], 0.0, 60.0).rewarm_questions == []
+        held = [worker("w1", prefixes=[P1])]
+        assert plan_prefix_op(recheck, state(), held, 0.0, 60.0).rewarm_questions == ["why?"]
 
     def test_warm_new_prefix_prefills_on_least_loaded_worker(self):
         op = PrefixOp(
@@ -274,3 +286,24 @@ def test_edit_elsewhere_in_the_document_rechecks_the_valid_prefix():
     assert plan.rewarm_questions == ["why?"] and plan.rewarm_pin
     plan = plan_prefix_op(same.ops[0], state(), [], 0.0, 60.0)
     assert plan.rewarm_questions == []
+
+
+class TestRewarm:
+    def test_most_used_unexpired_prefixes_first_within_the_budget(self):
+        tracked = [
+            ("old", state(expires_at=5.0, updated_at=4.0)),  # expired at now=10
+            ("recent", state(expires_at=50.0, updated_at=9.0)),
+            ("popular", state(expires_at=50.0, updated_at=1.0)),
+            ("big", state(expires_at=50.0, updated_at=8.0, token_ids=[1] * 64)),
+            ("hot", state(expires_at=50.0, updated_at=9.5)),
+        ]
+        chosen = plan_rewarm(tracked, 10.0, 70, 1, skip={"hot"}, counts={"popular": 3.0})
+        # 32 + 32 tokens fit in 70 bytes; "big" (64) no longer fits after them.
+        assert chosen == ["popular", "recent"]
+
+    def test_a_large_prefix_is_skipped_and_smaller_ones_still_fit(self):
+        tracked = [
+            ("big", state(expires_at=50.0, updated_at=9.0, token_ids=[1] * 64)),
+            ("small", state(expires_at=50.0, updated_at=1.0)),
+        ]
+        assert plan_rewarm(tracked, 0.0, 40, 1) == ["small"]
