@@ -187,8 +187,8 @@ async def on_worker_event(p: Pipeline, event: WorkerEvent) -> None:
 
 async def warm_new_worker(p: Pipeline, event: WorkerEvent) -> None:
     """A worker that (re)started holds nothing: send it the hot set, re-plan the hot set
-    with its memory added, then the tracked prefixes most in use, up to the warmup
-    threshold of its memory (the hot share included)."""
+    with its memory added, then the tracked prefixes most in use while they fit its free
+    memory outside the hot share (they are unpinned: later warmups may evict them)."""
     for op in list(p.tracker.hot.values()):
         await p.out.op(op.model_copy(update={"op": "warm_on", "target_worker": event.worker_id}))
     await plan_hot(p)
@@ -196,12 +196,14 @@ async def warm_new_worker(p: Pipeline, event: WorkerEvent) -> None:
         return
     now = p.clock()
     reserve = p.settings.hot_share if p.settings.hot_tokens else 0.0
-    budget = int((logic.MEMORY_THRESHOLD - reserve) * event.mem_total_bytes)
+    budget = int((1.0 - reserve) * event.mem_total_bytes) - event.mem_used_bytes
     tracked = [(h, PrefixState.model_validate(v)) for h, v in list(p.tables.prefixes.items()) if v]
     counts = {h: c for h, c, _ in p.tracker.ranked(now)}
     per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
     states = dict(tracked)
-    for prefix_hash in logic.plan_rewarm(tracked, now, budget, per_token, p.tracker.hot, counts):
+    chosen = logic.plan_rewarm(tracked, now, budget, per_token, p.tracker.hot, counts)
+    # Least used first: the worker's LRU then evicts those before the ones most in use.
+    for prefix_hash in reversed(chosen):
         state = states[prefix_hash]
         await p.out.op(
             PrefixOp(

@@ -160,19 +160,22 @@ def test_run_sync_refuses_a_handler_that_waits():
 def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_in_use():
     port = Port({("default", "d.md#0"): "1" * 64})
     p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False, kv_bytes_per_token=10)
-    for name, expires in (("1", 150.0), ("2", 90.0)):  # "2" expired at now=100
+    for name, expires, used_at in (("1", 150.0, 50.0), ("2", 90.0, 60.0), ("3", 150.0, 70.0)):
         p.tables.prefixes[name * 64] = PrefixState(
             tenant="default",
             chunk_refs=REFS,
             token_ids=[7] * 32,
             expires_at=expires,
-        ).model_dump(mode="json")
+            updated_at=used_at,
+        ).model_dump(mode="json")  # "2" expired at now=100
     ready = WorkerEvent(worker_id="w2", kind="ready", mem_total_bytes=10_000)
     run_sync(h.on_worker_event(p, ready))
+    # The most recently used ("3") goes last, so the worker's LRU keeps it longest.
     assert [(o.op, o.prefix_hash, o.target_worker) for o in out.ops] == [
-        ("warm_on", "1" * 64, "w2")
+        ("warm_on", "1" * 64, "w2"),
+        ("warm_on", "3" * 64, "w2"),
     ]
-    # A prefix that no longer fits 0.7 of the worker's memory is left out.
+    # Only what fits the worker's free memory is sent (32 tokens x 10 bytes each).
     out.ops.clear()
-    run_sync(h.on_worker_event(p, ready.model_copy(update={"mem_total_bytes": 400})))
-    assert out.ops == []
+    run_sync(h.on_worker_event(p, ready.model_copy(update={"mem_used_bytes": 9_500})))
+    assert [o.prefix_hash for o in out.ops] == ["3" * 64]
