@@ -63,6 +63,8 @@ class Pipeline:
     # Qdrant local mode and the embedder are not safe to share across threads: in the app
     # one thread runs every store call, off the event loop. None runs them inline.
     executor: Executor | None = None
+    # The hot-tick timer and a worker's `ready` both re-plan the hot set; one at a time.
+    hot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:
@@ -267,6 +269,11 @@ async def plan_hot(p: Pipeline) -> None:
     """Warm the hottest prefixes that fit the hot-token share; release those that cooled."""
     if not p.settings.hot_tokens:
         return
+    async with p.hot_lock:
+        await _plan_hot(p)
+
+
+async def _plan_hot(p: Pipeline) -> None:
     ranked = p.tracker.ranked(p.clock())
     ready = [w for w in p.live_workers() if w.ready]
     budget = int(p.settings.hot_share * sum(w.mem_total for w in ready))
