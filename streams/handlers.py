@@ -203,7 +203,9 @@ async def warm_new_worker(p: Pipeline, event: WorkerEvent) -> None:
     counts = {h: c for h, c, _ in p.tracker.ranked(now)}
     per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
     states = dict(tracked)
-    chosen = logic.plan_rewarm(tracked, now, budget, per_token, p.tracker.hot, counts)
+    # The hot set is keyed by the hash queries reported; its ops may name a newer prefix.
+    sent = set(p.tracker.hot) | {op.prefix_hash for op in p.tracker.hot.values()}
+    chosen = logic.plan_rewarm(tracked, now, budget, per_token, sent, counts)
     # Least used first: the worker's LRU then evicts those before the ones most in use.
     for prefix_hash in reversed(chosen):
         state = states[prefix_hash]
