@@ -285,8 +285,13 @@ async def _plan_hot(p: Pipeline) -> None:
         candidates, budget, per_token, p.tracker.hot, p.settings.hot_min_count
     )
     payloads = {h: pl for h, _, pl in ranked}
+    held = {h for w in p.live_workers() if w.ready for h in w.prefixes}
     for prefix_hash in hot:
-        if prefix_hash not in p.tracker.hot:
+        known = p.tracker.hot.get(prefix_hash)
+        # New to the hot set, or still hot but on no worker (a refused or lost prefill, an
+        # eviction): warm what it retrieves now; the prefix op itself waits for a prefill
+        # already on its way.
+        if known is None or known.prefix_hash not in held:
             op = await hot_warm_op(p, prefix_hash, payloads[prefix_hash])
             if op is not None:
                 p.tracker.hot[prefix_hash] = op

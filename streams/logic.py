@@ -16,6 +16,8 @@ from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerStat
 # Seeds 000/003: no new warmup on a worker whose memory use is above this share.
 MEMORY_THRESHOLD = 0.7
 MAX_QUESTIONS_PER_PREFIX = 8
+# How long a sent prefill is awaited before another is sent (a refused or lost command).
+PREFILL_WAIT_S = 30.0
 
 
 def command_id() -> str:
@@ -243,13 +245,13 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
             ]
             plan.counters = {"ttl_extensions": 1}
         return plan
-    if target is None and state is not None and state.worker_id and state.updated_at > now - 30:
+    if target is None and state is not None and state.prefill_at > now - PREFILL_WAIT_S:
         return plan  # a prefill is already on its way; wait for the worker's report
     worker = target or choose_worker(workers, [op.prefix_hash])
     if worker is None:
         plan.counters = {"no_worker": 1}
         return plan
-    plan.state = new_state.model_copy(update={"worker_id": worker})
+    plan.state = new_state.model_copy(update={"worker_id": worker, "prefill_at": now})
     plan.commands = [
         WarmupCommand(
             command_id=command_id(),

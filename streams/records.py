@@ -35,7 +35,8 @@ class PrefixState(_Record):
     expires_at: float
     hot: bool = False
     worker_id: str | None = None
-    updated_at: float = 0.0
+    updated_at: float = 0.0  # last op on it (a use, a warm, a TTL extension)
+    prefill_at: float = 0.0  # when the last prefill command was sent
 
 
 class WorkerState(_Record):

@@ -179,3 +179,18 @@ def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_in_use():
     out.ops.clear()
     run_sync(h.on_worker_event(p, ready.model_copy(update={"mem_used_bytes": 9_500})))
     assert [o.prefix_hash for o in out.ops] == ["3" * 64]
+
+
+def test_a_hot_prefix_no_worker_holds_is_warmed_again_on_the_next_plan():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    p, out = pipeline(port, hot_min_count=1.0, track_queries=False, kv_bytes_per_token=1)
+    for _ in range(2):
+        run_sync(h.on_query(p, query()))
+    run_sync(h.plan_hot(p))
+    assert [(o.op, o.pin) for o in out.ops] == [("warm", True)]
+    run_sync(h.plan_hot(p))  # nobody reported it held: asked again
+    assert len(out.ops) == 2
+    held = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=[P1], last_seen=100)
+    p.tables.workers["w1"] = held.model_dump(mode="json")
+    run_sync(h.plan_hot(p))  # held now: nothing more
+    assert len(out.ops) == 2

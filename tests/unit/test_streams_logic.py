@@ -307,3 +307,20 @@ class TestRewarm:
             ("small", state(expires_at=50.0, updated_at=1.0)),
         ]
         assert plan_rewarm(tracked, 0.0, 40, 1) == ["small"]
+
+
+class TestLostPrefill:
+    def test_a_prefill_never_reported_is_sent_again_after_the_wait(self):
+        op = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32, question="why?")
+        workers = [worker("w1")]
+        first = plan_prefix_op(op, None, workers, 0.0, 600.0)
+        assert [c.op for c in first.commands] == ["prefill"]
+        # Ops keep arriving (queries, hot ticks) while the worker has not reported it held:
+        state = first.state
+        for now in (5.0, 10.0, 20.0, 29.0):
+            plan = plan_prefix_op(op, state, workers, now, 600.0)
+            assert plan.commands == []
+            state = plan.state
+        # ... they do not push the wait forward: past it, the prefill is sent again.
+        again = plan_prefix_op(op, state, workers, 31.0, 600.0)
+        assert [c.op for c in again.commands] == ["prefill"]
