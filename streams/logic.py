@@ -245,7 +245,8 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
             ]
             plan.counters = {"ttl_extensions": 1}
         return plan
-    if target is None and state is not None and state.prefill_at > now - PREFILL_WAIT_S:
+    in_flight = state is not None and state.prefill_at is not None
+    if target is None and in_flight and state.prefill_at > now - PREFILL_WAIT_S:
         return plan  # a prefill is already on its way; wait for the worker's report
     worker = target or choose_worker(workers, [op.prefix_hash])
     if worker is None:

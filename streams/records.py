@@ -36,7 +36,7 @@ class PrefixState(_Record):
     hot: bool = False
     worker_id: str | None = None
     updated_at: float = 0.0  # last op on it (a use, a warm, a TTL extension)
-    prefill_at: float = 0.0  # when the last prefill command was sent
+    prefill_at: float | None = None  # when the last prefill command was sent
 
 
 class WorkerState(_Record):

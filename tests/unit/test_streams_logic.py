@@ -324,3 +324,9 @@ class TestLostPrefill:
         # ... they do not push the wait forward: past it, the prefill is sent again.
         again = plan_prefix_op(op, state, workers, 31.0, 600.0)
         assert [c.op for c in again.commands] == ["prefill"]
+
+    def test_a_prefix_never_prefilled_is_not_waited_for_at_any_clock(self):
+        # The benchmark's clock starts at 0: "never sent" must not read as "sent at 0".
+        op = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32)
+        plan = plan_prefix_op(op, state(), [worker("w1")], 5.0, 600.0)
+        assert [c.op for c in plan.commands] == ["prefill"]
