@@ -252,10 +252,11 @@ async def query_warm_op(p: Pipeline, query: QueryEvent) -> PrefixOp | None:
             return None  # its chunks changed since it was asked: the KB change handles that
         return warm_op(prefix, query.tenant, query.question, reason="query")
     state = PrefixState.model_validate(raw)
-    held = logic.holders_of(query.prefix_hash, p.live_workers())
     fresh = state.expires_at - p.clock() > p.settings.prefix_ttl_s / 2
-    if held and fresh and query.question in state.questions:
-        return None
+    # Cheap checks first: this runs for every query, the worker rows only when needed.
+    if fresh and query.question in state.questions:
+        if logic.holders_of(query.prefix_hash, p.live_workers()):
+            return None
     # The state has the tokens; the op only refreshes the TTL and the question list.
     return PrefixOp(
         op="warm",

@@ -182,17 +182,21 @@ def _warm_now(prefix_hash: str, state: PrefixState, workers: Sequence[WorkerStat
     return state.hot or bool(holders_of(prefix_hash, workers))
 
 
-def _extend_ttl(op, state, workers, now, ttl_s) -> PrefixPlan:
-    if state is None:
-        return PrefixPlan()
-    cmd = WarmupCommand(
+def _extend_command(op: PrefixOp, tenant: str, ttl_s: float) -> WarmupCommand:
+    return WarmupCommand(
         command_id=command_id(),
         op="extend_ttl",
         prefix_hash=op.prefix_hash,
-        tenant=state.tenant,
+        tenant=tenant,
         ttl_s=ttl_s,
         reason=op.reason,
     )
+
+
+def _extend_ttl(op, state, workers, now, ttl_s) -> PrefixPlan:
+    if state is None:
+        return PrefixPlan()
+    cmd = _extend_command(op, state.tenant, ttl_s)
     new_state = state.model_copy(update={"expires_at": now + ttl_s, "updated_at": now})
     return PrefixPlan(
         commands=[cmd],
@@ -233,16 +237,7 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
         # Already warm where it is wanted. A prefix still in use must not expire under its
         # users: past half its TTL, the holders' copies get the new expiry too.
         if state is not None and state.expires_at - now < ttl_s / 2:
-            plan.commands = [
-                WarmupCommand(
-                    command_id=command_id(),
-                    op="extend_ttl",
-                    prefix_hash=op.prefix_hash,
-                    tenant=base.tenant,
-                    ttl_s=ttl_s,
-                    reason=op.reason,
-                )
-            ]
+            plan.commands = [_extend_command(op, state.tenant, ttl_s)]
             plan.counters = {"ttl_extensions": 1}
         return plan
     in_flight = state is not None and state.prefill_at is not None
