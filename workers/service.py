@@ -400,9 +400,14 @@ async def _boot(state: ServiceState) -> None:
         state.reason, state.failed = f"start failed: {exc}", True
         state.stopping.set()
         return
+    # Announce first, then open the probe: once /health/ready says 200 the fleet has been told,
+    # so anything that waits on the probe can count on the streams app warming this worker.
+    try:
+        await loop.run_in_executor(state.executor, _send_status, state.runtime, "ready")
+    except Exception:
+        log.exception("could not announce ready; heartbeats will still list this worker")
     state.ready, state.reason = True, "ready"
     state.metrics.set_ready(True)
-    await loop.run_in_executor(state.executor, _send_status, state.runtime, "ready")
     log.info("worker %s ready at %s", state.config.worker_id, state.runtime.url)
     state.tasks.append(asyncio.create_task(_heartbeats(state, state.runtime)))
 
