@@ -118,6 +118,12 @@ def register_agents(app: faust.App, topics: Topics, p: Pipeline) -> None:
     async def hot_tick():
         await h.plan_hot(p)
 
+    @app.timer(p.settings.sweep_s, name="ragwarm.prefix-sweep")
+    async def prefix_sweep():
+        forgotten = await h.sweep_prefixes(p)
+        if forgotten:
+            log.info("sweep: %d expired prefixes to forget", forgotten)
+
     if p.settings.warm_cron:
 
         @app.crontab(p.settings.warm_cron, name="ragwarm.scheduled-warmup")

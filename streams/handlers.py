@@ -221,6 +221,32 @@ async def warm_new_worker(p: Pipeline, event: WorkerEvent) -> None:
         )
 
 
+async def sweep_prefixes(p: Pipeline) -> int:
+    """Ask for the prefixes expired `forget_after_s` ago that nobody holds to be dropped.
+
+    A timer runs this over the local table; the `forget` op goes through prefix-ops, so the
+    partition that owns each prefix rechecks and drops it (a use in between keeps it).
+    """
+    now, after = p.clock(), p.settings.forget_after_s
+    workers = p.live_workers()
+    sent = 0
+    for prefix_hash, raw in list(p.tables.prefixes.items()):
+        if not raw:
+            continue
+        state = PrefixState.model_validate(raw)
+        if logic.forgettable(prefix_hash, state, workers, now, after):
+            await p.out.op(
+                PrefixOp(
+                    op="forget",
+                    prefix_hash=prefix_hash,
+                    tenant=state.tenant,
+                    reason=f"expired {now - state.expires_at:.0f} s ago, held by no worker",
+                )
+            )
+            sent += 1
+    return sent
+
+
 # --- rag.queries (key tenant) ----------------------------------------------------------------
 
 

@@ -151,6 +151,7 @@ def plan_prefix_op(
         "warm": _warm,
         "warm_on": _warm,
         "cool": _cool,
+        "forget": _forget,
     }[op.op]
     return handler(op, state, workers, now, ttl_s)
 
@@ -278,6 +279,34 @@ def _cool(op, state, workers, now, ttl_s) -> PrefixPlan:
     )
     return PrefixPlan(
         commands=[cmd], state=state.model_copy(update={"hot": False}), counters={"releases": 1}
+    )
+
+
+def forgettable(
+    prefix_hash: str,
+    state: PrefixState,
+    workers: Iterable[WorkerState],
+    now: float,
+    after_s: float = 0.0,
+) -> bool:
+    """Whether tracking the prefix is no use any more: expired `after_s` ago, not hot, and
+    no worker (live or not) reports holding it. Such a state only keeps doc links alive; a
+    later query of it registers it again."""
+    return (
+        state.expires_at + after_s <= now
+        and not state.hot
+        and not holders_of(prefix_hash, workers)
+    )
+
+
+def _forget(op, state, workers, now, ttl_s) -> PrefixPlan:
+    # The sweep chose it from a possibly older view; a use since then keeps it.
+    if state is None or not forgettable(op.prefix_hash, state, workers, now):
+        return PrefixPlan(state=state)
+    return PrefixPlan(
+        state=None,
+        links=_links(op.prefix_hash, state.chunk_refs, link=False),
+        counters={"forgotten": 1},
     )
 
 

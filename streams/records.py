@@ -70,7 +70,7 @@ class PrefixOp(_Record):
     way, so each table is only read and written by the partition that owns its key.
     """
 
-    op: Literal["invalidate", "extend_ttl", "warm", "cool", "warm_on"]
+    op: Literal["invalidate", "extend_ttl", "warm", "cool", "warm_on", "forget"]
     prefix_hash: str
     tenant: str = "default"
     chunk_refs: list[ChunkRef] = Field(default_factory=list)

@@ -45,6 +45,13 @@ class StreamsSettings(BaseSettings):
     worker_stale_s: float = Field(
         default=30.0, description="Heartbeat age that marks a worker gone."
     )
+    forget_after_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="How long past its TTL a prefix no worker holds stays tracked before the "
+        "sweep drops it (and its doc links), so the prefixes table does not grow forever.",
+    )
+    sweep_s: float = Field(default=60.0, gt=0, description="How often expired prefixes are swept.")
     warm_cron: str | None = Field(
         default=None, description="Crontab (UTC) of scheduled hot-set warmups, e.g. '55 8 * * 1-5'."
     )

@@ -118,7 +118,7 @@ class StreamsPolicy(Policy):
         )
         if self.kb_events:
             self.pipeline.tables.docs.update(_doc_table(ctx))
-        self.next_hot = 0.0
+        self.next_hot = self.next_sweep = 0.0
         ctx.worker.listeners.append(self.queue.append)  # worker.events
 
     @property
@@ -140,6 +140,10 @@ class StreamsPolicy(Policy):
         if now >= self.next_hot:
             run_sync(h.plan_hot(self.pipeline))  # the app's hot-tick timer
             self.next_hot = now + self.pipeline.settings.hot_tick_s
+            self.drain()
+        if now >= self.next_sweep:
+            run_sync(h.sweep_prefixes(self.pipeline))  # the app's prefix-sweep timer
+            self.next_sweep = now + self.pipeline.settings.sweep_s
             self.drain()
 
     def kb_change(self, change: KbChange, result: IndexResult) -> None:

@@ -194,3 +194,45 @@ def test_a_hot_prefix_no_worker_holds_is_warmed_again_on_the_next_plan():
     p.tables.workers["w1"] = held.model_dump(mode="json")
     run_sync(h.plan_hot(p))  # held now: nothing more
     assert len(out.ops) == 2
+
+
+def test_the_sweep_forgets_long_expired_prefixes_nobody_holds_and_unlinks_them():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    p, out = pipeline(port, forget_after_s=30.0)
+    cases = {
+        "1": dict(expires_at=60.0),  # expired 40 s ago, nobody holds it: forgotten
+        "2": dict(expires_at=80.0),  # expired 20 s ago: kept a while longer
+        "3": dict(expires_at=60.0, hot=True),  # hot: the hot set owns it
+        "4": dict(expires_at=60.0),  # held by w1 (its worker extended it): kept
+    }
+    for name, fields in cases.items():
+        p.tables.prefixes[name * 64] = PrefixState(
+            tenant="default", chunk_refs=REFS, token_ids=[7] * 32, **fields
+        ).model_dump(mode="json")
+    p.tables.doc_prefixes["d.md"] = {name * 64: [r.model_dump() for r in REFS] for name in cases}
+    holder = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=["4" * 64])
+    p.tables.workers["w1"] = holder.model_dump(mode="json")  # not live: still a holder
+    assert run_sync(h.sweep_prefixes(p)) == 1
+    [op] = out.ops
+    assert (op.op, op.prefix_hash) == ("forget", "1" * 64)
+    # The owning partition drops it and unlinks it from its document.
+    run_sync(h.on_prefix_op(p, op))
+    assert sorted(p.tables.prefixes) == [n * 64 for n in "234"]
+    [unlink] = out.links
+    run_sync(h.on_doc_link(p, unlink))
+    assert sorted(p.tables.doc_prefixes["d.md"]) == [n * 64 for n in "234"]
+    assert p.stats["forgotten"] == 1 and out.commands == []
+
+
+def test_a_prefix_used_again_after_the_sweep_chose_it_is_kept():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    p, out = pipeline(port, forget_after_s=10.0)
+    p.tables.prefixes[P1] = PrefixState(
+        tenant="default", chunk_refs=REFS, token_ids=[7] * 32, expires_at=50.0
+    ).model_dump(mode="json")
+    run_sync(h.sweep_prefixes(p))
+    [forget] = out.ops
+    run_sync(h.on_query(p, query()))  # asked again before the forget op is handled
+    run_sync(h.on_prefix_op(p, out.ops[1]))
+    run_sync(h.on_prefix_op(p, forget))
+    assert P1 in p.tables.prefixes and p.stats["forgotten"] == 0

@@ -96,6 +96,21 @@ def state(**kw) -> PrefixState:
 
 
 class TestPrefixOps:
+    def test_forget_drops_only_an_expired_unheld_cold_prefix(self):
+        op = PrefixOp(op="forget", prefix_hash=P1)
+        dropped = plan_prefix_op(op, state(expires_at=10.0), [worker("w1")], now=11.0, ttl_s=60)
+        assert dropped.state is None and dropped.commands == []
+        assert [(ln.prefix_hash, ln.link) for ln in dropped.links] == [(P1, False)]
+        kept = [
+            (state(expires_at=20.0), [worker("w1")]),  # extended since the sweep looked
+            (state(expires_at=10.0, hot=True), [worker("w1")]),
+            (state(expires_at=10.0), [worker("w1", prefixes=[P1], ready=False)]),
+        ]
+        for before, workers in kept:
+            plan = plan_prefix_op(op, before, workers, now=11.0, ttl_s=60)
+            assert plan.state == before and plan.links == [] and plan.counters == {}
+        assert plan_prefix_op(op, None, [], now=11.0, ttl_s=60).state is None
+
     def test_invalidate_broadcasts_unlinks_and_requeues_questions(self):
         op = PrefixOp(op="invalidate", prefix_hash=P1, reason="edit")
         plan = plan_prefix_op(op, state(), [worker("w1", prefixes=[P1])], 0.0, 60.0)
