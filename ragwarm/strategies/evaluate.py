@@ -13,7 +13,8 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from tqdm import tqdm
 
-from ragwarm.replay import PartitionPlan, Position, _admin, _plan, check_range
+from ragwarm.replay import admin_session, plan_range
+from ragwarm.replay_plan import PartitionPlan, Position, check_range
 from ragwarm.settings import KafkaSettings
 from ragwarm.strategies.offline import OFFLINE_POLICIES, evaluate, summary
 from schemas import QueryEvent, SchemaError, decode
@@ -48,8 +49,8 @@ def read_range(
 def load_events(settings: KafkaSettings, topic: str, start: Position,
                 end: Position) -> tuple[list[QueryEvent], int]:
     """The query events of the range, and how many records were not query events."""
-    with _admin(settings) as admin:
-        plans = _plan(admin, topic, start, end)
+    with admin_session(settings) as admin:
+        plans = plan_range(admin, topic, start, end)
     consumer = KafkaConsumer(bootstrap_servers=settings.servers.split(","),
                              enable_auto_commit=False, **settings.client_options())
     events, rejected = [], 0

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragwarm.replay import (
+from ragwarm.replay_plan import (
     Bounds,
     PartitionPlan,
     Position,
