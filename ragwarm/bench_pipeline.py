@@ -158,7 +158,7 @@ class Prompts:
     def query_event(self, question: str) -> tuple[QueryEvent, list[dict]]:
         from types import SimpleNamespace
 
-        from workers.cache import block_hashes
+        from workers.blocks import block_hashes
 
         rows = httpx.post(
             f"{self.url}/ragwarm/retrieve", json={"question": question}, timeout=60

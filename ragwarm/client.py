@@ -32,7 +32,7 @@ from ragwarm.client_wire import (
 from ragwarm.settings import KafkaSettings, ModelSettings
 from schemas import ChunkRef, QueryEvent, encode
 from schemas.topics import RAG_QUERIES
-from workers.cache import BLOCK_SIZE, block_hashes
+from workers.blocks import BLOCK_SIZE, block_hashes
 
 log = logging.getLogger(__name__)
 

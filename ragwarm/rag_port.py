@@ -13,7 +13,7 @@ from rag.store import ChunkStore
 from ragwarm.settings import ModelSettings
 from schemas import ChunkRef, KbChange
 from streams.ports import WarmPrefix
-from workers.cache import BLOCK_SIZE, block_hashes
+from workers.blocks import BLOCK_SIZE, block_hashes
 
 
 class RagService:

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from workers.cache import BLOCK_SIZE
+from workers.blocks import BLOCK_SIZE
 from workers.eviction import make_policy
 from workers.memory import DEFAULT_MAX_ENTRIES, GiB
 

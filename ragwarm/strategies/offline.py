@@ -16,7 +16,8 @@ from typing import Any
 from schemas import QueryEvent
 from streams import logic
 from streams.hot import HotPayload, HotTracker
-from workers.cache import BLOCK_SIZE, PrefixCache, WarmupRefused
+from workers.blocks import BLOCK_SIZE
+from workers.cache import PrefixCache, WarmupRefused
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
 
 # Fallback cost model: SmolLM2-135M, torch engine, 1 thread on a shared 2-core CPU, fitted

@@ -22,7 +22,7 @@ from schemas import KbChange, QueryEvent, WorkerEvent, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WORKER_EVENTS
 from tests.integration.test_streams_pipeline import EVENTS
 from tests.integration.waiting import wait_for
-from workers.cache import block_hashes
+from workers.blocks import block_hashes
 
 pytestmark = pytest.mark.integration
 

@@ -7,15 +7,8 @@ import struct
 
 import pytest
 
-from workers.cache import (
-    BLOCK_SIZE,
-    Budget,
-    CacheEntry,
-    PrefixCache,
-    WarmupRefused,
-    block_hashes,
-    root_hash,
-)
+from workers.blocks import BLOCK_SIZE, block_hashes, root_hash
+from workers.cache import Budget, CacheEntry, PrefixCache, WarmupRefused
 
 
 class Clock:

@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule
 
-from workers.cache import BLOCK_SIZE, Budget, CacheEntry, PrefixCache, WarmupRefused, block_hashes
+from workers.blocks import BLOCK_SIZE, block_hashes
+from workers.cache import Budget, CacheEntry, PrefixCache, WarmupRefused
 
 BUDGET = Budget(max_bytes=400, max_entries=5, warm_bytes=150)
 TENANTS = ("a", "b")

@@ -22,7 +22,7 @@ from ragwarm.client_wire import (
     sse_data,
 )
 from schemas import QueryEvent, decode, encode
-from workers.cache import block_hashes
+from workers.blocks import block_hashes
 
 HASH = "ab" * 32
 CHUNKS = [

@@ -18,7 +18,8 @@ from typing import (
     runtime_checkable,
 )
 
-from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused, block_hashes
+from workers.blocks import block_hashes
+from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
 
 
 class Memory(NamedTuple):
