@@ -177,7 +177,8 @@ class Runner:
             engine = TorchEngine(base.model, base.tokenizer, model_id=base.model_id,
                                  settings=self.rig.worker_settings, cache=cache)
             worker = SimWorker(engine, self.clock, worker_id=f"sim-{name}",
-                               cache_requests=cls.cache_requests)
+                               cache_requests=cls.cache_requests,
+                               ttft_runs=self.settings.ttft_runs)
             ctx = PolicyContext(worker, self.rig.rag, self.settings, self.clock, past)
             self.lanes[name] = Lane(cls(ctx), worker)
         self.replay_log(log)
@@ -264,7 +265,7 @@ class Runner:
         total = cache.budget.max_bytes or 1
         return QueryRow(
             policy=name, index=q.step.index, at=q.step.at, qid=q.step.question.qid,
-            burst=q.step.burst, post_edit=post_edit, repeat=repeat, ttft_ms=result.ttft_s * 1000,
+            burst=q.step.burst, post_edit=post_edit, repeat=repeat, ttft_ms=served.ttft_s * 1000,
             prompt_tokens=result.prompt_tokens, prefix_tokens=q.prompt.prefix_len,
             cached_tokens=cached, hit=aligned > 0 and cached >= aligned,
             partial=0 < cached < aligned, stale=stale, outdated_partial=outdated,

@@ -76,5 +76,11 @@ class StrategySettings(BaseSettings):
         description="Yesterday's query log: draws like today's on the same arrival process, "
         "ending just before the run (history and scheduled rank it; streams policies replay it).",
     )
+    ttft_runs: int = Field(
+        default=3,
+        ge=1,
+        description="Runs of each query on the same cache state; its TTFT is their median "
+        "(this machine is shared and noisy: one slow run must not decide a P99).",
+    )
     threads: int | None = Field(default=None, ge=1, description="torch threads; default 1.")
     tenant: str = Field(default="default", description="Tenant of the documents and queries.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from workers.engines.torch_engine import TorchEngine
 pytestmark = pytest.mark.integration
 
 QUERIES = 10
+RUNS = 3  # runs per query; the reported TTFT is their lower median
 
 
 def _doc(topic: str) -> str:
@@ -62,8 +64,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 measured.append(step.result.ttft_s * 1000)
             yield step
 
-    env = {"RAGWARM_STRATEGIES_CHUNK_TOKENS": "48", "RAGWARM_STRATEGIES_MEAN_GAP_S": "20",
-           "RAGWARM_STRATEGIES_BURST_PROB": "0.3"}
+    env = {"RAGWARM_STRATEGIES_TTFT_RUNS": str(RUNS), "RAGWARM_STRATEGIES_CHUNK_TOKENS": "48",
+           "RAGWARM_STRATEGIES_MEAN_GAP_S": "20", "RAGWARM_STRATEGIES_BURST_PROB": "0.3"}
     out = folder / "out"
     args = ["--events", str(events), "--questions", str(questions), "--queries", str(QUERIES),
             "--edits", "7", "--seed", "3", "--json", "--out", str(out)]
@@ -87,8 +89,10 @@ def test_json_is_the_contract(run):
 
 def test_every_reported_ttft_was_measured_by_the_engine(run):
     measured = run["measured"]
-    assert len(measured) == QUERIES * len(policy_names())
-    assert sorted(r["ttft_ms"] for r in run["rows"]) == sorted(measured)
+    assert len(measured) == QUERIES * len(policy_names()) * RUNS
+    # Rows come in the order queries were served; each query's runs are consecutive.
+    runs = [measured[i : i + RUNS] for i in range(0, len(measured), RUNS)]
+    assert [r["ttft_ms"] for r in run["rows"]] == [statistics.median_low(g) for g in runs]
     for name in policy_names():
         mine = [r["ttft_ms"] for r in run["rows"] if r["policy"] == name]
         assert len(mine) == QUERIES
