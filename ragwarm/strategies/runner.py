@@ -212,7 +212,10 @@ class Runner:
 
     def run(self, steps: Sequence[wl.Step]) -> None:
         bar = tqdm(steps, desc="timeline", unit="step", disable=self._quiet())
-        for step in bar:
+        # Without a terminal tqdm stays silent; a run takes minutes, so say something.
+        every = max(1, len(steps) // 10) if bar.disable and self.progress is None else 0
+        started = time.monotonic()
+        for done, step in enumerate(bar, 1):
             self.clock.now = step.at
             for lane in self.lanes.values():
                 lane.worker.expire()
@@ -221,6 +224,8 @@ class Runner:
                 self.kb_step(step.event)
             else:
                 self.query_step(step)
+            if every and (done % every == 0 or done == len(steps)):
+                _say(f"timeline: {done}/{len(steps)} steps, {time.monotonic() - started:.0f} s")
 
     def kb_step(self, event: TraceEvent) -> None:
         change: KbChange = event.to_change(self.rig.tenant)
