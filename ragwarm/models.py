@@ -11,11 +11,14 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ragwarm.settings import HomeSettings, ModelSettings
+
+if TYPE_CHECKING:
+    from rag.embed import Embedder, Precision
 
 MANIFEST = "ragwarm-model.json"
 # Files a saved copy must hold besides the manifest; their sizes are recorded in it.
@@ -101,6 +104,19 @@ def embed_model_dir(models: ModelSettings | None = None) -> Path:
             "or set RAGWARM_MODEL_EMBED_PATH"
         )
     return path
+
+
+def load_embedder(
+    models: ModelSettings | None = None,
+    batch_size: int = 32,
+    precision: Precision = "auto",
+    threads: int = 1,
+) -> Embedder:
+    """The configured embedder (RAGWARM_MODEL_EMBED_PATH or the packaged MiniLM), offline."""
+    from rag.embed import Embedder
+
+    offline_hub()
+    return Embedder.load(embed_model_dir(models), batch_size, precision, threads)
 
 
 def load_tokenizer(path: Path) -> Any:

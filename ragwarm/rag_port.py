@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rag.embed import Embedder
 from rag.index import Indexer
 from rag.prompt import PromptBuilder
 from rag.retrieve import Retriever
 from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
-from ragwarm.settings import ModelSettings
+from ragwarm.settings import ModelSettings, qdrant_settings
 from schemas import ChunkRef, KbChange
 from streams.ports import WarmPrefix
 from workers.blocks import BLOCK_SIZE, block_hashes
@@ -46,12 +45,12 @@ class RagService:
         rag: RagSettings | None = None,
         qdrant: QdrantSettings | None = None,
     ) -> RagService:
-        from ragwarm.models import embed_model_dir, llm_dir, load_tokenizer
+        from ragwarm.models import llm_dir, load_embedder, load_tokenizer
 
         rag = rag or RagSettings()
         tokenizer = load_tokenizer(llm_dir(models=models))
-        embedder = Embedder.load(embed_model_dir(models), batch_size=rag.embed_batch_size)
-        store = ChunkStore.open(qdrant or QdrantSettings(), rag.collection, embedder.dim)
+        embedder = load_embedder(models, batch_size=rag.embed_batch_size)
+        store = ChunkStore.open(qdrant or qdrant_settings(), rag.collection, embedder.dim)
         return cls(
             store,
             Indexer.from_settings(store, embedder, tokenizer, rag),

@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rag.settings import QdrantSettings
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -112,3 +114,11 @@ class StackSettings(BaseSettings):
     workers: int = Field(default=1, ge=1, le=8, description="Workers started by `ragwarm up`.")
     worker_port: int = Field(default=8101, description="Port of the first worker (then +1, +2…).")
     start_timeout_s: float = Field(default=180.0, description="Wait this long for each part.")
+
+
+def qdrant_settings(home: HomeSettings | None = None) -> QdrantSettings:
+    """Qdrant settings from the environment; local mode lives under RAGWARM_HOME by default."""
+    qdrant = QdrantSettings()
+    if qdrant.url is None and qdrant.path is None:
+        qdrant = qdrant.model_copy(update={"path": (home or HomeSettings()).qdrant_dir})
+    return qdrant

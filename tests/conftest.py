@@ -45,8 +45,8 @@ def kafka_bootstrap(kafka_settings: KafkaSettings) -> Iterator[str]:
     A broker that was already running is reused and left running; one started here is
     stopped when the last test session sharing it ends.
     """
-    from ragwarm.kafka_admin import create_topics
-    from ragwarm.kafka_local import LocalKafka
+    from ragwarm.kafka.admin import create_topics
+    from ragwarm.kafka.local import LocalKafka
 
     with LocalKafka(HomeSettings(), kafka_settings) as bootstrap:
         create_topics(bootstrap, kafka_settings.client_options())
@@ -68,7 +68,7 @@ def new_topic(
     kafka_bootstrap: str, kafka_settings: KafkaSettings, unique_name: Callable[[str], str]
 ) -> Iterator[Callable[..., str]]:
     """Factory of fresh topics, `new_topic(prefix, partitions=1, config=None)`; deleted after."""
-    from ragwarm.kafka_admin import create_topics, delete_topics
+    from ragwarm.kafka.admin import create_topics, delete_topics
     from schemas.topics import TopicSpec
 
     made: list[str] = []
@@ -129,7 +129,7 @@ def namespace(
     Pass it as RAGWARM_KAFKA_TOPIC_PREFIX to the processes of a test (the streams app's
     changelog topics are named after its app id, which `StreamsApp` also prefixes).
     """
-    from ragwarm.kafka_admin import create_topics, delete_topics, list_topics
+    from ragwarm.kafka.admin import create_topics, delete_topics, list_topics
     from schemas.topics import prefixed
     from tests.integration.streams_proc import STARTED as APPS
     from tests.integration.worker_proc import STARTED as WORKERS

@@ -55,7 +55,7 @@ class WorkerSettings(BaseSettings):
         default=3600.0, gt=0, description="Lifetime of a cached prefix unless a command sets one."
     )
 
-    # -- service: HTTP API, commands and events (workers/service.py, ragwarm/worker_cli.py)
+    # -- service: HTTP API, commands and events (workers/service.py, ragwarm/cli/worker.py)
     worker_id: str = Field(
         default_factory=socket.gethostname,
         description="This worker's id: key of its events, target of commands; the host name.",

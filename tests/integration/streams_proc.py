@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from ragwarm.procs import Proc
+from ragwarm.stack.procs import Proc
 
 
 def free_port() -> int:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ragwarm.bench_strategies import strategies
-from ragwarm.strategies.metrics import JSON_KEYS, percentile
-from ragwarm.strategies.policies import policy_names
+from ragwarm.bench.strategies.command import strategies
+from ragwarm.bench.strategies.metrics import JSON_KEYS, percentile
+from ragwarm.bench.strategies.policies import policy_names
 from workers.engines.torch_engine import TorchEngine
 
 pytestmark = pytest.mark.integration

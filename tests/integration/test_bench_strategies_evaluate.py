@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner, Result
 from kafka import KafkaProducer
 
-from ragwarm.replay import replay
+from ragwarm.cli.replay import replay
 from schemas import ChunkRef, QueryEvent, encode
 
 pytestmark = pytest.mark.integration

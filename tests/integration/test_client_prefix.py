@@ -9,15 +9,14 @@ import httpx
 import pytest
 import torch
 
-from rag.embed import Embedder
 from rag.index import Indexer
 from rag.prompt import PromptBuilder
 from rag.retrieve import Retriever
 from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
-from ragwarm.client import QdrantRetrieval, RagClient
-from ragwarm.client_settings import ClientSettings
-from ragwarm.models import llm_dir, load_tokenizer
+from ragwarm.client.rag import QdrantRetrieval, RagClient
+from ragwarm.client.settings import ClientSettings
+from ragwarm.models import llm_dir, load_embedder, load_tokenizer
 from ragwarm.rag_port import RagService
 from schemas import KbChange
 
@@ -39,7 +38,7 @@ def test_direct_qdrant_retrieval_gives_the_prefix_the_streams_app_warms(tmp_path
     torch.set_num_threads(2)
     rag = RagSettings()
     tokenizer = load_tokenizer(llm_dir())
-    embedder = Embedder.packaged()
+    embedder = load_embedder()
     prompts = PromptBuilder(tokenizer, rag.system_prompt)
     with ChunkStore.open(QdrantSettings(path=tmp_path / "q"), "client", embedder.dim) as store:
         indexer = Indexer.from_settings(store, embedder, tokenizer, rag)

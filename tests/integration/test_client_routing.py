@@ -11,8 +11,8 @@ import httpx
 import pytest
 from kafka import KafkaConsumer
 
-from ragwarm.client import RagClient
-from ragwarm.client_settings import ClientSettings
+from ragwarm.client.rag import RagClient
+from ragwarm.client.settings import ClientSettings
 from ragwarm.settings import KafkaSettings
 from schemas import KbChange, QueryEvent, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES

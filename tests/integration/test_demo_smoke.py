@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ragwarm.kafka_admin import list_topics
+from ragwarm.kafka.admin import list_topics
 from ragwarm.models import llm_dir
 from tests.integration.worker_proc import free_port
 

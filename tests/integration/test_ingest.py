@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner, Result
 from kafka.consumer.fetcher import ConsumerRecord
 
-from ragwarm.ingest import ingest
-from ragwarm.producer import KbProducer
+from ragwarm.client.ingest import ingest
+from ragwarm.client.producer import KbProducer
 from ragwarm.settings import KafkaSettings
 from schemas import KbChange, decode
 from tests.integration.kafka_read import read_topic

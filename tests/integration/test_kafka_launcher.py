@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ragwarm.kafka_local import LocalKafka, LocalKafkaSettings
+from ragwarm.kafka.local import LocalKafka, LocalKafkaSettings
 from ragwarm.settings import HomeSettings, KafkaSettings
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from ragwarm.kafka_admin import admin_client, create_topics, delete_topics, list_topics
-from ragwarm.kafka_cli import topics
+from ragwarm.cli.kafka import topics
+from ragwarm.kafka.admin import admin_client, create_topics, delete_topics, list_topics
 from ragwarm.settings import KafkaSettings
 from schemas.topics import KB_CHANGES, TOPICS, TopicSpec
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ragwarm.bench_rag import rag
+from ragwarm.bench.rag import rag
 
 pytestmark = pytest.mark.integration
 

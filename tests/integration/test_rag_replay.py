@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 
-from rag.embed import Embedder
 from rag.index import Indexer, IndexResult
 from rag.retrieve import Retriever
 from rag.settings import QdrantSettings
 from rag.store import ChunkStore
 from rag.trace import TraceEvent, final_state, read_events, read_questions, split_initial
-from ragwarm.models import fetch_llm, load_tokenizer
+from ragwarm.models import fetch_llm, load_embedder, load_tokenizer
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "argocd"
 
@@ -44,7 +43,7 @@ class Replayed:
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replayed]:
     tokenizer: Any = load_tokenizer(fetch_llm())
-    embedder = Embedder.packaged()
+    embedder = load_embedder()
     events = list(read_events(DATA / "events.jsonl"))
     split = split_initial(events)
     path = tmp_path_factory.mktemp("replay") / "qdrant"

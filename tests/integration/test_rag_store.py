@@ -15,7 +15,7 @@ from rag.prompt import PromptBuilder
 from rag.retrieve import Retriever
 from rag.settings import QdrantSettings
 from rag.store import ChunkStore, StoreError, open_client
-from ragwarm.models import fetch_llm, load_tokenizer
+from ragwarm.models import fetch_llm, load_embedder, load_tokenizer
 from schemas import KbChange
 
 pytestmark = pytest.mark.integration
@@ -46,7 +46,7 @@ def tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def embedder() -> Embedder:
-    return Embedder.packaged()
+    return load_embedder()
 
 
 @pytest.fixture

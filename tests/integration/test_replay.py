@@ -12,8 +12,8 @@ from click.testing import CliRunner, Result
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.consumer.fetcher import ConsumerRecord
 
-from ragwarm.kafka_admin import admin_client, delete_topics, list_topics
-from ragwarm.replay import replay
+from ragwarm.cli.replay import replay
+from ragwarm.kafka.admin import admin_client, delete_topics, list_topics
 from ragwarm.settings import KafkaSettings
 from tests.integration.kafka_read import partitions, read_topic
 

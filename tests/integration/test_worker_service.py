@@ -44,7 +44,7 @@ def prefix_hash(ids: list[int], tenant: str) -> str:
 
 @pytest.fixture(scope="module")
 def namespace(kafka_bootstrap: str, kafka_settings: KafkaSettings) -> Iterator[str]:
-    from ragwarm.kafka_admin import create_topics, delete_topics
+    from ragwarm.kafka.admin import create_topics, delete_topics
 
     prefix = f"tw.{uuid.uuid4().hex[:10]}."
     specs = prefixed(prefix)

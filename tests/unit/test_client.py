@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from rag.prompt import PromptBuilder
 from rag.testing import WordTokenizer
-from ragwarm.client import ClientError, NoWorker, RagClient, RequestRejected, query_event
-from ragwarm.client_settings import ClientSettings
-from ragwarm.client_wire import (
+from ragwarm.client.rag import ClientError, NoWorker, RagClient, RequestRejected, query_event
+from ragwarm.client.settings import ClientSettings
+from ragwarm.client.wire import (
     Route,
     StreamResult,
     WorkerFailed,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from rag.trace import Question, TraceEvent
-from ragwarm.demo_plan import (
+from ragwarm.stack.demo_plan import (
     Row,
     after_edit_state,
     changed_chunks,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rag.trace import TraceEvent
-from ragwarm.ingest import (
+from ragwarm.client.ingest import (
     IngestReport,
     Skipped,
     decode_text,
@@ -19,7 +19,7 @@ from ragwarm.ingest import (
     summary_lines,
     trace_events,
 )
-from ragwarm.producer import DeliveryFailure
+from ragwarm.client.producer import DeliveryFailure
 from schemas import MAX_TEXT_BYTES, KbChange
 
 

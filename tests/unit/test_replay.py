@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragwarm.replay_plan import (
+from ragwarm.kafka.replay_plan import (
     Bounds,
     PartitionPlan,
     Position,

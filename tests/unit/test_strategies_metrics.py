@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragwarm.strategies.metrics import JSON_KEYS, json_report, percentile, summarize
-from ragwarm.strategies.policies import policy_class, policy_names
-from ragwarm.strategies.records import QueryRow, reuse_check
-from ragwarm.strategies.report import markdown_table
+from ragwarm.bench.strategies.metrics import JSON_KEYS, json_report, percentile, summarize
+from ragwarm.bench.strategies.policies import policy_class, policy_names
+from ragwarm.bench.strategies.records import QueryRow, reuse_check
+from ragwarm.bench.strategies.report import markdown_table
 from schemas import ChunkRef
 
 H1, H2 = "a" * 64, "b" * 64

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ragwarm.strategies.offline import CostModel, evaluate, fit_cost, summary
+from ragwarm.bench.strategies.offline import CostModel, evaluate, fit_cost, summary
 from schemas import ChunkRef, QueryEvent
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rag.trace import Question, TraceEvent
-from ragwarm.strategies import workload as wl
+from ragwarm.bench.strategies import workload as wl
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from ragwarm.strategies.streams_sim import run_sync
+from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef, QueryEvent, WarmupCommand, WorkerEvent
 from streams import handlers as h
 from streams.hot import HotTracker

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ragwarm.kafka_local import new_cluster_id, server_properties
+from ragwarm.kafka.local import new_cluster_id, server_properties
 from ragwarm.settings import KafkaSettings
 from schemas import topics
 from schemas.topics import TOPICS

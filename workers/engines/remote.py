@@ -249,7 +249,7 @@ def _salt(tenant: str) -> dict[str, str]:
 
 
 def connect_remote_engine(
-    settings: WorkerSettings, model_dir: Path, *, tokenizer: Any = None
+    settings: WorkerSettings, model_dir: Path, *, tokenizer: Any
 ) -> RemoteEngine:
     """Connect to `settings.remote_url`; the tokenizer and KV size come from `model_dir`."""
     if not settings.remote_url:
@@ -262,10 +262,6 @@ def connect_remote_engine(
         headers=headers,
         timeout=settings.remote_timeout_s,
     )
-    if tokenizer is None:
-        from ragwarm.models import load_tokenizer
-
-        tokenizer = load_tokenizer(model_dir)
     card = _model_card(client, settings.remote_model, settings.remote_timeout_s)
     config = json.loads((model_dir / "config.json").read_text())
     return RemoteEngine(

@@ -1,0 +1,1 @@
+"""Benchmarks: engine, RAG, pipeline and warmup strategies, each printing figures (and --json)."""

@@ -1,0 +1,156 @@
+"""`ragwarm bench strategies`: every warmup policy on one real KB history, side by side."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rag.trace import TraceError, read_events, read_questions
+
+_PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+@click.command()
+@click.option("--events", "events_path", required=True, type=_PATH,
+              help="Trace events JSONL (the trace format of the data README).")
+@click.option("--questions", "questions_path", required=True, type=_PATH,
+              help="Trace questions JSONL.")
+@click.option("--seed", type=int, default=None, help="Workload seed (RAGWARM_STRATEGIES_SEED).")
+@click.option("--quick", is_flag=True,
+              help="A slice: 50 documents, the first 10 relevant edits, 72 short queries.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (figures only).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("out/strategies"), show_default=True,
+              help="Folder for the table, CSV, per-query log and charts.")
+@click.option("--policies", default=None,
+              help="Comma-separated subset of policies (default: all; `none` is the baseline).")
+@click.option("--queries", type=int, default=None, help="Override the number of queries.")
+@click.option("--edits", type=int, default=None, help="Override the number of KB changes.")
+def strategies(
+    events_path: Path, questions_path: Path, seed: int | None, quick: bool, as_json: bool,
+    out: Path, policies: str | None, queries: int | None, edits: int | None,
+) -> None:
+    """Replay a KB history with a Zipf query workload under every warmup policy, for real:
+    real retrieval on Qdrant, real prefill and TTFT on the torch engine, one simulated clock.
+    """
+    from ragwarm.bench.strategies.settings import StrategySettings
+
+    settings = StrategySettings() if seed is None else StrategySettings(seed=seed)
+    names = _names(policies)
+    try:
+        events = list(read_events(events_path))
+        questions = read_questions(questions_path)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from None
+    plan = _plan(settings, quick, queries, edits)
+    # Commands are counted per outcome in run.json; one log line each would drown the bars.
+    logging.getLogger("workers").setLevel(logging.ERROR)
+    load_before = os.getloadavg()
+    result = _run(events, questions, settings, names, plan)
+    _finish(result, names, out, as_json, plan, load_before)
+
+
+def _names(policies: str | None) -> list[str]:
+    from ragwarm.bench.strategies.policies import policy_class, policy_names
+
+    if policies is None:
+        return policy_names()
+    names = [n.strip() for n in policies.split(",") if n.strip()]
+    try:
+        for name in names:
+            policy_class(name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--policies") from None
+    return names
+
+
+def _plan(settings: Any, quick: bool, queries: int | None, edits: int | None) -> dict[str, Any]:
+    from rag.settings import RagSettings
+
+    chunk = settings.chunk_tokens or (
+        settings.quick_chunk_tokens if quick else RagSettings().chunk_tokens)
+    return {
+        "quick": quick,
+        "queries": queries or (settings.quick_queries if quick else settings.queries),
+        "edits": edits if edits is not None else (
+            settings.quick_edits if quick else settings.edits),
+        "chunk_tokens": chunk,
+        "docs": settings.quick_docs if quick else None,
+    }
+
+
+def _run(events: list, questions: list, settings: Any, names: list[str], plan: dict) -> Any:
+    from ragwarm.bench.strategies.runner import open_rig, run_benchmark
+    from ragwarm.models import ModelMissing
+
+    with tempfile.TemporaryDirectory(prefix="ragwarm-strategies-") as tmp:
+        try:
+            rig = open_rig(settings, Path(tmp), plan["chunk_tokens"])
+        except ModelMissing as exc:
+            raise click.ClickException(str(exc)) from None
+        try:
+            return run_benchmark(events, questions, settings, rig, edits=plan["edits"],
+                                 queries=plan["queries"], docs=plan["docs"], names=names)
+        finally:
+            rig.store.close()
+
+
+def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
+            load_before: tuple[float, float, float]) -> None:
+    from ragwarm.bench.strategies.metrics import json_report, summarize
+    from ragwarm.bench.strategies.report import markdown_table, write_outputs
+
+    figures = summarize(result.rows, result.policies, names)
+    machine = _machine(load_before)
+    header = _header(result, plan, machine)
+    paths = write_outputs(out, figures, result.rows, result.kb_times, header)
+    run = {"figures": figures, "policies": result.policies, "meta": result.meta, "plan": plan,
+           "machine": machine, "queries": result.queries, "kb_events": result.kb_events}
+    (out / "run.json").write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+    if as_json:
+        click.echo(json.dumps(json_report(figures, result.queries, result.kb_events)))
+        return
+    click.echo(header + "\n\n" + markdown_table(figures))
+    click.echo("\nwritten: " + ", ".join(str(p) for p in [*paths, out / "run.json"]))
+
+
+def _machine(load_before: tuple[float, float, float]) -> dict[str, Any]:
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cpus": os.cpu_count(), "gpu": gpu, "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "load_avg": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _header(result: Any, plan: dict, machine: dict) -> str:
+    meta = result.meta
+    gpu = machine["gpu"] or "no GPU"
+    return (
+        f"`{_command()}`\n\n"
+        f"{machine['date']}: {machine['cpus']} CPUs, {gpu}, {machine['torch_threads']} torch "
+        f"thread(s), load average {machine['load_avg'][0]} -> {machine['load_avg'][1]}. "
+        f"{result.queries} queries, {result.kb_events} KB changes over "
+        f"{meta['duration_sim_s'] / 60:.0f} simulated minutes; chunks of "
+        f"{plan['chunk_tokens']} tokens; KV budget {meta['budget_bytes'] / 2**20:.0f} MiB per "
+        f"policy ({meta['distinct_prefix_bytes'] / 2**20:.0f} MiB of distinct initial "
+        f"prefixes); ran {meta['elapsed_seconds'] / 60:.1f} min."
+    )
+
+
+def _command() -> str:
+    tail = sys.argv[sys.argv.index("strategies") + 1:] if "strategies" in sys.argv else []
+    return "ragwarm bench strategies " + " ".join(shlex.quote(a) for a in tail)

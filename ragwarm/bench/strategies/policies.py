@@ -1,0 +1,179 @@
+"""The warmup policy interface, the simple policies, and the name -> class map."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from schemas import KbChange, QueryEvent, WarmupCommand
+from streams.logic import command_id
+
+if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run starts
+    from rag.index import IndexResult
+    from rag.trace import Question
+    from ragwarm.bench.strategies.settings import StrategySettings
+    from ragwarm.bench.strategies.worker import SimWorker
+    from ragwarm.rag_port import RagService
+    from streams.ports import WarmPrefix
+
+
+@dataclass
+class PolicyContext:
+    """What a policy may use: its worker, the shared RAG layer, settings and past traffic."""
+
+    worker: SimWorker
+    rag: RagService
+    settings: StrategySettings
+    clock: Callable[[], float]
+    past: Sequence[Question]  # yesterday's distinct questions, most asked first
+
+    @property
+    def tenant(self) -> str:
+        return self.settings.tenant
+
+    def prefill(self, prefix: WarmPrefix, *, pin: bool, ttl_s: float | None, why: str) -> str:
+        """Send one prefill command to the worker, as the streams app would."""
+        return self.worker.apply(WarmupCommand(
+            command_id=command_id(), op="prefill", worker_id=self.worker.worker_id,
+            prefix_hash=prefix.prefix_hash, tenant=self.tenant, token_ids=prefix.token_ids,
+            chunk_refs=prefix.chunk_refs, ttl_s=ttl_s, pin=pin, reason=why,
+        ))
+
+    def release(self, prefix_hash: str, why: str) -> str:
+        return self.worker.apply(WarmupCommand(
+            command_id=command_id(), op="release", prefix_hash=prefix_hash, tenant=self.tenant,
+            reason=why,
+        ))
+
+    def prefix_bytes(self, prefix: WarmPrefix) -> int:
+        engine = self.worker.engine
+        blocks = len(prefix.token_ids) // engine.block_size
+        return blocks * engine.block_size * engine.kv_bytes_per_token
+
+
+class Policy:
+    """A warmup policy: reacts to the run's start, time, KB changes and answered queries.
+
+    Subclasses set `name` and `cache_requests` (whether the worker caches each served prompt,
+    like vLLM's automatic prefix caching) and override the hooks they need.
+    """
+
+    name: ClassVar[str]
+    cache_requests: ClassVar[bool] = True
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.ctx = ctx
+
+    def logged(self, query: QueryEvent) -> None:
+        """A query of yesterday's log (before the run, no worker up): replayed so a policy
+        that keeps state over the query stream can rebuild it."""
+
+    def start(self) -> None:
+        """The initial KB is indexed and the worker is up; no query has been asked today."""
+
+    def tick(self, now: float) -> None:
+        """The clock reached `now` (called before every step of the timeline)."""
+
+    def kb_change(self, change: KbChange, result: IndexResult) -> None:
+        """The shared store has just applied `change`."""
+
+    def served(self, query: QueryEvent) -> None:
+        """The worker answered a query; `query` is what the RAG client would publish."""
+
+
+class NoReuse(Policy):
+    """`none`: every prompt is computed in full; nothing is ever cached."""
+
+    name: ClassVar[str] = "none"
+    cache_requests: ClassVar[bool] = False
+
+
+class Reactive(Policy):
+    """`reactive`: only the worker's request caching with LRU (vLLM automatic prefix caching)."""
+
+    name: ClassVar[str] = "reactive"
+
+
+class History(Policy):
+    """`history`: at start, prefill the prefixes of every past prompt until memory is full
+    (seed 000's full history prefill), most asked first; request caching afterwards."""
+
+    name: ClassVar[str] = "history"
+
+    def start(self) -> None:
+        cache = self.ctx.worker.cache
+        for question in self.ctx.past:
+            prefix = self.ctx.rag.prefix_for_question(question.question, self.ctx.tenant)
+            if prefix is None or prefix.prefix_hash in cache:
+                continue
+            if cache.bytes_used + self.ctx.prefix_bytes(prefix) > cache.budget.max_bytes:
+                break
+            if self.ctx.prefill(prefix, pin=False, ttl_s=None, why="history") == "refused":
+                break
+
+
+class Scheduled(Policy):
+    """`scheduled`: a fixed warm set (yesterday's top questions within `scheduled_share` of
+    memory) re-retrieved and prefilled on a timer (seed 003's scheduled warming)."""
+
+    name: ClassVar[str] = "scheduled"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        self.warm: dict[str, str] = {}  # qid -> prefix hash pinned for it
+        self.next_at = 0.0
+
+    def tick(self, now: float) -> None:
+        if now >= self.next_at:
+            self.refresh()
+            self.next_at = now + self.ctx.settings.scheduled_period_s
+
+    def start(self) -> None:
+        self.tick(self.ctx.clock())
+
+    def refresh(self) -> None:
+        budget = self.ctx.settings.scheduled_share * self.ctx.worker.cache.budget.max_bytes
+        used, ttl = 0, 2 * self.ctx.settings.scheduled_period_s
+        for question in self.ctx.past:
+            prefix = self.ctx.rag.prefix_for_question(question.question, self.ctx.tenant)
+            if prefix is None:
+                continue
+            size = self.ctx.prefix_bytes(prefix)
+            if used + size > budget:
+                break
+            old = self.warm.get(question.qid)
+            if old is not None and old != prefix.prefix_hash:
+                self.ctx.release(old, "scheduled refresh: retrieval changed")
+            if self.ctx.prefill(prefix, pin=True, ttl_s=ttl, why="scheduled") != "refused":
+                self.warm[question.qid] = prefix.prefix_hash
+                used += size
+
+
+# Name -> "module:class", in the order tables list them; classes load on first use.
+POLICIES: dict[str, str] = {
+    "none": "ragwarm.bench.strategies.policies:NoReuse",
+    "reactive": "ragwarm.bench.strategies.policies:Reactive",
+    "scheduled": "ragwarm.bench.strategies.policies:Scheduled",
+    "history": "ragwarm.bench.strategies.policies:History",
+    "event-rag": "ragwarm.bench.strategies.streams_sim:EventRag",
+    "hot-tokens": "ragwarm.bench.strategies.streams_sim:HotTokens",
+    "hybrid": "ragwarm.bench.strategies.streams_sim:Hybrid",
+}
+
+
+def policy_names() -> list[str]:
+    return list(POLICIES)
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The policy called `name`; the error lists the valid names."""
+    try:
+        target = POLICIES[name]
+    except KeyError:
+        valid = ", ".join(POLICIES)
+        raise ValueError(f"unknown warmup policy {name!r}; valid names: {valid}") from None
+    module, _, attr = target.partition(":")
+    cls: type[Policy] = getattr(importlib.import_module(module), attr)
+    return cls

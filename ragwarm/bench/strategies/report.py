@@ -1,0 +1,125 @@
+"""Outputs of `ragwarm bench strategies`: markdown table, CSV, per-query log and PNG charts."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ragwarm.bench.strategies.metrics import hit_rate_series
+from ragwarm.bench.strategies.records import QueryRow
+
+COLUMNS = (
+    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
+    ("p50_reduction", "p50 vs none", "{:+.0%}"),
+    ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
+    ("p99_reduction", "p99 vs none", "{:+.0%}"),
+    ("repeat_ttft_p99_ms", "p99 repeats ms", "{:.0f}"),
+    ("hit_rate", "hit rate", "{:.0%}"),
+    ("post_edit_hit_rate", "post-edit hit rate", "{:.0%}"),
+    ("stale_hits", "stale hits", "{}"),
+    ("kv_memory_share", "KV memory share", "{:.0%}"),
+    ("warmup_seconds", "warmup s", "{:.1f}"),
+)
+
+
+STYLES = ("-", "--", "-.", ":")
+
+
+def markdown_table(figures: Mapping[str, Mapping[str, Any]]) -> str:
+    """One row per policy; reductions are shown as a change (-65% = 65% lower than none)."""
+    head = "| policy | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
+    rule = "|---|" + "---:|" * len(COLUMNS)
+    lines = [head, rule]
+    for name, f in figures.items():
+        cells = [_cell(f, key, fmt) for key, _, fmt in COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(f: Mapping[str, Any], key: str, fmt: str) -> str:
+    if f.get(key) is None:
+        return "-"
+    value = -f[key] if key.endswith("_reduction") else f[key]
+    return fmt.format(value)
+
+
+def write_outputs(
+    out: Path,
+    figures: Mapping[str, Mapping[str, Any]],
+    rows: Sequence[QueryRow],
+    kb_times: Sequence[float],
+    header: str,
+) -> list[Path]:
+    """Write every output under `out`; returns the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [
+        _write(out / "strategies.md", header + "\n\n" + markdown_table(figures) + "\n"),
+        _write_csv(out / "strategies.csv", figures),
+        _write(out / "queries.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in rows)),
+    ]
+    paths += charts(out, figures, rows, kb_times)
+    return paths
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _write_csv(path: Path, figures: Mapping[str, Mapping[str, Any]]) -> Path:
+    keys = sorted({k for f in figures.values() for k in f})
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["policy", *keys])
+        for name, f in figures.items():
+            writer.writerow([name, *(f.get(k, "") for k in keys)])
+    return path
+
+
+def charts(
+    out: Path,
+    figures: Mapping[str, Mapping[str, Any]],
+    rows: Sequence[QueryRow],
+    kb_times: Sequence[float],
+) -> list[Path]:
+    """TTFT CDF per policy, and the rolling hit rate over time with KB edits marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_policy = {name: [r for r in rows if r.policy == name] for name in figures}
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, mine in by_policy.items():
+        ttfts = sorted(r.ttft_ms for r in mine)
+        if ttfts:
+            ax.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post",
+                    label=name)
+    ax.set(xscale="log", xlabel="TTFT (ms, log scale)", ylabel="share of queries",
+           title="TTFT CDF per policy")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    cdf = out / "ttft_cdf.png"
+    fig.savefig(cdf, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for at in kb_times:
+        ax.axvline(at / 60, color="grey", alpha=0.25, linewidth=1)
+    for i, (name, mine) in enumerate(by_policy.items()):
+        series = hit_rate_series(mine, window=10)
+        # Policies often share a curve for a while; line styles keep each one visible.
+        ax.plot([t / 60 for t, _ in series], [h for _, h in series], label=name,
+                linestyle=STYLES[i % len(STYLES)], linewidth=1.6)
+    ax.set(xlabel="simulated minutes (grey lines: KB edits)", ylabel="hit rate, last 10 queries",
+           title="Prefix hit rate over time around KB edits", ylim=(-0.02, 1.02))
+    ax.legend(loc="lower right", fontsize="small")
+    ax.grid(alpha=0.3)
+    over_time = out / "hit_rate_over_time.png"
+    fig.savefig(over_time, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return [cdf, over_time]

@@ -1,0 +1,371 @@
+"""The simulated-clock runner: one pass over the timeline, every policy in lockstep, for real.
+
+The KB is indexed once into one shared Qdrant store and each query is retrieved once; then
+every policy's worker (its own KV cache, the shared model weights) answers the same prompt
+and its TTFT is measured on the torch engine. Policies react to the same KB changes.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from rag.chunking import Chunk
+from rag.index import Indexer
+from rag.prompt import Prompt, PromptBuilder, canonical_order
+from rag.retrieve import Retriever
+from rag.settings import QdrantSettings, RagSettings
+from rag.store import ChunkStore
+from rag.trace import Question, TraceEvent
+from ragwarm.bench.strategies import workload as wl
+from ragwarm.bench.strategies.policies import Policy, PolicyContext, policy_class, policy_names
+from ragwarm.bench.strategies.records import QueryRow, Span, reuse_check
+from ragwarm.bench.strategies.settings import StrategySettings
+from ragwarm.bench.strategies.worker import Served, SimWorker, make_cache
+from ragwarm.rag_port import RagService
+from schemas import KbChange, QueryEvent
+from workers.engines.torch_engine import TorchEngine
+from workers.memory import DEFAULT_MAX_ENTRIES, Budget
+from workers.settings import WorkerSettings
+
+
+class SimClock:
+    """Simulated seconds since the start of the run; caches and policies read it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Rig:
+    """What all policies share: the model, the store and the RAG layer over it."""
+
+    base: TorchEngine  # holds the weights every policy's engine shares
+    worker_settings: WorkerSettings
+    store: ChunkStore
+    indexer: Indexer
+    retriever: Retriever
+    prompts: PromptBuilder
+    rag: RagService
+    tenant: str
+
+
+@dataclass
+class Lane:
+    policy: Policy
+    worker: SimWorker
+
+
+@dataclass
+class RunResult:
+    rows: list[QueryRow]
+    policies: dict[str, dict[str, Any]]
+    kb_times: list[float]
+    queries: int
+    kb_events: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A query retrieved and built once, shared by every policy."""
+
+    step: wl.QueryStep
+    prompt: Prompt
+    spans: list[Span]
+    prefix_hashes: list[str]
+    doc_ids: list[str]
+
+    @property
+    def prefix_hash(self) -> str | None:
+        return self.prefix_hashes[-1] if self.prefix_hashes else None
+
+
+def open_rig(settings: StrategySettings, store_dir: Path, chunk_tokens: int) -> Rig:
+    """Load the LLM once and open a fresh local store; raises `ModelMissing` without models."""
+    from ragwarm.models import llm_dir, load_embedder
+    from workers.engines.torch_engine import load_torch_engine
+
+    worker = WorkerSettings(threads=settings.threads or 1)
+    base = load_torch_engine(llm_dir(), worker)
+    rag_settings = RagSettings()
+    embedder = load_embedder(
+        batch_size=rag_settings.embed_batch_size, precision=rag_settings.embed_precision
+    )
+    store = ChunkStore.open(QdrantSettings(path=store_dir), "strategies", embedder.dim)
+    indexer = Indexer(store, embedder, base.tokenizer, chunk_tokens, 0)
+    retriever = Retriever(store, embedder, rag_settings.top_k)
+    prompts = PromptBuilder(base.tokenizer, rag_settings.system_prompt)
+    rag = RagService(store, indexer, retriever, prompts, base.model_id, base.block_size)
+    # One untimed forward first: lazy initialisation must not land in a policy's TTFT.
+    base.prefill(base.tokenize("warm up " * 40), tenant="warmup")
+    return Rig(base, worker, store, indexer, retriever, prompts, rag, settings.tenant)
+
+
+def chunk_spans(prompts: PromptBuilder, chunks: Sequence[Chunk]) -> list[Span]:
+    """Where each chunk's block sits in the prompt built from `chunks` (canonical order)."""
+    parts = prompts.prefix_parts(chunks)
+    size = [len(prompts.tokenizer.encode(p, add_special_tokens=False)) for p in parts]
+    spans, pos = [], size[0]
+    for chunk, n in zip(canonical_order(chunks), size[1:-1], strict=True):
+        spans.append((chunk.ref, pos, pos + n))
+        pos += n
+    return spans
+
+
+class Runner:
+    """Builds the workload and drives every policy through it."""
+
+    def __init__(self, rig: Rig, settings: StrategySettings, names: Sequence[str],
+                 progress: bool | None = None) -> None:
+        self.rig = rig
+        self.settings = settings
+        self.names = list(names)
+        self.progress = progress
+        self.clock = SimClock()
+        self.lanes: dict[str, Lane] = {}
+        self.rows: list[QueryRow] = []
+        self.kb_times: list[float] = []
+        self.deps: dict[str, set[str]] = {}
+        self.pending: set[str] = set()
+
+    # -- setup ---------------------------------------------------------------------
+
+    def index_initial(self, initial: Sequence[TraceEvent]) -> float:
+        started = time.perf_counter()
+        _say(f"indexing the initial state: {len(initial)} documents")
+        self.rig.indexer.index_documents([e.to_change(self.rig.tenant) for e in initial])
+        return time.perf_counter() - started
+
+    def survey(self, live: Sequence[Question]) -> tuple[set[str], int]:
+        """Docs the live questions depend on, and the bytes of their distinct prefixes."""
+        retrievals = self.rig.retriever.retrieve_many([q.question for q in live], self.rig.tenant)
+        prefixes: dict[str, int] = {}
+        docs: set[str] = set()
+        for q, r in zip(live, retrievals, strict=True):
+            docs |= set(q.answer_docs) | set(r.doc_ids)
+            tokens = self.rig.prompts.build_prefix(r.chunks)
+            prefix_hash = self.prefix_hash(tokens)
+            if prefix_hash is not None:
+                prefixes[prefix_hash] = len(tokens)
+        base = self.rig.base
+        block = base.block_size
+        total = sum(n // block * block * base.kv_bytes_per_token for n in prefixes.values())
+        return docs, total
+
+    def prefix_hash(self, prefix_ids: Sequence[int]) -> str | None:
+        """The prefix's identity as workers and the streams app compute it."""
+        hashes = self.rig.base.block_hashes(prefix_ids, tenant=self.rig.tenant)
+        return hashes[-1] if hashes else None
+
+    def open_lanes(self, budget: Budget, past: Sequence[Question],
+                   log: Sequence[tuple[float, Question]] = ()) -> None:
+        for name in self.names:
+            cls = policy_class(name)
+            cache = make_cache(budget, self.clock, self.rig.worker_settings.block_size)
+            base = self.rig.base
+            engine = TorchEngine(base.model, base.tokenizer, model_id=base.model_id,
+                                 settings=self.rig.worker_settings, cache=cache)
+            worker = SimWorker(engine, self.clock, worker_id=f"sim-{name}",
+                               cache_requests=cls.cache_requests,
+                               ttft_runs=self.settings.ttft_runs)
+            ctx = PolicyContext(worker, self.rig.rag, self.settings, self.clock, past)
+            self.lanes[name] = Lane(cls(ctx), worker)
+        self.replay_log(log)
+        self.clock.now = 0.0
+        for lane in tqdm(self.lanes.values(), desc="policy start", disable=self._quiet()):
+            lane.policy.start()
+
+    def replay_log(self, log: Sequence[tuple[float, Question]]) -> None:
+        """Yesterday's answered queries, at their (negative) times, to every policy."""
+        events: dict[str, QueryEvent] = {}
+        for at, question in tqdm(log, desc="yesterday's log", disable=self._quiet()):
+            if question.qid not in events:
+                events[question.qid] = self.logged_event(question)
+            self.clock.now = at
+            for lane in self.lanes.values():
+                lane.policy.logged(events[question.qid])
+
+    def logged_event(self, question: Question) -> QueryEvent:
+        """What the RAG client published for `question` on the start-of-run KB."""
+        retrieval = self.rig.retriever.retrieve(question.question, self.rig.tenant)
+        prompt = self.rig.prompts.build(retrieval.chunks, question.question)
+        hashes = self.rig.base.block_hashes(prompt.prefix_ids, tenant=self.rig.tenant)
+        return QueryEvent(
+            tenant=self.rig.tenant, question=question.question, qid=question.qid,
+            chunk_refs=list(prompt.chunk_refs), prefix_hash=hashes[-1] if hashes else None,
+            block_hashes=hashes, prefix_tokens=prompt.prefix_len,
+            prompt_tokens=len(prompt.token_ids), cached_tokens=0, worker_id="yesterday",
+        )
+
+    # -- the timeline --------------------------------------------------------------
+
+    def run(self, steps: Sequence[wl.Step]) -> None:
+        bar = tqdm(steps, desc="timeline", unit="step", disable=self._quiet())
+        # Without a terminal tqdm stays silent; a run takes minutes, so say something.
+        every = max(1, len(steps) // 10) if bar.disable and self.progress is None else 0
+        started = time.monotonic()
+        for done, step in enumerate(bar, 1):
+            self.clock.now = step.at
+            for lane in self.lanes.values():
+                lane.worker.expire()
+                lane.policy.tick(step.at)
+            if isinstance(step, wl.KbStep):
+                self.kb_step(step.event)
+            else:
+                self.query_step(step)
+            if every and (done % every == 0 or done == len(steps)):
+                _say(f"timeline: {done}/{len(steps)} steps, {time.monotonic() - started:.0f} s")
+
+    def kb_step(self, event: TraceEvent) -> None:
+        change: KbChange = event.to_change(self.rig.tenant)
+        result = self.rig.indexer.index_document(change)
+        if result.content_changed:
+            self.kb_times.append(self.clock.now)
+            self.pending |= {qid for qid, docs in self.deps.items() if change.doc_id in docs}
+        for lane in self.lanes.values():
+            lane.policy.kb_change(change, result)
+
+    def query_step(self, step: wl.QueryStep) -> None:
+        query = self.prepare(step)
+        qid = step.question.qid
+        post_edit = qid in self.pending
+        repeat = qid in self.deps
+        self.pending.discard(qid)
+        self.deps[qid] = set(step.question.answer_docs) | set(query.doc_ids)
+        # Rotate who goes first, so no policy always runs right after the same neighbour.
+        turn = step.index % len(self.names)
+        names = self.names[turn:] + self.names[:turn]
+        for name in names:
+            lane = self.lanes[name]
+            served = lane.worker.serve(query.prompt.token_ids, self.rig.tenant,
+                                       query.prompt.chunk_refs)
+            self.rows.append(self.row(name, lane, query, served, post_edit, repeat))
+            lane.policy.served(self.event(query, served, name))
+
+    def prepare(self, step: wl.QueryStep) -> Prepared:
+        retrieval = self.rig.retriever.retrieve(step.question.question, self.rig.tenant)
+        prompt = self.rig.prompts.build(retrieval.chunks, step.question.question)
+        spans = chunk_spans(self.rig.prompts, retrieval.chunks)
+        hashes = self.rig.base.block_hashes(prompt.prefix_ids, tenant=self.rig.tenant)
+        return Prepared(step, prompt, spans, hashes, retrieval.doc_ids)
+
+    def row(self, name: str, lane: Lane, q: Prepared, served: Served, post_edit: bool,
+            repeat: bool) -> QueryRow:
+        result, cache = served.result, lane.worker.cache
+        block = lane.worker.engine.block_size
+        aligned = q.prompt.prefix_len // block * block
+        cached = result.cached_tokens
+        stale, outdated = reuse_check(served.entry_refs, q.spans, cached, self._current)
+        total = cache.budget.max_bytes or 1
+        return QueryRow(
+            policy=name, index=q.step.index, at=q.step.at, qid=q.step.question.qid,
+            burst=q.step.burst, post_edit=post_edit, repeat=repeat, ttft_ms=served.ttft_s * 1000,
+            prompt_tokens=result.prompt_tokens, prefix_tokens=q.prompt.prefix_len,
+            cached_tokens=cached, hit=aligned > 0 and cached >= aligned,
+            partial=0 < cached < aligned, stale=stale, outdated_partial=outdated,
+            mem_share=cache.bytes_used / total, pinned_share=cache.pinned_bytes / total,
+        )
+
+    def event(self, q: Prepared, served: Served, name: str) -> QueryEvent:
+        """The record the RAG client would publish on `rag.queries` for this answer."""
+        r = served.result
+        return QueryEvent(
+            tenant=self.rig.tenant, question=q.step.question.question, qid=q.step.question.qid,
+            chunk_refs=list(q.prompt.chunk_refs), prefix_hash=q.prefix_hash,
+            block_hashes=q.prefix_hashes,
+            prefix_tokens=q.prompt.prefix_len, prompt_tokens=r.prompt_tokens,
+            cached_tokens=r.cached_tokens, ttft_ms=r.ttft_s * 1000, worker_id=f"sim-{name}",
+        )
+
+    def _current(self, chunk_ids: list[str]) -> dict[str, str]:
+        found = self.rig.store.get_chunks(chunk_ids, self.rig.tenant)
+        return {cid: s.chunk.content_hash for cid, s in found.items()}
+
+    def _quiet(self) -> bool | None:
+        return None if self.progress is None else not self.progress
+
+    # -- results -------------------------------------------------------------------
+
+    def policy_figures(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name, lane in self.lanes.items():
+            stats = getattr(lane.policy, "stats", {})
+            out[name] = {
+                "warmup_seconds": lane.worker.warm_seconds,
+                "commands": dict(lane.worker.outcomes),
+                "streams": dict(stats),
+            }
+        return out
+
+
+def run_benchmark(
+    events: Sequence[TraceEvent],
+    questions: Sequence[Question],
+    settings: StrategySettings,
+    rig: Rig,
+    *,
+    edits: int | None,
+    queries: int,
+    docs: int | None = None,
+    names: Sequence[str] | None = None,
+    progress: bool | None = None,
+) -> RunResult:
+    """Index, build the workload, run every policy; the figures come from `RunResult.rows`."""
+    started = time.perf_counter()
+    initial, rest = wl.split_trace(events)
+    initial_seq = initial[-1].seq if initial else -1
+    initial = wl.kb_slice(initial, questions, docs, random.Random(settings.seed))
+    runner = Runner(rig, settings, names or policy_names(), progress)
+    index_s = runner.index_initial(initial)
+    relevant, prefix_bytes = runner.survey([q for q in questions if q.live_at(initial_seq)])
+    chosen = wl.relevant_edits(rest, relevant, edits)
+    budget_bytes = int(settings.memory_share * prefix_bytes)
+    budget = Budget(max_bytes=budget_bytes, max_entries=DEFAULT_MAX_ENTRIES,
+                    warm_bytes=budget_bytes)
+    steps, log = _workload(settings, questions, chosen, initial_seq, queries)
+    runner.open_lanes(budget, wl.by_popularity([q for _, q in log]), log)
+    runner.run(steps)
+    n_queries = sum(isinstance(s, wl.QueryStep) for s in steps)
+    meta = {
+        "budget_bytes": budget_bytes, "distinct_prefix_bytes": prefix_bytes,
+        "initial_docs": len(initial), "index_seconds": round(index_s, 1),
+        "elapsed_seconds": round(time.perf_counter() - started, 1),
+        "duration_sim_s": round(steps[-1].at, 1) if steps else 0.0,
+    }
+    return RunResult(runner.rows, runner.policy_figures(), runner.kb_times, n_queries,
+                     len(chosen), meta)
+
+
+def _workload(
+    settings: StrategySettings, questions: Sequence[Question], edits: Sequence[TraceEvent],
+    initial_seq: int, queries: int,
+) -> tuple[list[wl.Step], list[tuple[float, Question]]]:
+    """Today's timeline, and yesterday's log: as many draws as `history_queries`, on the
+    same arrival process, ending one mean gap before today's first query."""
+    rng = random.Random(settings.seed)
+    weights = wl.zipf_weights([q.qid for q in questions], settings.zipf_s, rng)
+    arrivals = wl.arrivals(queries, rng, settings.mean_gap_s, settings.burst_prob,
+                           settings.burst_size, settings.burst_gap_s)
+    steps = wl.timeline(arrivals, edits, questions, weights, initial_seq, rng,
+                        settings.edits_from)
+    yesterday = random.Random(settings.seed + 1)
+    log = wl.past_log(questions, weights, initial_seq, settings.history_queries, yesterday)
+    times = wl.arrivals(len(log), yesterday, settings.mean_gap_s, settings.burst_prob,
+                        settings.burst_size, settings.burst_gap_s)
+    end = times[-1].at + settings.mean_gap_s if times else 0.0
+    return steps, [(a.at - end, q) for a, q in zip(times, log, strict=True)]
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,225 @@
+"""event-rag, hot-tokens and hybrid: the streams app's own handlers on the simulated clock.
+
+Each policy runs `streams.handlers` (the code behind the Faust agents) on a `Pipeline`
+whose tables are dicts, whose topics are one in-order queue, whose commands reach the
+policy's worker at once, and whose clock is the benchmark's. A policy differs from the
+deployed app only in which inputs it is fed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ragwarm.bench.strategies.policies import Policy, PolicyContext
+from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
+from streams import handlers as h
+from streams.hot import HotTracker
+from streams.ports import WarmPrefix
+from streams.records import DocLink, DocState, PrefixOp
+from streams.settings import StreamsSettings
+
+if TYPE_CHECKING:
+    from rag.index import IndexResult
+    from ragwarm.rag_port import RagService
+
+Item = PrefixOp | DocLink | WorkerEvent | KbChange | QueryEvent
+
+
+def run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a handler that never waits: in the simulator every send and store call is
+    immediate, so the coroutine finishes on its first step."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("a streams handler waited on I/O inside the simulator")
+
+
+class IndexedOnce:
+    """The RAG port of one policy: the runner indexes each change once for every policy,
+    so `index` hands back that result instead of writing the shared store again."""
+
+    def __init__(self, rag: RagService) -> None:
+        self.rag = rag
+        self.result: IndexResult | None = None
+
+    def index(self, change: KbChange) -> dict[str, str] | None:
+        r = self.result
+        if r is None or not r.applied:
+            return None
+        return {c.chunk_id: c.content_hash for c in r.chunks}
+
+    def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
+        return self.rag.prefix_for_question(question, tenant)
+
+    def prefix_for_refs(self, refs: Sequence[ChunkRef], tenant: str) -> WarmPrefix | None:
+        return self.rag.prefix_for_refs(refs, tenant)
+
+    def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
+        return self.rag.refs_current(refs, tenant)
+
+    def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
+        return self.rag.search(question, tenant, k)
+
+
+class SimOutbox:
+    """Topics as one FIFO queue; commands are consumed by the worker as they are sent."""
+
+    def __init__(self, queue: deque[Item], policy: StreamsPolicy) -> None:
+        self.queue = queue
+        self.policy = policy
+
+    async def op(self, op: PrefixOp) -> None:
+        self.queue.append(op)
+
+    async def link(self, link: DocLink) -> None:
+        self.queue.append(link)
+
+    async def command(self, cmd: WarmupCommand) -> None:
+        self.policy.ctx.worker.apply(cmd)
+
+
+class StreamsPolicy(Policy):
+    """The streams app fed some of its inputs: KB events, hot-token ticks, query tracking."""
+
+    kb_events: ClassVar[bool] = False
+    track_queries: ClassVar[bool] = False
+    hot: ClassVar[bool] = False
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        s = ctx.settings
+        settings = StreamsSettings(
+            prefix_ttl_s=s.prefix_ttl_s,
+            hot_window_s=s.hot_window_s,
+            hot_step_s=s.hot_step_s,
+            hot_tick_s=s.hot_tick_s,
+            hot_share=s.hot_share,
+            hot_min_count=s.hot_min_count,
+            rewarm_questions=s.rewarm_questions,
+            track_queries=self.track_queries,
+            hot_tokens=self.hot,
+            kv_bytes_per_token=ctx.worker.engine.kv_bytes_per_token,
+            worker_stale_s=float("inf"),  # one worker, heartbeating on every step
+            tenant=s.tenant,
+        )
+        self.queue: deque[Item] = deque()
+        self.port = IndexedOnce(ctx.rag)
+        self.pipeline = h.Pipeline(
+            tables=h.StreamTables(docs={}, doc_prefixes={}, prefixes={}, workers={}),
+            out=SimOutbox(self.queue, self),
+            rag=self.port,
+            settings=settings,
+            tracker=HotTracker(settings.hot_window_s, settings.hot_step_s, settings.hot_capacity),
+            clock=ctx.clock,
+        )
+        if self.kb_events:
+            self.pipeline.tables.docs.update(_doc_table(ctx))
+        self.next_hot = self.next_sweep = 0.0
+        ctx.worker.listeners.append(self.queue.append)  # worker.events
+
+    @property
+    def stats(self):
+        return self.pipeline.stats
+
+    # -- the policy hooks feed the app's inputs ---------------------------------------
+
+    def logged(self, query: QueryEvent) -> None:
+        # Yesterday's rag.queries: the app saw them (tables, hot windows); no worker yet.
+        self.feed(query)
+
+    def start(self) -> None:
+        # The worker reports ready: the app warms what it knows to be in use.
+        self.feed(self.ctx.worker.runtime.status_event("ready"))
+
+    def tick(self, now: float) -> None:
+        self.feed(self.ctx.worker.runtime.status_event("heartbeat"))
+        if now >= self.next_hot:
+            run_sync(h.plan_hot(self.pipeline))  # the app's hot-tick timer
+            self.next_hot = now + self.pipeline.settings.hot_tick_s
+            self.drain()
+        if now >= self.next_sweep:
+            run_sync(h.sweep_prefixes(self.pipeline))  # the app's prefix-sweep timer
+            self.next_sweep = now + self.pipeline.settings.sweep_s
+            self.drain()
+
+    def kb_change(self, change: KbChange, result: IndexResult) -> None:
+        if self.kb_events:
+            self.port.result = result
+            self.feed(change)
+            self.port.result = None
+
+    def served(self, query: QueryEvent) -> None:
+        self.feed(query)
+
+    # -- one consumer for every topic ----------------------------------------------------
+
+    def feed(self, item: Item) -> None:
+        self.queue.append(item)
+        self.drain()
+
+    def drain(self) -> None:
+        p = self.pipeline
+        while self.queue:
+            item = self.queue.popleft()
+            if isinstance(item, PrefixOp):
+                run_sync(h.on_prefix_op(p, item))
+            elif isinstance(item, DocLink):
+                run_sync(h.on_doc_link(p, item))
+            elif isinstance(item, WorkerEvent):
+                run_sync(h.on_worker_event(p, item))
+            elif isinstance(item, KbChange):
+                run_sync(h.on_kb_change(p, item))
+            else:
+                run_sync(h.on_query(p, item))
+
+
+def _doc_table(ctx: PolicyContext) -> dict[str, dict]:
+    """The `docs` table as the KB-change agent leaves it after the initial state."""
+    store, tenant = ctx.rag.store, ctx.tenant
+    chunks: dict[str, dict[str, str]] = {}
+    for stored in store.all_chunks(tenant):
+        chunks.setdefault(stored.chunk.doc_id, {})[stored.chunk.chunk_id] = (
+            stored.chunk.content_hash
+        )
+    return {
+        r.doc_id: DocState(
+            version=r.version, tenant=tenant, chunks=chunks.get(r.doc_id, {}), deleted=r.deleted
+        ).model_dump(mode="json")
+        for r in store.doc_records(tenant)
+        if r.version is not None  # a first write still under way has no version yet
+    }
+
+
+class EventRag(StreamsPolicy):
+    """`event-rag`: the prefixes queries use are kept warm (TTL) and linked to their chunks;
+    a KB change invalidates the ones it made stale, re-retrieves the questions behind them
+    and prefills the new top-3 prefixes, and extends the TTL of the others."""
+
+    name: ClassVar[str] = "event-rag"
+    # The app decides what is cached: every entry is a prefix it tracks and can re-warm.
+    cache_requests: ClassVar[bool] = False
+    kb_events: ClassVar[bool] = True
+    track_queries: ClassVar[bool] = True
+
+
+class HotTokens(StreamsPolicy):
+    """`hot-tokens`: heavy-hitter prefixes over hopping windows pinned within `hot_share`
+    of memory, released when they cool (seed 000's dynamic hot-token warmup); request
+    caching for the rest."""
+
+    name: ClassVar[str] = "hot-tokens"
+    hot: ClassVar[bool] = True
+
+
+class Hybrid(StreamsPolicy):
+    """`hybrid`: event-rag plus hot-tokens (the streams app with every input)."""
+
+    name: ClassVar[str] = "hybrid"
+    cache_requests: ClassVar[bool] = False
+    kb_events: ClassVar[bool] = True
+    track_queries: ClassVar[bool] = True
+    hot: ClassVar[bool] = True

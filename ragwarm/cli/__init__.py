@@ -1,0 +1,62 @@
+"""The `ragwarm` command: a thin shell that loads each sub-command's module on demand.
+
+Sub-commands import torch, faust or qdrant only when run, so `ragwarm --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from importlib.util import find_spec
+
+import click
+
+# name -> "module:attribute" of a click command or group.
+COMMANDS: dict[str, str] = {
+    "kafka": "ragwarm.cli.kafka:kafka",
+    "topics": "ragwarm.cli.kafka:topics",
+    "models": "ragwarm.models:models",
+    "worker": "ragwarm.cli.worker:worker",
+    "streams": "ragwarm.cli.streams:streams",
+    "bench": "ragwarm.cli.bench:bench",
+    "ingest": "ragwarm.client.ingest:ingest",
+    "query": "ragwarm.cli.query:query",
+    "replay": "ragwarm.cli.replay:replay",
+    "up": "ragwarm.stack.local:up",
+    "down": "ragwarm.stack.local:down",
+    "status": "ragwarm.stack.local:status",
+    "demo": "ragwarm.stack.demo:demo",
+    "config": "ragwarm.cli.config:config",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose sub-commands are "module:attribute" targets imported when used."""
+
+    def __init__(self, *args, targets: dict[str, str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.targets = targets if targets is not None else COMMANDS
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(n for n, t in self.targets.items() if find_spec(t.partition(":")[0]))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = self.targets.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup)
+@click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level.")
+def main(verbose: bool) -> None:
+    """ragwarm: keep LLM inference workers warm for RAG, driven by knowledge-base events."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+if __name__ == "__main__":
+    main()

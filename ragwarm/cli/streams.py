@@ -1,0 +1,107 @@
+"""`ragwarm streams`: wire the RAG layer into the Faust app and run it as a Faust worker."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings
+from streams.settings import StreamsSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StreamsApp:
+    """The Faust app and what was defined on it."""
+
+    app: Any
+    topics: Any
+    tables: Any  # streams.tables.Tables: the changelog-backed tables
+    pipeline: Any  # streams.handlers.Pipeline
+
+
+def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> StreamsApp:
+    """The Faust app with its topics, tables, agents and views around `rag_port`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from streams.agents import KafkaOutbox, register_agents
+    from streams.app import create_app
+    from streams.handlers import Pipeline, StreamTables
+    from streams.hot import HotTracker
+    from streams.tables import define_tables
+    from streams.topics import define_topics
+    from streams.views import register_views
+
+    data_dir = streams.data_dir or HomeSettings().home / "faust" / streams.app_id
+    data_dir.mkdir(parents=True, exist_ok=True)
+    app = create_app(streams, kafka.servers, data_dir)
+    topics = define_topics(app, streams.partitions, kafka.topic_prefix)
+    tables = define_tables(app, streams.partitions)
+    pipeline = Pipeline(
+        tables=StreamTables(**vars(tables)),
+        out=KafkaOutbox(topics),
+        rag=rag_port,
+        settings=streams,
+        tracker=HotTracker(streams.hot_window_s, streams.hot_step_s, streams.hot_capacity),
+        executor=ThreadPoolExecutor(1, thread_name_prefix="ragwarm-store"),
+    )
+    register_agents(app, topics, pipeline)
+    register_views(app, pipeline)
+    return StreamsApp(app, topics, tables, pipeline)
+
+
+def ensure_topics(streams_app: StreamsApp, kafka: KafkaSettings) -> None:
+    """Create every topic the app reads before Faust starts.
+
+    Faust creates changelog and internal topics itself, but a global table whose
+    changelog is still missing from the metadata when recovery starts never recovers;
+    creating them first, compacted, removes that race.
+    """
+    from ragwarm.kafka.admin import create_topics
+    from schemas.topics import TopicSpec, prefixed
+
+    partitions = streams_app.pipeline.settings.partitions
+    specs = prefixed(kafka.topic_prefix)
+    for table in vars(streams_app.tables).values():
+        specs.append(
+            TopicSpec(
+                table.changelog_topic.get_topic_name(),
+                "table key",
+                partitions,
+                {"cleanup.policy": "compact"},
+            )
+        )
+    for topic in (streams_app.topics.prefix_ops, streams_app.topics.doc_links):
+        specs.append(TopicSpec(topic.get_topic_name(), "key", partitions))
+    create_topics(kafka.servers, kafka.client_options(), specs)
+
+
+@click.command()
+@click.option("--web-port", type=int, default=None, help="Port of the web views.")
+@click.option("--loglevel", default="info", show_default=True)
+def streams(web_port: int | None, loglevel: str) -> None:
+    """Run the streams app (a Faust worker): KB changes, token frequencies, placement."""
+    from faust.worker import Worker
+
+    from ragwarm.rag_port import RagService
+
+    settings = StreamsSettings()
+    if web_port is not None:
+        settings = settings.model_copy(update={"web_port": web_port})
+    kafka = KafkaSettings()
+    # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
+    rag = RagService.open(ModelSettings())
+    built = build_pipeline(settings, kafka, rag)
+    ensure_topics(built, kafka)
+    click.echo(
+        f"streams: app {settings.app_id} on {kafka.servers}, "
+        f"views at http://{settings.web_host}:{settings.web_port}/ragwarm/stats"
+    )
+    try:
+        Worker(built.app, loglevel=loglevel).execute_from_commandline()
+    finally:
+        rag.close()

@@ -1,0 +1,220 @@
+"""`ragwarm worker`: wire an engine, the cache, Kafka and the HTTP API into one worker process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ragwarm.settings import KafkaSettings, ModelSettings
+from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
+from workers.api import Limits, PrefillRequest, WarmSetError, parse_warm_set
+from workers.cache import WarmupRefused
+from workers.commands import CommandConsumer, EventSink, KafkaEventSink, NullSink
+from workers.engines.base import Engine
+from workers.metrics import WorkerMetrics
+from workers.runtime import WorkerRuntime, chunk_keys
+from workers.service import ServiceConfig, ServiceState, serve
+from workers.settings import WorkerSettings
+
+log = logging.getLogger("ragwarm.worker")
+
+ENGINES = ("torch", "vllm", "remote")
+
+
+def model_id(settings: WorkerSettings, models: ModelSettings) -> str:
+    """The model salt of prefix hashes: the setting, else the model's name (`llm_name`).
+
+    The streams app predicts prefix hashes with `ModelSettings().llm_name`; the default
+    worker must hash the same way.
+    """
+    return settings.model_id or models.llm_name
+
+
+def advertised_url(settings: WorkerSettings, port: int) -> str:
+    if settings.advertise_url:
+        return settings.advertise_url.rstrip("/")
+    host = settings.host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    return f"http://{host}:{port}"
+
+
+def make_engine(settings: WorkerSettings, models: ModelSettings) -> Engine:
+    """Load the configured engine (blocking: model weights are read here)."""
+    settings = settings.model_copy(update={"model_id": model_id(settings, models)})
+    if settings.engine == "torch":
+        from ragwarm.models import llm_dir, offline_hub
+        from workers.engines.torch_engine import load_torch_engine
+
+        offline_hub()
+        return load_torch_engine(llm_dir(models=models), settings)
+    if settings.engine == "vllm":
+        from ragwarm.models import llm_dir
+        from workers.engines.vllm_engine import load_vllm_engine
+
+        return load_vllm_engine(llm_dir(models=models), settings)
+    if settings.engine == "remote":
+        from ragwarm.models import llm_dir, load_tokenizer
+        from workers.engines.remote import connect_remote_engine
+
+        model_dir = llm_dir(models=models)
+        return connect_remote_engine(settings, model_dir, tokenizer=load_tokenizer(model_dir))
+    raise click.BadParameter(f"unknown engine {settings.engine!r}; valid: {', '.join(ENGINES)}")
+
+
+def engine_limits(engine: Engine, settings: WorkerSettings) -> Limits:
+    """Request bounds: the settings, capped by what the model can take."""
+    context = engine.max_model_len
+    return Limits(
+        max_prompt_tokens=min(settings.max_prompt_tokens, context - 1),
+        max_tokens=settings.max_tokens,
+        context_tokens=context,
+        vocab_size=engine.vocab_size,
+    )
+
+
+def read_warm_set(path: Path | None) -> list[PrefillRequest]:
+    if path is None:
+        return []
+    try:
+        return parse_warm_set(path.read_text())
+    except OSError as exc:
+        raise WarmSetError(f"cannot read the warm set {path}: {exc}") from None
+    except WarmSetError as exc:
+        raise WarmSetError(f"{path}: {exc}") from None
+
+
+def apply_warm_set(
+    runtime: WorkerRuntime, items: list[PrefillRequest], report: Callable[[str], None]
+) -> int:
+    """Prefill the warm set in order; refusals are logged, not fatal. Returns stored count."""
+    stored = 0
+    for n, item in enumerate(items, 1):
+        report(f"applying startup warm set ({n}/{len(items)})")
+        source = item.source()
+        ids = source if isinstance(source, list) else runtime.engine.tokenize(source)
+        try:
+            result = runtime.prefill(
+                ids[: runtime.limits.max_prompt_tokens],
+                tenant=item.tenant,
+                chunk_refs=chunk_keys(item.chunk_refs),
+                ttl_s=item.ttl_s,
+                pin=item.pin,
+                source="warm_set",
+            )
+        except WarmupRefused as exc:
+            log.warning("warm set item %d refused: %s", n, exc.reason)
+            continue
+        stored += result.prefix_hash is not None
+    return stored
+
+
+class WorkerLifecycle:
+    """Start: load the model, join Kafka, apply the warm set. Stop: leave Kafka."""
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        kafka: KafkaSettings,
+        models: ModelSettings,
+        metrics: WorkerMetrics,
+        url: str,
+    ) -> None:
+        self.settings, self.kafka, self.models = settings, kafka, models
+        self.metrics = metrics
+        self.url = url
+        self.consumer: CommandConsumer | None = None
+        self.sink: EventSink = NullSink()
+
+    def start(self, report: Callable[[str], None]) -> WorkerRuntime:
+        s = self.settings
+        items = read_warm_set(s.warm_set)  # fail before the slow part
+        report(f"loading model ({s.engine} engine)")
+        engine = make_engine(s, self.models)
+        if s.kafka:
+            report(f"connecting to Kafka at {self.kafka.servers}")
+            self.sink = KafkaEventSink(
+                self.kafka.servers,
+                self.kafka.client_options(),
+                s.worker_id,
+                topic=self.kafka.topic(WORKER_EVENTS),
+            )
+        runtime = WorkerRuntime(
+            engine,
+            worker_id=s.worker_id,
+            url=self.url,
+            sink=self.sink,
+            metrics=self.metrics,
+            limits=engine_limits(engine, s),
+            cache_requests=s.cache_requests,
+        )
+        if s.kafka:
+            report("joining warmup.commands")
+            self.consumer = self._consumer(runtime)
+            self.consumer.start()
+        stored = apply_warm_set(runtime, items, report)
+        log.info("startup warm set: %d of %d items stored", stored, len(items))
+        return runtime
+
+    def _consumer(self, runtime: WorkerRuntime) -> CommandConsumer:
+        return CommandConsumer(
+            self.kafka.servers,
+            self.kafka.client_options(),
+            self.settings.worker_id,
+            runtime.apply,
+            on_malformed=lambda _reason: self.metrics.malformed.inc(),
+            topic=self.kafka.topic(WARMUP_COMMANDS),
+            group_prefix=self.kafka.topic_prefix,
+        )
+
+    def stop(self) -> None:
+        if self.consumer is not None:
+            self.consumer.stop()
+        self.sink.close()
+
+
+def _overrides(**options: Any) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if v is not None}
+
+
+@click.command("worker")
+@click.option("--port", type=int, help="HTTP port [RAGWARM_WORKER_PORT, 8000].")
+@click.option("--host", help="Listen address [RAGWARM_WORKER_HOST, 127.0.0.1].")
+@click.option("--worker-id", help="Worker id [RAGWARM_WORKER_WORKER_ID, the host name].")
+@click.option("--engine", type=click.Choice(ENGINES), help="Engine [RAGWARM_WORKER_ENGINE].")
+@click.option(
+    "--warm-set",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSON/JSONL prefixes to prefill before ready [RAGWARM_WORKER_WARM_SET].",
+)
+@click.option("--threads", type=int, help="torch CPU threads [RAGWARM_WORKER_THREADS].")
+@click.option("--remote-url", help="Engine remote: server base URL [RAGWARM_WORKER_REMOTE_URL].")
+@click.option(
+    "--no-kafka", "no_kafka", is_flag=True, help="Run without warmup.commands / worker.events."
+)
+def worker(no_kafka: bool, **options: Any) -> None:
+    """Serve completions from a warm KV cache; take warmup commands from Kafka."""
+    overrides = _overrides(**options)
+    if no_kafka:
+        overrides["kafka"] = False
+    settings = WorkerSettings(**overrides)
+    models = ModelSettings()
+    metrics = WorkerMetrics(worker_id=settings.worker_id, model_name=model_id(settings, models))
+    url = advertised_url(settings, settings.port)
+    lifecycle = WorkerLifecycle(settings, KafkaSettings(), models, metrics, url)
+    secret = settings.api_key.get_secret_value() if settings.api_key else None
+    config = ServiceConfig(
+        worker_id=settings.worker_id,
+        api_key=secret,
+        heartbeat_s=settings.heartbeat_s,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    state = ServiceState(config=config, metrics=metrics, lifecycle=lifecycle)
+    sys.exit(asyncio.run(serve(state, settings.host, settings.port)))

@@ -1,0 +1,460 @@
+"""`RagClient`: retrieve, canonical prompt, route to a warm worker, stream, log the query."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+import httpx
+
+from rag.prompt import Prompt, PromptBuilder
+from ragwarm.client.settings import ClientSettings
+from ragwarm.client.wire import (
+    ClientError,
+    NoWorker,
+    RequestRejected,
+    RetrievedChunk,
+    Route,
+    StreamResult,
+    StreamsUnavailable,
+    WorkerFailed,
+    WorkerRef,
+    candidates,
+    error_message,
+    sse_data,
+)
+from ragwarm.settings import KafkaSettings, ModelSettings, qdrant_settings
+from schemas import ChunkRef, QueryEvent, encode
+from schemas.topics import RAG_QUERIES
+from workers.blocks import BLOCK_SIZE, block_hashes
+
+log = logging.getLogger(__name__)
+
+UP_HINT = "start the local stack with `ragwarm up`, or set RAGWARM_CLIENT_STREAMS_URL"
+OnToken = Callable[[str], None]
+
+
+# --- results -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PreparedQuery:
+    """A question with its retrieved chunks, canonical prompt and block-chain hashes."""
+
+    question: str
+    tenant: str
+    chunks: tuple[RetrievedChunk, ...]
+    prompt: Prompt
+    block_hashes: tuple[str, ...]
+    retrieve_ms: float
+    block_size: int = BLOCK_SIZE
+
+    @property
+    def prefix_blocks(self) -> int:
+        """Full blocks inside the prefix (the part a warmup prefills)."""
+        return self.prompt.prefix_len // self.block_size
+
+    @property
+    def prefix_hashes(self) -> tuple[str, ...]:
+        return self.block_hashes[: self.prefix_blocks]
+
+    @property
+    def prefix_hash(self) -> str | None:
+        """The hash at the prefix's last full block: the id of the warmable prefix."""
+        return self.prefix_hashes[-1] if self.prefix_hashes else None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answered query with where it ran and how fast the first token came."""
+
+    question: str
+    tenant: str
+    qid: str
+    text: str
+    worker_id: str
+    ttft_ms: float  # client-side: completion request sent -> first token received
+    worker_ttft_ms: float | None  # the worker's own figure (request arrival -> first token)
+    e2e_ttft_ms: float  # from the start of `query` (retrieval and routing included)
+    total_ms: float
+    retrieve_ms: float
+    route_ms: float
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    prefix_tokens: int
+    prefix_hash: str | None
+    matched_blocks: int
+    chunk_refs: tuple[ChunkRef, ...]
+    doc_ids: tuple[str, ...]
+    finish_reason: str | None
+    failed_workers: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["chunk_refs"] = [r.model_dump() for r in self.chunk_refs]
+        return body
+
+
+# --- retrieval backends ----------------------------------------------------------------
+class Retrieval(Protocol):
+    def retrieve(self, question: str, tenant: str, k: int) -> list[RetrievedChunk]: ...
+
+    def close(self) -> None: ...
+
+
+class StreamsRetrieval:
+    """Retrieval through the streams app, which owns the embedded Qdrant store."""
+
+    def __init__(self, streams: httpx.Client) -> None:
+        self.streams = streams
+
+    def retrieve(self, question: str, tenant: str, k: int) -> list[RetrievedChunk]:
+        body = _post_json(self.streams, "/ragwarm/retrieve",
+                          {"question": question, "tenant": tenant, "k": k})
+        return [RetrievedChunk.from_json(c) for c in body.get("chunks") or ()]
+
+    def close(self) -> None:
+        """The streams pool belongs to the client."""
+
+
+class QdrantRetrieval:
+    """Retrieval straight from a Qdrant server (its HTTP pool opens with the store)."""
+
+    def __init__(self, retriever: Any) -> None:
+        self.retriever = retriever
+
+    @classmethod
+    def open(cls, models: ModelSettings) -> QdrantRetrieval:
+        from rag.retrieve import Retriever
+        from rag.settings import RagSettings
+        from rag.store import ChunkStore
+        from ragwarm.models import load_embedder
+
+        rag = RagSettings()
+        embedder = load_embedder(models, batch_size=rag.embed_batch_size)
+        store = ChunkStore.open(qdrant_settings(), rag.collection, embedder.dim)
+        return cls(Retriever(store, embedder, rag.top_k))
+
+    def retrieve(self, question: str, tenant: str, k: int) -> list[RetrievedChunk]:
+        hits = self.retriever.retrieve(question, tenant, k).hits
+        return [RetrievedChunk(h.chunk.chunk_id, h.chunk.content_hash, h.chunk.doc_id,
+                               h.chunk.text, h.score, h.version) for h in hits]
+
+    def close(self) -> None:
+        self.retriever.store.close()
+
+
+class QueryEmitter:
+    """Publishes QueryEvents to rag.queries keyed by tenant (kafka-python, opened once)."""
+
+    def __init__(self, producer: Any, topic: str) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.errors = 0
+
+    @classmethod
+    def open(cls, kafka: KafkaSettings) -> QueryEmitter:
+        from kafka import KafkaProducer
+        from kafka.errors import KafkaError
+
+        from ragwarm.kafka.common import KafkaUnreachable
+
+        try:
+            producer = KafkaProducer(bootstrap_servers=kafka.servers.split(","), acks=1,
+                                     linger_ms=2, max_block_ms=5000, **kafka.client_options())
+        except KafkaError as exc:
+            raise KafkaUnreachable(kafka.servers, exc) from None
+        return cls(producer, kafka.topic(RAG_QUERIES))
+
+    def emit(self, event: QueryEvent) -> None:
+        """Queue one event; a failure is logged and counted, never raised (the answer stands)."""
+        try:
+            self.producer.send(self.topic, key=event.tenant.encode(), value=encode(event))
+        except Exception as exc:  # noqa: BLE001 - losing a log record must not lose the answer
+            self.errors += 1
+            log.warning("query event not sent to %s: %s", self.topic, exc)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self.producer.flush(timeout=timeout_s)
+        self.producer.close(timeout=timeout_s)
+
+
+# --- the client --------------------------------------------------------------------------
+class RagClient:
+    """Answers questions through the warm worker; sync, one query at a time per instance.
+
+    Pools to the streams app and to every known worker are opened and warmed at start (seed
+    003: pre-established keep-alive connections), so a query pays no connection set-up. A
+    worker that fails during a request (refused connection, 5xx, broken stream) is replaced
+    by the next one the route named.
+    """
+
+    def __init__(self, settings: ClientSettings, prompts: PromptBuilder, model_salt: str,
+                 streams: httpx.Client, retrieval: Retrieval | None = None,
+                 emitter: QueryEmitter | None = None,
+                 transport: httpx.BaseTransport | None = None, block_size: int = BLOCK_SIZE,
+                 top_k: int = 3):
+        self.settings = settings
+        # Must equal the streams app's RAGWARM_RAG_TOP_K, or warmed prefixes never match.
+        self.top_k = top_k
+        self.prompts = prompts
+        self.model_salt = model_salt
+        self.streams = streams
+        self.retrieval = retrieval or StreamsRetrieval(streams)
+        self.emitter = emitter
+        self.block_size = block_size
+        self._transport = transport
+        self._pools: dict[str, httpx.Client] = {}
+
+    @classmethod
+    def open(cls, settings: ClientSettings | None = None, kafka: KafkaSettings | None = None,
+             models: ModelSettings | None = None) -> RagClient:
+        """A client with its tokenizer, warmed pools and (unless disabled) its Kafka producer."""
+        from rag.settings import QdrantSettings, RagSettings
+        from ragwarm.models import llm_dir, load_tokenizer
+
+        settings = settings or ClientSettings()
+        models = models or ModelSettings()
+        with ExitStack() as undo:  # closes what was opened if a later step fails
+            streams = make_pool(settings, settings.streams_url)
+            undo.callback(streams.close)
+            # Fail fast, before the slow tokenizer load, when the stack is not up.
+            check_streams(streams, settings.streams_url)
+            # Same system prompt and top-k as the streams app, so the prefixes are the same.
+            rag = RagSettings()
+            prompts = PromptBuilder(load_tokenizer(llm_dir(models=models)), rag.system_prompt)
+            retrieval = None
+            if settings.direct_qdrant and QdrantSettings().url:
+                retrieval = QdrantRetrieval.open(models)
+                undo.callback(retrieval.close)
+            emitter = None
+            if settings.emit_queries:
+                emitter = QueryEmitter.open(kafka or KafkaSettings())
+                undo.callback(emitter.close)
+            client = cls(settings, prompts, models.llm_name, streams, retrieval, emitter,
+                         top_k=rag.top_k)
+            client.warm_pools()
+            undo.pop_all()
+        return client
+
+    # -- pools ----------------------------------------------------------------------------
+    def warm_pools(self) -> list[str]:
+        """Open a keep-alive connection to the streams app and to every known worker."""
+        check_streams(self.streams, self.settings.streams_url)
+        try:
+            rows = self.streams.get("/ragwarm/workers").json().get("workers") or []
+        except (httpx.HTTPError, ValueError) as exc:
+            raise StreamsUnavailable(f"/ragwarm/workers failed at {self.settings.streams_url}: "
+                                     f"{exc}") from None
+        warmed = []
+        for row in rows:
+            if row.get("url") and row.get("ready"):
+                try:
+                    self._pool(row["url"]).get("/health/live")
+                    warmed.append(str(row["worker_id"]))
+                except httpx.HTTPError as exc:
+                    log.info("worker %s at %s not reachable yet: %s", row.get("worker_id"),
+                             row["url"], exc)
+        return warmed
+
+    def _pool(self, url: str) -> httpx.Client:
+        pool = self._pools.get(url)
+        if pool is None:
+            pool = self._pools[url] = make_pool(self.settings, url, self._transport,
+                                                self._auth_headers())
+        return pool
+
+    def _auth_headers(self) -> dict[str, str]:
+        key = self.settings.api_key
+        return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+
+    # -- the query path -------------------------------------------------------------------
+    def prepare(self, question: str, tenant: str | None = None) -> PreparedQuery:
+        """Retrieve the top-k chunks and build the canonical prompt with its block hashes."""
+        tenant = tenant or self.settings.tenant
+        started = time.perf_counter()
+        chunks = tuple(self.retrieval.retrieve(question, tenant, self.top_k))
+        retrieve_ms = (time.perf_counter() - started) * 1000
+        prompt = self.prompts.build(chunks, question)
+        hashes = block_hashes(prompt.token_ids, tenant=tenant, model=self.model_salt,
+                              block_size=self.block_size)
+        return PreparedQuery(question, tenant, chunks, prompt, tuple(hashes), retrieve_ms,
+                             self.block_size)
+
+    def route(self, prepared: PreparedQuery) -> Route:
+        """Ask the streams app which worker holds the longest prefix of this prompt."""
+        return Route.from_json(_post_json(self.streams, "/ragwarm/route",
+                                          {"block_hashes": list(prepared.block_hashes)}))
+
+    def query(self, question: str, tenant: str | None = None, max_tokens: int | None = None,
+              on_token: OnToken | None = None) -> Answer:
+        """Answer one question. `on_token` gets the text as it streams (after a retry the
+        answer starts again from its beginning)."""
+        started = time.perf_counter()
+        return self.ask(self.prepare(question, tenant), max_tokens, on_token, started)
+
+    def ask(self, prepared: PreparedQuery, max_tokens: int | None = None,
+            on_token: OnToken | None = None, started: float | None = None) -> Answer:
+        """Route and stream an already prepared query, then emit its QueryEvent."""
+        started = started if started is not None else time.perf_counter()
+        routed_at = time.perf_counter()
+        route = self.route(prepared)
+        route_ms = (time.perf_counter() - routed_at) * 1000
+        workers = candidates(route, self.settings.max_attempts)
+        if not workers:
+            raise NoWorker(f"no ready worker is known to the streams app at "
+                           f"{self.settings.streams_url}; {UP_HINT}")
+        body = self._completion_body(prepared, max_tokens)
+        worker, result, failed = self._first_success(workers, body, on_token)
+        answer = _answer(prepared, worker, result, failed, started, route_ms,
+                         route.matched_blocks if worker == route.chosen else 0)
+        if self.emitter is not None:
+            self.emitter.emit(query_event(prepared, answer))
+        return answer
+
+    def _completion_body(self, prepared: PreparedQuery, max_tokens: int | None) -> dict:
+        return {
+            "prompt": list(prepared.prompt.token_ids),
+            "max_tokens": max_tokens or self.settings.max_tokens,
+            "temperature": self.settings.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "tenant": prepared.tenant,
+            "chunk_refs": [r.model_dump() for r in prepared.prompt.chunk_refs],
+        }
+
+    def _first_success(self, workers: Sequence[WorkerRef], body: dict,
+                       on_token: OnToken | None) -> tuple[WorkerRef, StreamResult, list[str]]:
+        failed: list[str] = []
+        reasons: list[str] = []
+        for worker in workers:
+            try:
+                return worker, self._stream(worker, body, on_token), failed
+            except WorkerFailed as exc:
+                log.warning("worker %s failed (%s); trying the next one", worker.worker_id, exc)
+                failed.append(worker.worker_id)
+                reasons.append(f"{worker.worker_id}: {exc}")
+        raise ClientError(f"every worker tried failed: {'; '.join(reasons)}")
+
+    def _stream(self, worker: WorkerRef, body: dict, on_token: OnToken | None) -> StreamResult:
+        pool = self._pool(worker.url)
+        result = StreamResult(sent_at=time.perf_counter())
+        try:
+            with pool.stream("POST", "/v1/completions", json=body) as response:
+                _check_status(worker, response)
+                for data in sse_data(response.iter_lines()):
+                    text = result.feed(data, time.perf_counter())
+                    if text and on_token is not None:
+                        on_token(text)
+                    if result.done:
+                        break
+        except httpx.TransportError as exc:
+            raise WorkerFailed(f"{type(exc).__name__}: {exc}") from None
+        result.check_complete()
+        return result
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def close(self) -> None:
+        if self.emitter is not None:
+            self.emitter.close()
+        self.retrieval.close()
+        for pool in self._pools.values():
+            pool.close()
+        self.streams.close()
+
+    def __enter__(self) -> RagClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def quiet_http_logs() -> None:
+    """Keep httpx's per-request INFO lines out of command output unless at DEBUG."""
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def make_pool(settings: ClientSettings, url: str, transport: httpx.BaseTransport | None = None,
+              headers: Mapping[str, str] | None = None) -> httpx.Client:
+    """A keep-alive pool to one server with the client's limits and timeouts."""
+    limits = httpx.Limits(max_keepalive_connections=settings.pool_connections,
+                          max_connections=settings.pool_max, keepalive_expiry=settings.keepalive_s)
+    timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
+    return httpx.Client(base_url=url, limits=limits, timeout=timeout, transport=transport,
+                        headers=dict(headers or {}))
+
+
+def check_streams(streams: httpx.Client, url: str) -> None:
+    """Raise StreamsUnavailable, with the command to fix it, unless the streams app answers."""
+    try:
+        streams.get("/ragwarm/health").raise_for_status()
+    except httpx.HTTPError as exc:
+        raise StreamsUnavailable(f"the streams app does not answer at {url} ({exc}); "
+                                 f"{UP_HINT}") from None
+
+
+def _post_json(client: httpx.Client, path: str, body: dict) -> dict:
+    try:
+        response = client.post(path, json=body)
+    except httpx.HTTPError as exc:
+        raise StreamsUnavailable(f"the streams app does not answer at {client.base_url} "
+                                 f"({exc}); {UP_HINT}") from None
+    if response.status_code != 200:
+        raise ClientError(f"{path} answered {response.status_code}: {response.text[:300]}")
+    return response.json()
+
+
+def _check_status(worker: WorkerRef, response: httpx.Response) -> None:
+    if response.status_code == 200:
+        return
+    response.read()
+    try:
+        message = error_message(response.json())
+    except ValueError:
+        message = response.text[:300]
+    if response.status_code >= 500 or response.status_code == 429:
+        raise WorkerFailed(f"HTTP {response.status_code}: {message}")
+    raise RequestRejected(f"worker {worker.worker_id} refused the request "
+                          f"(HTTP {response.status_code}): {message}")
+
+
+def _answer(prepared: PreparedQuery, worker: WorkerRef, result: StreamResult,
+            failed: list[str], started: float, route_ms: float, matched: int) -> Answer:
+    usage = result.usage or {}
+    first_at = result.first_at or result.sent_at
+    details = usage.get("prompt_tokens_details") or {}
+    worker_ttft = usage.get("ttft_ms")
+    return Answer(
+        question=prepared.question, tenant=prepared.tenant, qid=uuid.uuid4().hex,
+        text=result.text, worker_id=worker.worker_id,
+        ttft_ms=(first_at - result.sent_at) * 1000,
+        worker_ttft_ms=float(worker_ttft) if worker_ttft is not None else None,
+        e2e_ttft_ms=(first_at - started) * 1000,
+        total_ms=(time.perf_counter() - started) * 1000,
+        retrieve_ms=prepared.retrieve_ms, route_ms=route_ms,
+        prompt_tokens=int(usage.get("prompt_tokens") or len(prepared.prompt.token_ids)),
+        cached_tokens=int(details.get("cached_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        prefix_tokens=prepared.prompt.prefix_len, prefix_hash=prepared.prefix_hash,
+        matched_blocks=matched, chunk_refs=prepared.prompt.chunk_refs,
+        doc_ids=tuple(dict.fromkeys(c.doc_id for c in prepared.chunks)),
+        finish_reason=result.finish_reason, failed_workers=tuple(failed),
+    )
+
+
+def query_event(prepared: PreparedQuery, answer: Answer) -> QueryEvent:
+    """The rag.queries record of an answered query (block hashes of the prefix only)."""
+    return QueryEvent(
+        tenant=answer.tenant, question=answer.question[:8192], qid=answer.qid,
+        chunk_refs=list(answer.chunk_refs), prefix_hash=prepared.prefix_hash,
+        block_hashes=list(prepared.prefix_hashes), prefix_tokens=prepared.prompt.prefix_len,
+        prompt_tokens=answer.prompt_tokens, cached_tokens=answer.cached_tokens,
+        ttft_ms=answer.ttft_ms, worker_id=answer.worker_id,
+    )

@@ -1,0 +1,1 @@
+"""Kafka plumbing: the local broker launcher, topic administration, and topic replay."""

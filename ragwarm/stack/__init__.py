@@ -1,0 +1,1 @@
+"""The local stack: background processes, `ragwarm up|down|status`, and the demo."""
