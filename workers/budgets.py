@@ -1,0 +1,115 @@
+"""The seed's warmup budget rules as pure functions: token amount, quantization, chunk sizes, steps.
+
+Each function quotes the figure it implements (seed 000, see ../shared/design.md "Facts from
+the seeds"); the callers decide where a rule applies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from workers.memory import GiB
+
+T = TypeVar("T")
+
+# Seed: "warmup token amount = min(context_window × 25%, memory_bandwidth / (weight_bytes × 2))".
+CONTEXT_WARMUP_SHARE = 0.25
+# Seed: "quantized models need more warmup: FP16 +0%, AWQ +12%, GPTQ +8%".
+QUANTIZATION_EXTRA = {"none": 0.0, "awq": 0.12, "gptq": 0.08}
+# Seed: "vLLM prefill chunk size: A10G 512–768, A100-80G 1,024–1,536". A device class is read
+# from its memory: up to a 24 GiB card (A10G) takes the A10G range, 40 GiB and up the A100's.
+A10G_CHUNK = (512, 768)
+A100_CHUNK = (1024, 1536)
+A10G_CLASS_MAX_BYTES = 24 * GiB
+A100_CLASS_MIN_BYTES = 40 * GiB
+# CPUs (no accelerator memory) prefill in the A10G range's lower end: attention's cost per
+# token there grows with the chunk, and a small chunk keeps a long prompt interruptible.
+CPU_CHUNK = A10G_CHUNK[0]
+# Seed router: "warmup_steps 3 (progressive)".
+WARMUP_STEPS = 3
+# Seed: "keep ≥1 hot instance per node".
+MIN_HOT_PER_NODE = 1
+
+
+def warmup_token_amount(context_window: int, memory_bandwidth: float, weight_bytes: int) -> int:
+    """Tokens to warm: a quarter of the context, capped by bandwidth / (2 × weight bytes).
+
+    `memory_bandwidth` in bytes per second and `weight_bytes` in bytes give the number of
+    weight-streaming passes per second (each token's prefill reads the weights about twice,
+    once for the matmuls and once for the KV write-back, as the seed counts it); an unknown
+    bandwidth (0) leaves the context rule alone.
+    """
+    if context_window < 0 or memory_bandwidth < 0 or weight_bytes < 0:
+        raise ValueError("context, bandwidth and weight bytes must be >= 0")
+    by_context = int(context_window * CONTEXT_WARMUP_SHARE)
+    if memory_bandwidth == 0 or weight_bytes == 0:
+        return by_context
+    return min(by_context, int(memory_bandwidth / (weight_bytes * 2)))
+
+
+def quantization_method(config: Mapping[str, Any]) -> str:
+    """`awq`, `gptq` or `none`, from a Hugging Face config's `quantization_config`."""
+    quant = config.get("quantization_config") or {}
+    method = str(quant.get("quant_method", "none")).lower()
+    return method if method in QUANTIZATION_EXTRA else "none"
+
+
+def quantized_warmup(tokens: int, method: str) -> int:
+    """The warmup amount for a model quantized with `method` (rounded up: never less)."""
+    try:
+        extra = QUANTIZATION_EXTRA[method]
+    except KeyError:
+        valid = ", ".join(sorted(QUANTIZATION_EXTRA))
+        raise ValueError(f"unknown quantization {method!r}; valid: {valid}") from None
+    return math.ceil(tokens * (1.0 + extra))
+
+
+def prefill_chunk_tokens(device_memory_bytes: int, *, accelerator: bool = True) -> int:
+    """Default prefill chunk for a device class: the top of its seed range (fewer launches).
+
+    Between the two classes (24–40 GiB cards) the A100 range's lower end applies.
+    """
+    if not accelerator:
+        return CPU_CHUNK
+    if device_memory_bytes <= A10G_CLASS_MAX_BYTES:
+        return A10G_CHUNK[1]
+    if device_memory_bytes < A100_CLASS_MIN_BYTES:
+        return A100_CHUNK[0]
+    return A100_CHUNK[1]
+
+
+def chunk_spans(n_tokens: int, chunk: int) -> list[tuple[int, int]]:
+    """[start, end) spans that prefill `n_tokens` in chunks of at most `chunk` tokens."""
+    if chunk <= 0:
+        raise ValueError("chunk must be > 0")
+    return [(s, min(s + chunk, n_tokens)) for s in range(0, n_tokens, chunk)]
+
+
+def progressive_steps(items: Sequence[T], steps: int = WARMUP_STEPS) -> list[list[T]]:
+    """Split a warm set, most valuable first, into `steps` waves of near-equal size.
+
+    The first wave holds the most valuable items, so a worker that is needed before the
+    last wave lands already serves the hottest prefixes. Empty waves are dropped.
+    """
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    size = math.ceil(len(items) / steps) if items else 0
+    return [list(items[i : i + size]) for i in range(0, len(items), size)] if size else []
+
+
+def keep_hot_per_node(
+    workers: Iterable[T],
+    node_of: Callable[[T], Hashable],
+    score: Callable[[T], float],
+    per_node: int = MIN_HOT_PER_NODE,
+) -> list[T]:
+    """The workers to keep hot: the `per_node` best-scored of every node (stable order)."""
+    by_node: dict[Hashable, list[T]] = {}
+    for worker in workers:
+        by_node.setdefault(node_of(worker), []).append(worker)
+    kept: list[T] = []
+    for group in by_node.values():
+        kept.extend(sorted(group, key=score, reverse=True)[:per_node])
+    return kept
