@@ -20,6 +20,14 @@ def register_views(app, p: Pipeline) -> None:
     async def health(web, request: Request) -> Response:
         return web.json({"status": "ok", "app_id": p.settings.app_id})
 
+    @app.page("/ragwarm/health/ready")
+    async def ready(web, request: Request) -> Response:
+        """200 once the tables are recovered and the index matches them; 503 before."""
+        r = p.readiness
+        if r.index.is_set():
+            return web.json({"status": "ready", "app_id": p.settings.app_id})
+        return web.json({"status": "not_ready", "reason": r.reason}, status=503)
+
     @app.page("/ragwarm/stats")
     async def stats(web, request: Request) -> Response:
         return web.json(
