@@ -15,7 +15,12 @@ MAX_K = 50
 
 
 def register_views(app, p: Pipeline) -> None:
+    _health_views(app, p)
+    _state_views(app, p)
+    _serving_views(app, p)
 
+
+def _health_views(app, p: Pipeline) -> None:
     @app.page("/ragwarm/health")
     async def health(web, request: Request) -> Response:
         return web.json({"status": "ok", "app_id": p.settings.app_id})
@@ -28,6 +33,8 @@ def register_views(app, p: Pipeline) -> None:
             return web.json({"status": "ready", "app_id": p.settings.app_id})
         return web.json({"status": "not_ready", "reason": r.reason}, status=503)
 
+
+def _state_views(app, p: Pipeline) -> None:
     @app.page("/ragwarm/stats")
     async def stats(web, request: Request) -> Response:
         return web.json(
@@ -48,6 +55,10 @@ def register_views(app, p: Pipeline) -> None:
         ]
         return web.json({"workers": rows})
 
+    _hot_view(app, p)
+
+
+def _hot_view(app, p: Pipeline) -> None:
     @app.page("/ragwarm/hot")
     async def hot(web, request: Request) -> Response:
         now = p.clock()
@@ -95,6 +106,8 @@ def register_views(app, p: Pipeline) -> None:
             }
         )
 
+
+def _serving_views(app, p: Pipeline) -> None:
     @app.page("/ragwarm/route")
     class Route(View):
         """POST {"block_hashes": [...]} -> the worker to send that prompt to."""
