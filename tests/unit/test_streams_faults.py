@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import BaseModel
 
-from ragwarm.strategies.streams_sim import run_sync
+from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import KbChange, SchemaError, WarmupCommand, WorkerEvent, decode, encode
 from streams import faults
 from streams import handlers as h
