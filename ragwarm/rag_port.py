@@ -103,6 +103,9 @@ class RagService:
             for h in hits
         ]
 
+    def indexed_versions(self) -> dict[tuple[str, str], int | None]:
+        return {(r.tenant, r.doc_id): r.version for r in self.store.doc_records()}
+
     def _prefix(self, chunks, tenant: str) -> WarmPrefix | None:
         tokens = self.prompts.build_prefix(chunks)
         hashes = block_hashes(

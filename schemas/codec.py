@@ -7,14 +7,18 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 
-from schemas.events import EVENT_TYPES, Event
+from schemas.events import EVENT_TYPES, LEGACY_TYPES, Event
 
 E = TypeVar("E", bound=Event)
 
 # Bounds a single record so a hostile producer cannot make a consumer parse megabytes of JSON.
 MAX_RECORD_BYTES = 4_000_000
 
-registry: dict[tuple[str, int], type[Event]] = {(t.SCHEMA, t.VERSION): t for t in EVENT_TYPES}
+registry: dict[tuple[str, int], type[Event]] = {
+    (t.SCHEMA, t.VERSION): t for t in (*LEGACY_TYPES, *EVENT_TYPES)
+}
+# The model every version of a schema is read as.
+current: dict[str, type[Event]] = {t.SCHEMA: t for t in EVENT_TYPES}
 
 
 class SchemaError(ValueError):
@@ -46,12 +50,23 @@ def decode(data: bytes | str, expected: type[E] | None = None) -> E | Event:
         if name in known:
             raise SchemaError("schema_version", f"unsupported version {version} of {name!r}")
         raise SchemaError("schema_name", f"unknown schema {name!r}; known: {', '.join(known)}")
-    if expected is not None and model is not expected:
+    if expected is not None and name != expected.SCHEMA:
         raise SchemaError("schema_name", f"expected {expected.SCHEMA!r}, got {name!r}")
     try:
-        return model.model_validate(obj)
+        return upgrade(model.model_validate(obj))
     except ValidationError as exc:
         raise _first_error(exc) from None
+
+
+def upgrade(event: Event) -> Event:
+    """An event of an older schema version as the current model (new fields at defaults).
+
+    Versions only add optional fields and widen enums, so an old record always fits.
+    """
+    latest = current[event.SCHEMA]
+    if type(event) is latest:
+        return event
+    return latest.model_validate(event.model_dump() | {"schema_version": latest.VERSION})
 
 
 def _parse(data: bytes | str) -> dict:

@@ -88,9 +88,10 @@ class QueryEvent(Event):
     worker_id: Id | None = None
 
 
-class WarmupCommand(Event):
-    """An order from the streams app to one worker (or all, `worker_id=None`)."""
+class WarmupCommandV1(Event):
+    """Version 1 of `WarmupCommand` (no expiry); still read, upgraded on decode."""
 
+    model_config = ConfigDict(title="WarmupCommand")
     SCHEMA: ClassVar[str] = "warmup_command"
 
     schema_name: Literal["warmup_command"] = "warmup_command"
@@ -108,7 +109,7 @@ class WarmupCommand(Event):
     reason: Annotated[str, StringConstraints(max_length=512)] = ""
 
     @model_validator(mode="after")
-    def _fields_match_op(self) -> WarmupCommand:
+    def _fields_match_op(self) -> WarmupCommandV1:
         if self.op == "prefill" and not self.token_ids:
             raise ValueError("token_ids: required for op 'prefill'")
         if self.op == "invalidate" and not (self.chunk_refs or self.prefix_hash):
@@ -118,9 +119,10 @@ class WarmupCommand(Event):
         return self
 
 
-class WorkerEvent(Event):
-    """What a worker reports: cache changes, readiness and heartbeats with memory figures."""
+class WorkerEventV1(Event):
+    """Version 1 of `WorkerEvent` (no boot epoch); still read, upgraded on decode."""
 
+    model_config = ConfigDict(title="WorkerEvent")
     SCHEMA: ClassVar[str] = "worker_event"
 
     schema_name: Literal["worker_event"] = "worker_event"
@@ -152,9 +154,10 @@ class WorkerEvent(Event):
     warm_prefixes: list[Hash] = Field(default_factory=list, max_length=65_536)
 
 
-class DeadLetter(Event):
-    """A record that could not be processed: its original bytes and the reason."""
+class DeadLetterV1(Event):
+    """Version 1 of `DeadLetter` (whole payload only); still read, upgraded on decode."""
 
+    model_config = ConfigDict(title="DeadLetter")
     SCHEMA: ClassVar[str] = "dead_letter"
 
     schema_name: Literal["dead_letter"] = "dead_letter"
@@ -167,6 +170,63 @@ class DeadLetter(Event):
     error_field: str | None = None
 
 
+class WarmupCommand(WarmupCommandV1):
+    """An order from the streams app to one worker (or all, `worker_id=None`).
+
+    v2: `expires_at`: a worker skips a command read after it (a restarted worker resuming
+    its offsets must not replay a day of old prefills) and reports it as `expired`.
+    """
+
+    VERSION: ClassVar[int] = 2
+
+    schema_version: Literal[2] = 2
+    expires_at: datetime | None = None
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+
+class WorkerEvent(WorkerEventV1):
+    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+
+    v2: `epoch` identifies the worker's boot (its start time in microseconds, so a later
+    boot has a larger one): a new epoch means the cache was lost, an older one is a
+    leftover of a previous process. `expired` reports a command skipped for its age.
+    """
+
+    VERSION: ClassVar[int] = 2
+
+    schema_version: Literal[2] = 2
+    kind: Literal[
+        "stored",
+        "evicted",
+        "invalidated",
+        "ttl_extended",
+        "cleared",
+        "ready",
+        "heartbeat",
+        "stopped",
+        "released",
+        "expired",
+    ]
+    epoch: int | None = Field(default=None, ge=0)
+
+
+class DeadLetter(DeadLetterV1):
+    """A record that could not be processed: its original bytes (or their head) and why.
+
+    v2: a payload too large to re-send inside a dead letter is truncated; `value_bytes`
+    and `value_sha256` describe the original, which stays in `source_topic` at `offset`.
+    """
+
+    VERSION: ClassVar[int] = 2
+
+    schema_version: Literal[2] = 2
+    value_bytes: int = Field(default=0, ge=0)
+    value_sha256: Hash | None = None
+    truncated: bool = False
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     KbChange,
     QueryEvent,
@@ -174,3 +234,5 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     WorkerEvent,
     DeadLetter,
 )
+# Older versions still read: `schemas.codec.decode` upgrades them to the current model.
+LEGACY_TYPES: tuple[type[Event], ...] = (WarmupCommandV1, WorkerEventV1, DeadLetterV1)

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from schemas.events import EVENT_TYPES, Event
+from schemas.events import EVENT_TYPES, LEGACY_TYPES, Event
 
 JSON_DIR = Path(__file__).resolve().parent / "json"
 
@@ -23,7 +23,7 @@ def render(model: type[Event]) -> str:
 
 def main() -> int:
     JSON_DIR.mkdir(exist_ok=True)
-    for model in EVENT_TYPES:
+    for model in (*LEGACY_TYPES, *EVENT_TYPES):
         schema_file(model).write_text(render(model))
         print(schema_file(model))
     return 0

@@ -24,14 +24,23 @@ DEADLETTER = "ragwarm.deadletter"
 TOPICS: dict[str, TopicSpec] = {
     t.name: t
     for t in (
-        # Full history is kept: data teams replay it to rebuild state.
-        TopicSpec(KB_CHANGES, "doc_id", 4, {"retention.ms": "-1"}),
+        # Compacted, keyed by tenant + doc_id (`kb_key`): the latest version of every
+        # document stays for good, so a streams app whose index disk is lost rebuilds the
+        # index from it (a delete is a record, not a tombstone, so it stays too). Older
+        # versions go once the log cleaner runs: replays see the latest state per doc.
+        TopicSpec(KB_CHANGES, "tenant + doc_id", 4, {"cleanup.policy": "compact"}),
         TopicSpec(RAG_QUERIES, "tenant", 4, {"retention.ms": str(7 * DAY_MS)}),
         TopicSpec(WARMUP_COMMANDS, "prefix hash", 4, {"retention.ms": str(DAY_MS)}),
         TopicSpec(WORKER_EVENTS, "worker id", 4, {"retention.ms": str(DAY_MS)}),
         TopicSpec(DEADLETTER, "original key", 1, {"retention.ms": str(30 * DAY_MS)}),
     )
 }
+
+
+def kb_key(tenant: str, doc_id: str) -> bytes:
+    """The `kb.changes` key of a document: its doc_id for the default tenant (the key of
+    records written before tenants were part of it), else tenant, U+001F, doc_id."""
+    return (doc_id if tenant == "default" else f"{tenant}\x1f{doc_id}").encode("utf-8")
 
 
 def prefixed(prefix: str) -> list[TopicSpec]:

@@ -1,31 +1,23 @@
-"""Thin Faust agents: decode a record, run its handler, dead-letter what fails.
+"""Thin Faust agents: one per route of `streams/routes.py`, and the guarded timers.
 
-The handlers (`streams/handlers.py`) hold what the app does; this module only connects
-them to topics, changelog tables and timers.
+A record that is malformed or invalid is dead-lettered at once; a transient failure is
+retried with backoff while its partition waits (per-key order kept) and dead-lettered only
+when the retry budget is spent. The handlers (`streams/handlers.py`) hold what the app does.
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 
 import faust
-from pydantic import ValidationError
 
-from schemas import (
-    DeadLetter,
-    KbChange,
-    QueryEvent,
-    SchemaError,
-    WarmupCommand,
-    WorkerEvent,
-    decode,
-    encode,
-)
+from schemas import WarmupCommand, encode
+from streams import faults
 from streams import handlers as h
 from streams.handlers import Pipeline
 from streams.records import DocLink, PrefixOp
+from streams.routes import ROUTES, Route
 from streams.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -51,83 +43,102 @@ class KafkaOutbox:
         await self.topics.commands.send(key=(cmd.prefix_hash or "").encode(), value=encode(cmd))
 
 
-async def dead_letter(
-    p: Pipeline, topics: Topics, event: faust.EventT, reason: str, field_name: str | None
-) -> None:
-    msg = event.message
-    letter = DeadLetter(
-        source_topic=msg.topic,
-        partition=msg.partition,
-        offset=msg.offset,
-        key_b64=base64.b64encode(msg.key).decode() if msg.key else None,
-        value_b64=base64.b64encode(msg.value or b"").decode(),
-        reason=reason[:4096],
-        error_field=field_name,
-    )
-    await topics.deadletter.send(key=msg.key, value=encode(letter))
-    p.stats["dead_letters"] += 1
-    log.warning("dead letter from %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, reason)
+class RecordRunner:
+    """Runs one route's handler on each record: decode, wait for the index if needed,
+    handle with retries, dead-letter what cannot be handled."""
+
+    def __init__(self, p: Pipeline, topics: Topics, route: Route) -> None:
+        self.p, self.topics, self.route = p, topics, route
+        s = p.settings
+        self.backoff = faults.Backoff(s.retry_initial_s, s.retry_max_s, s.retry_attempts)
+        self.max_value = faults.value_limit(s.producer_max_request_bytes, s.deadletter_max_bytes)
+
+    async def process(self, event: faust.EventT) -> None:
+        msg = event.message
+        origin = faults.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
+        try:
+            record = self.route.decode(msg.value)
+        except Exception as exc:  # noqa: BLE001 - decoding fails the same way every time
+            await self.dead_letter(origin, exc, "")
+            return
+        if self.route.after_index_recovery:
+            await self.p.readiness.index.wait()
+
+        def on_retry(exc: BaseException, attempts: int, delay: float) -> None:
+            self.p.stats["retries"] += 1
+            log.warning(
+                "%s[%s]@%s: %s; retrying in %.1f s (up to %d retries)",
+                msg.topic, msg.partition, msg.offset, faults.reason_of(exc)[0], delay, attempts,
+            )
+
+        handle = self.route.handle
+        error = await faults.retry(lambda: handle(self.p, record), self.backoff, on_retry)
+        if error is not None:
+            if not faults.is_permanent(error):
+                self.p.stats["transient_dead_letters"] += 1
+                log.error("%s: retries exhausted", self.route.agent, exc_info=error)
+            prefix = "" if faults.is_permanent(error) else "transient failure, retries exhausted: "
+            await self.dead_letter(origin, error, prefix)
+
+    async def dead_letter(self, origin: faults.Origin, exc: BaseException, prefix: str) -> None:
+        """Send the dead letter, retrying until it is sent: the record's offset is committed
+        once this returns, so a letter that was never sent would lose it."""
+        reason, field = faults.reason_of(exc)
+        letter = faults.dead_letter(origin, prefix + reason, field, self.max_value)
+        key = (origin.key or b"")[: faults.MAX_REASON] or None
+        delay = self.backoff.initial_s
+        while True:
+            try:
+                await self.topics.deadletter.send(key=key, value=encode(letter))
+                break
+            except Exception:  # noqa: BLE001 - the broker may come back; the partition waits
+                log.exception("could not send a dead letter; retrying in %.1f s", delay)
+                await asyncio.sleep(delay)
+                delay = min(self.backoff.max_s, delay * 2)
+        self.p.stats["dead_letters"] += 1
+        log.warning(
+            "dead letter from %s[%s]@%s: %s", origin.topic, origin.partition, origin.offset, reason
+        )
 
 
 def register_agents(app: faust.App, topics: Topics, p: Pipeline) -> None:
-    async def guarded(event: faust.EventT, handle: Callable[[], Awaitable[None]]) -> None:
-        """Run one record's handler; a failure dead-letters the record, not the agent."""
-        try:
-            await handle()
-        except SchemaError as exc:
-            await dead_letter(p, topics, event, str(exc), exc.field)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(map(str, err["loc"])) or None
-            await dead_letter(p, topics, event, f"invalid record: {err['msg']}", loc)
-        except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
-            log.exception("processing failed")
-            reason = f"processing failed: {type(exc).__name__}: {exc}"
-            await dead_letter(p, topics, event, reason, None)
+    for route in ROUTES:
+        _agent(app, getattr(topics, route.topic), RecordRunner(p, topics, route))
+    _timers(app, p)
 
-    @app.agent(topics.kb_changes, name="ragwarm.kb-changes")
-    async def kb_changes(stream):
+
+def _agent(app: faust.App, topic: faust.TopicT, runner: RecordRunner) -> None:
+    async def agent(stream):
         async for event in stream.events():
-            await guarded(event, lambda e=event: h.on_kb_change(p, decode(e.value, KbChange)))
+            await runner.process(event)
 
-    @app.agent(topics.prefix_ops, name="ragwarm.prefix-ops")
-    async def prefix_ops(stream):
-        async for event in stream.events():
-            await guarded(
-                event, lambda e=event: h.on_prefix_op(p, PrefixOp.model_validate_json(e.value))
-            )
+    app.agent(topic, name=runner.route.agent)(agent)
 
-    @app.agent(topics.doc_links, name="ragwarm.doc-links")
-    async def doc_links(stream):
-        async for event in stream.events():
-            await guarded(
-                event, lambda e=event: h.on_doc_link(p, DocLink.model_validate_json(e.value))
-            )
 
-    @app.agent(topics.worker_events, name="ragwarm.worker-events")
-    async def worker_events(stream):
-        async for event in stream.events():
-            await guarded(event, lambda e=event: h.on_worker_event(p, decode(e.value, WorkerEvent)))
+def _timers(app: faust.App, p: Pipeline) -> None:
+    """Every timer runs guarded: an exception is logged and counted, never stops the app."""
 
-    @app.agent(topics.queries, name="ragwarm.token-frequency")
-    async def queries(stream):
-        async for event in stream.events():
-            await guarded(event, lambda e=event: h.on_query(p, decode(e.value, QueryEvent)))
+    def count() -> None:
+        p.stats["timer_errors"] += 1
 
-    @app.timer(p.settings.hot_tick_s, name="ragwarm.hot-tick")
-    async def hot_tick():
-        await h.plan_hot(p)
+    def timer(interval: float, name: str, fn) -> None:
+        app.timer(interval, name=name)(faults.guarded(name, fn, count))
 
-    @app.timer(p.settings.sweep_s, name="ragwarm.prefix-sweep")
-    async def prefix_sweep():
-        forgotten = await h.sweep_prefixes(p)
-        if forgotten:
-            log.info("sweep: %d expired prefixes to forget", forgotten)
-
+    timer(p.settings.hot_tick_s, "ragwarm.hot-tick", lambda: h.plan_hot(p))
+    timer(p.settings.sweep_s, "ragwarm.prefix-sweep", lambda: _sweep(p))
+    timer(p.settings.resend_s, "ragwarm.prefill-resend", lambda: h.resend_prefills(p))
     if p.settings.warm_cron:
+        name = "ragwarm.scheduled-warmup"
+        app.crontab(p.settings.warm_cron)(faults.guarded(name, lambda: _scheduled(p), count))
 
-        @app.crontab(p.settings.warm_cron, name="ragwarm.scheduled-warmup")
-        async def scheduled_warmup():
-            log.info("scheduled warmup of %d hot prefixes", len(p.tracker.hot))
-            for op in list(p.tracker.hot.values()):
-                await p.out.op(op.model_copy(update={"reason": "scheduled"}))
+
+async def _sweep(p: Pipeline) -> None:
+    forgotten = await h.sweep_prefixes(p)
+    if forgotten:
+        log.info("sweep: %d expired prefixes to forget", forgotten)
+
+
+async def _scheduled(p: Pipeline) -> None:
+    log.info("scheduled warmup of %d hot prefixes", len(p.tracker.hot))
+    for op in list(p.tracker.hot.values()):
+        await p.out.op(op.model_copy(update={"reason": "scheduled"}))

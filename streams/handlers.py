@@ -9,6 +9,7 @@ simulated clock, so both run this same code.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, MutableMapping
@@ -24,6 +25,7 @@ from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerStat
 from streams.settings import StreamsSettings
 
 Table = MutableMapping[str, Any]
+log = logging.getLogger(__name__)
 
 
 class Outbox(Protocol):
@@ -50,6 +52,27 @@ class StreamTables:
 
 
 @dataclass
+class Readiness:
+    """What `/ragwarm/health/ready` reports: tables recovered and the index consistent with
+    them. KB changes wait for `index` (re-indexing must not race them). Set by default:
+    only the Faust app, which recovers, clears it."""
+
+    index: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = "ready"
+
+    def __post_init__(self) -> None:
+        self.index.set()
+
+    def wait_for_recovery(self) -> None:
+        self.index.clear()
+        self.reason = "recovering tables"
+
+    def recovered(self) -> None:
+        self.reason = "ready"
+        self.index.set()
+
+
+@dataclass
 class Pipeline:
     """Everything the handlers share: tables, outbox, the RAG port, clock and counters."""
 
@@ -65,6 +88,7 @@ class Pipeline:
     executor: Executor | None = None
     # The hot-tick timer and a worker's `ready` both re-plan the hot set; one at a time.
     hot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    readiness: Readiness = field(default_factory=Readiness)
 
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:
@@ -145,7 +169,7 @@ async def on_prefix_op(p: Pipeline, op: PrefixOp) -> None:
 
 async def apply_plan(p: Pipeline, plan: logic.PrefixPlan, op: PrefixOp) -> None:
     for cmd in plan.commands:
-        await p.out.command(cmd)
+        await p.out.command(logic.with_expiry(cmd, p.clock(), p.settings.command_expiry_s))
     if plan.state is None:
         p.tables.prefixes.pop(op.prefix_hash, None)
     else:
@@ -179,6 +203,16 @@ async def on_doc_link(p: Pipeline, link: DocLink) -> None:
 async def on_worker_event(p: Pipeline, event: WorkerEvent) -> None:
     raw = p.tables.workers.get(event.worker_id)
     prior = WorkerState.model_validate(raw) if raw else None
+    order = logic.epoch_order(prior, event)
+    if order == "old":
+        p.stats["stale_epoch_events"] += 1  # a leftover of a previous boot
+        return
+    if order == "new" and prior is not None:
+        # Restarted (a crash leaves no `stopped`): whatever the row listed is gone.
+        p.stats["worker_restarts"] += 1
+        log.info("worker %s: new boot %s, its cache starts empty", event.worker_id, event.epoch)
+    if event.kind == "expired":
+        p.stats["expired_commands"] += 1
     state = logic.apply_worker_event(prior, event, p.clock())
     p.tables.workers[event.worker_id] = state.model_dump(mode="json")
     if event.kind == "stored" and event.prefix_tokens:
@@ -242,6 +276,28 @@ async def sweep_prefixes(p: Pipeline) -> int:
                     tenant=state.tenant,
                     reason=f"expired {now - state.expires_at:.0f} s ago, held by no worker",
                 )
+            )
+            sent += 1
+    return sent
+
+
+async def resend_prefills(p: Pipeline) -> int:
+    """Ask again for prefills no ready worker confirmed within `PREFILL_WAIT_S` (lost,
+    refused, expired, or their worker died): the owning partition rechecks and sends the
+    prefill to another worker if it can. Runs on a timer; returns how many it asked for."""
+    now, workers = p.clock(), p.live_workers()
+    window = logic.PREFILL_WAIT_S + p.settings.worker_stale_s + 2 * p.settings.resend_s
+    sent = 0
+    for prefix_hash, raw in list(p.tables.prefixes.items()):
+        if not raw:
+            continue
+        state = PrefixState.model_validate(raw)
+        if state.resends >= p.settings.prefill_resends:
+            continue
+        if logic.needs_resend(prefix_hash, state, workers, now, window):
+            reason = f"prefill sent {now - (state.prefill_at or now):.0f} s ago, unconfirmed"
+            await p.out.op(
+                PrefixOp(op="resend", prefix_hash=prefix_hash, tenant=state.tenant, reason=reason)
             )
             sent += 1
     return sent
@@ -324,7 +380,10 @@ async def _plan_hot(p: Pipeline) -> None:
                 p.tracker.hot[prefix_hash] = op
                 await p.out.op(op)
     for prefix_hash in cooled:
-        op = p.tracker.hot.pop(prefix_hash)
+        # An invalidation (`tracker.forget`) may have dropped it while this plan awaited.
+        op = p.tracker.hot.pop(prefix_hash, None)
+        if op is None:
+            continue
         await p.out.op(
             PrefixOp(op="cool", prefix_hash=op.prefix_hash, tenant=op.tenant, reason="cooled down")
         )

@@ -9,12 +9,19 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-from schemas import ChunkRef, KbChange, WarmupCommand, WorkerEvent
+from schemas import ChunkRef, KbChange, WarmupCommand
+from streams.fleet import (  # noqa: F401 - re-exported: the app's decisions in one place
+    MEMORY_THRESHOLD,
+    apply_worker_event,
+    choose_worker,
+    cold_weight,
+    epoch_order,
+    holders_of,
+)
 from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState
 
-# Seeds 000/003: no new warmup on a worker whose memory use is above this share.
-MEMORY_THRESHOLD = 0.7
 MAX_QUESTIONS_PER_PREFIX = 8
 # How long a sent prefill is awaited before another is sent (a refused or lost command).
 PREFILL_WAIT_S = 30.0
@@ -152,6 +159,7 @@ def plan_prefix_op(
         "warm_on": _warm,
         "cool": _cool,
         "forget": _forget,
+        "resend": _resend,
     }[op.op]
     return handler(op, state, workers, now, ttl_s)
 
@@ -248,23 +256,69 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
     if worker is None:
         plan.counters = {"no_worker": 1}
         return plan
-    plan.state = new_state.model_copy(update={"worker_id": worker, "prefill_at": now})
-    plan.commands = [
-        WarmupCommand(
-            command_id=command_id(),
-            op="prefill",
-            worker_id=worker,
-            prefix_hash=op.prefix_hash,
-            tenant=base.tenant,
-            token_ids=base.token_ids,
-            chunk_refs=base.chunk_refs,
-            ttl_s=ttl_s,
-            pin=pin,
-            reason=op.reason,
-        )
-    ]
+    plan.state = new_state.model_copy(update={"worker_id": worker, "prefill_at": now, "resends": 0})
+    plan.commands = [_prefill(op, plan.state, worker, ttl_s, pin)]
     plan.counters = {"prefills": 1}
     return plan
+
+
+def _prefill(op: PrefixOp, state: PrefixState, worker: str, ttl_s: float, pin: bool):
+    return WarmupCommand(
+        command_id=command_id(),
+        op="prefill",
+        worker_id=worker,
+        prefix_hash=op.prefix_hash,
+        tenant=state.tenant,
+        token_ids=state.token_ids,
+        chunk_refs=state.chunk_refs,
+        ttl_s=ttl_s,
+        pin=pin,
+        reason=op.reason,
+    )
+
+
+def with_expiry(cmd: WarmupCommand, now: float, expiry_s: float) -> WarmupCommand:
+    """A prefill stamped with when it stops being worth carrying out; other ops unchanged
+    (an invalidation must never be skipped, however late it is read)."""
+    if cmd.op != "prefill":
+        return cmd
+    expires = datetime.fromtimestamp(now + expiry_s, UTC)
+    return cmd.model_copy(update={"expires_at": expires})
+
+
+# --- Prefills nobody confirmed (the resend timer) ---------------------------------------
+
+
+def needs_resend(
+    prefix_hash: str, state: PrefixState, workers: Sequence[WorkerState], now: float,
+    window_s: float,
+) -> bool:
+    """A prefill sent more than `PREFILL_WAIT_S` and less than `window_s` ago that no ready
+    worker reports holding, for a prefix still wanted (unexpired). Older prefills are left
+    alone: a prefix stored then evicted long ago was the cache's choice, not a loss."""
+    if state.prefill_at is None or state.expires_at <= now:
+        return False
+    age = now - state.prefill_at
+    if not PREFILL_WAIT_S <= age < window_s:
+        return False
+    return not holders_of(prefix_hash, [w for w in workers if w.ready])
+
+
+def _resend(op, state, workers, now, ttl_s) -> PrefixPlan:
+    # The timer chose it from its view; recheck on the partition that owns the prefix.
+    if state is None or not needs_resend(op.prefix_hash, state, workers, now, float("inf")):
+        return PrefixPlan(state=state)
+    others = [w for w in workers if w.worker_id != state.worker_id]
+    # Another worker if there is one: the first one is gone, full, or lost the command.
+    worker = choose_worker(others, [op.prefix_hash]) or choose_worker(workers, [op.prefix_hash])
+    if worker is None:
+        return PrefixPlan(state=state, counters={"no_worker": 1})
+    new_state = state.model_copy(
+        update={"worker_id": worker, "prefill_at": now, "resends": state.resends + 1}
+    )
+    ttl = max(1.0, state.expires_at - now)  # a resend does not lengthen the prefix's life
+    cmd = _prefill(op, new_state, worker, ttl, state.hot)
+    return PrefixPlan(commands=[cmd], state=new_state, counters={"prefill_resends": 1})
 
 
 def _cool(op, state, workers, now, ttl_s) -> PrefixPlan:
@@ -325,79 +379,6 @@ def _links(prefix_hash: str, refs: Iterable[ChunkRef], *, link: bool) -> list[Do
         DocLink(doc_id=d, prefix_hash=prefix_hash, chunk_refs=r, link=link)
         for d, r in sorted(by_doc.items())
     ]
-
-
-# --- Placement -------------------------------------------------------------------------------
-
-
-def holders_of(prefix_hash: str, workers: Iterable[WorkerState]) -> list[str]:
-    return [w.worker_id for w in workers if prefix_hash in w.prefixes]
-
-
-def cold_weight(worker: WorkerState) -> float:
-    """Seed 000's router weight for a worker that holds nothing useful: 1 - (used/total)^2."""
-    return 1.0 - worker.mem_ratio**2
-
-
-def choose_worker(
-    workers: Sequence[WorkerState],
-    block_hashes: Sequence[str],
-    threshold: float = MEMORY_THRESHOLD,
-) -> str | None:
-    """The ready worker holding the longest prefix of `block_hashes`, else the least loaded.
-
-    Workers whose pinned (unevictable) share is above the threshold take no new warmup;
-    evictable request-cache KV makes room for a warmup, so it does not count there. Ties go
-    to the lower id, so the choice is deterministic and testable.
-    """
-    eligible = [w for w in workers if w.ready and w.warm_ratio <= threshold]
-    if not eligible:
-        return None
-    best_len, best = 0, None
-    for w in sorted(eligible, key=lambda w: w.worker_id):
-        held = set(w.prefixes)
-        length = max((i + 1 for i, h in enumerate(block_hashes) if h in held), default=0)
-        if length > best_len:
-            best_len, best = length, w.worker_id
-    if best is not None:
-        return best
-    return max(sorted(eligible, key=lambda w: w.worker_id), key=cold_weight).worker_id
-
-
-def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float) -> WorkerState:
-    """The worker's row after one of its events."""
-    ws = state or WorkerState(worker_id=event.worker_id)
-    update: dict = {"last_seen": now}
-    if event.url:
-        update["url"] = event.url
-    if event.kind in ("ready", "heartbeat"):
-        update.update(
-            ready=True,
-            mem_used=event.mem_used_bytes,
-            mem_total=event.mem_total_bytes,
-            pinned=event.pinned_bytes,
-            entries=event.entries,
-        )
-        if event.kind == "heartbeat" or event.warm_prefixes:
-            update["prefixes"] = list(event.warm_prefixes)
-    elif event.kind == "stopped":
-        update.update(ready=False, prefixes=[])
-    elif event.kind == "cleared":
-        update["prefixes"] = []
-    elif event.prefix_hash and event.kind == "stored":
-        update["prefixes"] = [
-            *[p for p in ws.prefixes if p != event.prefix_hash],
-            event.prefix_hash,
-        ]
-    elif event.prefix_hash and event.kind in ("evicted", "invalidated"):
-        update["prefixes"] = [p for p in ws.prefixes if p != event.prefix_hash]
-    if event.kind not in ("ready", "heartbeat", "stopped") and event.mem_total_bytes:
-        update.update(
-            mem_used=event.mem_used_bytes,
-            mem_total=event.mem_total_bytes,
-            pinned=event.pinned_bytes,
-        )
-    return ws.model_copy(update=update)
 
 
 # --- Hot set (keyed by tenant) ---------------------------------------------------------------

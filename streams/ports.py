@@ -33,3 +33,7 @@ class RagPort(Protocol):
 
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
         """Top-k chunks with text and score, for clients that reach the store through us."""
+
+    def indexed_versions(self) -> dict[tuple[str, str], int | None]:
+        """(tenant, doc_id) -> the version the index holds (index recovery compares it
+        with the docs table)."""

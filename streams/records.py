@@ -37,6 +37,7 @@ class PrefixState(_Record):
     worker_id: str | None = None
     updated_at: float = 0.0  # last op on it (a use, a warm, a TTL extension)
     prefill_at: float | None = None  # when the last prefill command was sent
+    resends: int = 0  # re-sends of that prefill no worker confirmed (the resend timer)
 
 
 class WorkerState(_Record):
@@ -51,6 +52,7 @@ class WorkerState(_Record):
     entries: int = 0
     prefixes: list[str] = Field(default_factory=list)
     last_seen: float = 0.0
+    epoch: int | None = None  # the boot it last reported from (None: a v1 worker)
 
     @property
     def mem_ratio(self) -> float:
@@ -70,7 +72,7 @@ class PrefixOp(_Record):
     way, so each table is only read and written by the partition that owns its key.
     """
 
-    op: Literal["invalidate", "extend_ttl", "warm", "cool", "warm_on", "forget"]
+    op: Literal["invalidate", "extend_ttl", "warm", "cool", "warm_on", "forget", "resend"]
     prefix_hash: str
     tenant: str = "default"
     chunk_refs: list[ChunkRef] = Field(default_factory=list)

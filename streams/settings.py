@@ -56,3 +56,38 @@ class StreamsSettings(BaseSettings):
         default=None, description="Crontab (UTC) of scheduled hot-set warmups, e.g. '55 8 * * 1-5'."
     )
     tenant: str = Field(default="default", description="Tenant of documents without one.")
+
+    # -- faults (issue 12): nothing is lost
+    retry_initial_s: float = Field(
+        default=0.5, gt=0, description="First wait before a record whose handling failed "
+        "transiently (store, embedder, broker) is tried again; the partition waits."
+    )
+    retry_max_s: float = Field(default=30.0, gt=0, description="Longest wait between retries.")
+    retry_attempts: int = Field(
+        default=12, ge=0, description="Retries of a transient failure before the record is "
+        "dead-lettered (with the last error); 12 from 0.5 s doubling to 30 s: about 3.5 min."
+    )
+    deadletter_max_bytes: int = Field(
+        default=256 * 1024, ge=0, description="Payload bytes a dead letter carries; a larger "
+        "record keeps its head, size and sha256 (the original stays in its topic)."
+    )
+    producer_max_request_bytes: int = Field(
+        default=1_000_000, ge=65_536, description="The producer's max request size."
+    )
+    resend_s: float = Field(
+        default=10.0, gt=0, description="How often prefills no worker confirmed are re-sent."
+    )
+    prefill_resends: int = Field(
+        default=3, ge=0, description="Re-sends of an unconfirmed prefill before giving up."
+    )
+    command_expiry_s: float = Field(
+        default=300.0, gt=0, description="A prefill command not carried out by then is "
+        "skipped by the worker (a restarted worker must not replay old commands)."
+    )
+    broker_wait_s: float = Field(
+        default=300.0, ge=0, description="How long start-up waits for the broker, retrying."
+    )
+    recover_index: bool = Field(
+        default=True, description="On start, re-index from kb.changes the documents the "
+        "local index lacks or holds at an older version than the docs table."
+    )

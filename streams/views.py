@@ -15,11 +15,26 @@ MAX_K = 50
 
 
 def register_views(app, p: Pipeline) -> None:
+    _health_views(app, p)
+    _state_views(app, p)
+    _serving_views(app, p)
 
+
+def _health_views(app, p: Pipeline) -> None:
     @app.page("/ragwarm/health")
     async def health(web, request: Request) -> Response:
         return web.json({"status": "ok", "app_id": p.settings.app_id})
 
+    @app.page("/ragwarm/health/ready")
+    async def ready(web, request: Request) -> Response:
+        """200 once the tables are recovered and the index matches them; 503 before."""
+        r = p.readiness
+        if r.index.is_set():
+            return web.json({"status": "ready", "app_id": p.settings.app_id})
+        return web.json({"status": "not_ready", "reason": r.reason}, status=503)
+
+
+def _state_views(app, p: Pipeline) -> None:
     @app.page("/ragwarm/stats")
     async def stats(web, request: Request) -> Response:
         return web.json(
@@ -40,6 +55,10 @@ def register_views(app, p: Pipeline) -> None:
         ]
         return web.json({"workers": rows})
 
+    _hot_view(app, p)
+
+
+def _hot_view(app, p: Pipeline) -> None:
     @app.page("/ragwarm/hot")
     async def hot(web, request: Request) -> Response:
         now = p.clock()
@@ -87,6 +106,8 @@ def register_views(app, p: Pipeline) -> None:
             }
         )
 
+
+def _serving_views(app, p: Pipeline) -> None:
     @app.page("/ragwarm/route")
     class Route(View):
         """POST {"block_hashes": [...]} -> the worker to send that prompt to."""

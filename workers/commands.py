@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
 
 from schemas import SchemaError, WarmupCommand, WorkerEvent, decode, encode
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
@@ -13,6 +15,42 @@ from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
 log = logging.getLogger(__name__)
 
 POLL_MS = 250
+# How long start-up retries a broker that does not answer (it may be starting too).
+BROKER_WAIT_S = 300.0
+
+T = TypeVar("T")
+
+
+class BrokerUnavailable(RuntimeError):
+    """The broker did not answer within the start-up wait (a clear line, not a traceback)."""
+
+
+def connect_with_retry(
+    connect: Callable[[], T],
+    what: str,
+    wait_s: float = BROKER_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """`connect()` until it succeeds, waiting 0.5 s doubling to 10 s between tries; one log
+    line when the broker is first found missing, `BrokerUnavailable` after `wait_s`."""
+    from kafka.errors import KafkaError
+
+    deadline, delay, warned = clock() + wait_s, 0.5, False
+    while True:
+        try:
+            return connect()
+        except (KafkaError, OSError) as exc:
+            if clock() + delay > deadline:
+                raise BrokerUnavailable(
+                    f"{what}: broker unavailable after {wait_s:.0f} s: {exc}"
+                ) from None
+            if not warned:
+                log.warning("%s: broker unavailable (%s); retrying for up to %.0f s",
+                            what, exc, wait_s)
+                warned = True
+            sleep(delay)
+            delay = min(10.0, delay * 2)
 
 
 class EventSink(Protocol):
@@ -43,11 +81,16 @@ class KafkaEventSink:
         worker_id: str,
         *,
         topic: str = WORKER_EVENTS,
+        connect_wait_s: float = BROKER_WAIT_S,
     ) -> None:
         from kafka import KafkaProducer
 
-        self._producer = KafkaProducer(
-            bootstrap_servers=bootstrap, acks=1, linger_ms=5, **client_options
+        self._producer = connect_with_retry(
+            lambda: KafkaProducer(
+                bootstrap_servers=bootstrap, acks=1, linger_ms=5, **client_options
+            ),
+            f"worker.events at {bootstrap}",
+            connect_wait_s,
         )
         self._key = worker_id.encode()
         self._topic = topic
@@ -91,8 +134,11 @@ class CommandConsumer:
         handle: Callable[[WarmupCommand], object],
         *,
         on_malformed: Callable[[str], None] = lambda _reason: None,
+        on_expired: Callable[[WarmupCommand], None] | None = None,
         topic: str = WARMUP_COMMANDS,
         group_prefix: str = "",
+        connect_wait_s: float = BROKER_WAIT_S,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._bootstrap = bootstrap
         self._group_prefix = group_prefix
@@ -100,6 +146,9 @@ class CommandConsumer:
         self._worker_id = worker_id
         self._handle = handle
         self._on_malformed = on_malformed
+        self._on_expired = on_expired or _log_expired
+        self._connect_wait_s = connect_wait_s
+        self._clock = clock
         self._topic = topic
         self._stop = threading.Event()
         self._assigned = threading.Event()
@@ -111,7 +160,9 @@ class CommandConsumer:
         return f"{self._group_prefix}ragwarm-worker-{self._worker_id}"
 
     def start(self, timeout_s: float = 60.0) -> None:
-        """Start consuming; returns once partitions are assigned and positioned."""
+        """Start consuming; returns once partitions are assigned and positioned (the broker
+        is waited for first, up to `connect_wait_s`)."""
+        timeout_s += self._connect_wait_s
         self._thread.start()
         if not self._assigned.wait(timeout_s):
             raise TimeoutError(f"no partitions of {self._topic} assigned after {timeout_s:.0f} s")
@@ -143,14 +194,18 @@ class CommandConsumer:
     def _connect(self) -> Any:
         from kafka import KafkaConsumer
 
-        return KafkaConsumer(
-            self._topic,
-            bootstrap_servers=self._bootstrap,
-            group_id=self.group_id,
-            auto_offset_reset="latest",
-            enable_auto_commit=True,
-            auto_commit_interval_ms=1000,
-            **self._options,
+        return connect_with_retry(
+            lambda: KafkaConsumer(
+                self._topic,
+                bootstrap_servers=self._bootstrap,
+                group_id=self.group_id,
+                auto_offset_reset="latest",
+                enable_auto_commit=True,
+                auto_commit_interval_ms=1000,
+                **self._options,
+            ),
+            f"{self._topic} at {self._bootstrap}",
+            self._connect_wait_s,
         )
 
     def _mark_assigned(self, consumer: Any) -> None:
@@ -176,7 +231,15 @@ class CommandConsumer:
             return
         if command is None:
             return
+        if command.expired(self._clock()):
+            self._on_expired(command)
+            return
         try:
             self._handle(command)
         except Exception:
             log.exception("command %s (%s) failed", command.command_id, command.op)
+
+
+
+def _log_expired(command: WarmupCommand) -> None:
+    log.info("command %s expired at %s: skipped", command.command_id, command.expires_at)

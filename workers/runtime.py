@@ -66,8 +66,12 @@ class WorkerRuntime:
         limits: Limits,
         cache_requests: bool = True,
         warmup_threshold: float = MEMORY_THRESHOLD,
+        epoch: int | None = None,
     ) -> None:
         self.engine = engine
+        # This boot's id on every event: later boots have larger ones (start time in µs), so
+        # the streams app tells a restart (cache lost) from leftovers of an earlier process.
+        self.epoch = epoch if epoch is not None else time.time_ns() // 1000
         self.worker_id = worker_id
         self.url = url
         self.sink = sink
@@ -224,6 +228,23 @@ class WorkerRuntime:
             self._refresh()
         return "released" if entry is not None else "not_found"
 
+    def skip_expired(self, command: WarmupCommand) -> None:
+        """A command read after its expiry (a restart resuming old offsets): not carried
+        out, counted and reported so the app can send a fresh one where it is still wanted."""
+        log.info("command %s %s expired at %s: skipped", command.command_id, command.op,
+                 command.expires_at)
+        self.metrics.commands.labels(op=command.op, result="expired").inc()
+        self.send(
+            WorkerEvent(
+                worker_id=self.worker_id,
+                kind="expired",
+                epoch=self.epoch,
+                tenant=command.tenant,
+                prefix_hash=command.prefix_hash,
+                command_id=command.command_id,
+            )
+        )
+
     # -- events ----------------------------------------------------------------------
 
     def tick(self, lock_timeout_s: float = 1.0) -> None:
@@ -243,6 +264,7 @@ class WorkerRuntime:
         return WorkerEvent(
             worker_id=self.worker_id,
             kind=kind,
+            epoch=self.epoch,
             url=self.url,
             mem_used_bytes=snap.mem_used,
             mem_total_bytes=snap.mem_total,
@@ -266,6 +288,7 @@ class WorkerRuntime:
         return WorkerEvent(
             worker_id=self.worker_id,
             kind=ev.kind,
+            epoch=self.epoch,
             tenant=ev.tenant,
             prefix_hash=ev.prefix_hash,
             prefix_tokens=ev.n_tokens,

@@ -33,6 +33,7 @@ from workers.api import (
     usage_chunk,
 )
 from workers.cache import WarmupRefused
+from workers.commands import BrokerUnavailable
 from workers.engines.base import GenerationResult, GenerationStep
 from workers.metrics import CONTENT_TYPE, WorkerMetrics
 from workers.runtime import WorkerRuntime, chunk_keys
@@ -76,6 +77,11 @@ class ServiceState:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="engine")
+    )
+    # Heartbeats have their own thread: with every engine thread busy generating, a worker
+    # must still say it is alive, or the fleet routes around it as gone.
+    heartbeat_executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="heartbeat")
     )
     tasks: list[asyncio.Task] = field(default_factory=list)
 
@@ -395,6 +401,11 @@ async def _boot(state: ServiceState) -> None:
 
     try:
         state.runtime = await loop.run_in_executor(state.executor, state.lifecycle.start, report)
+    except BrokerUnavailable as exc:
+        log.error("worker failed to start: %s", exc)
+        state.reason, state.failed = f"start failed: {exc}", True
+        state.stopping.set()
+        return
     except Exception as exc:
         log.exception("worker failed to start")
         state.reason, state.failed = f"start failed: {exc}", True
@@ -418,14 +429,18 @@ def _send_status(runtime: WorkerRuntime, kind: Literal["ready", "heartbeat", "st
 
 
 async def _heartbeats(state: ServiceState, runtime: WorkerRuntime) -> None:
+    """Expire and heartbeat on the heartbeat thread; `tick` skips expiry while the engine
+    is busy, so a heartbeat never waits for a generation."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(state.config.heartbeat_s)
         try:
-            await loop.run_in_executor(state.executor, runtime.tick)
-            await loop.run_in_executor(state.executor, _send_status, runtime, "heartbeat")
+            await loop.run_in_executor(state.heartbeat_executor, runtime.tick)
+            await loop.run_in_executor(
+                state.heartbeat_executor, _send_status, runtime, "heartbeat"
+            )
         except Exception:
-            log.exception("heartbeat failed")
+            log.exception("heartbeat failed; the next one is in %.0f s", state.config.heartbeat_s)
 
 
 async def _on_shutdown(state: ServiceState, app: web.Application) -> None:
@@ -440,6 +455,7 @@ async def _on_shutdown(state: ServiceState, app: web.Application) -> None:
         await loop.run_in_executor(state.executor, _send_status, state.runtime, "stopped")
     await loop.run_in_executor(state.executor, state.lifecycle.stop)
     state.executor.shutdown(wait=False, cancel_futures=True)
+    state.heartbeat_executor.shutdown(wait=False, cancel_futures=True)
 
 
 async def serve(state: ServiceState, host: str, port: int) -> int:

@@ -85,6 +85,10 @@ class WorkerSettings(BaseSettings):
     kafka: bool = Field(
         default=True, description="Consume warmup.commands and publish worker.events."
     )
+    broker_wait_s: float = Field(
+        default=300.0, ge=0, description="How long start-up retries a broker that does not "
+        "answer (it may be starting too) before the worker gives up."
+    )
     remote_url: str | None = Field(
         default=None, description="Engine `remote`: base URL of an OpenAI-compatible server."
     )

@@ -28,10 +28,12 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
     """The Faust app with its topics, tables, agents and views around `rag_port`."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from schemas.topics import KB_CHANGES
     from streams.agents import KafkaOutbox, register_agents
     from streams.app import create_app
     from streams.handlers import Pipeline, StreamTables
     from streams.hot import HotTracker
+    from streams.recovery import KbChangesReader, register_recovery
     from streams.tables import define_tables
     from streams.topics import define_topics
     from streams.views import register_views
@@ -51,7 +53,32 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
     )
     register_agents(app, topics, pipeline)
     register_views(app, pipeline)
+    reader = KbChangesReader(kafka.servers, kafka.client_options(), kafka.topic(KB_CHANGES))
+    register_recovery(app, pipeline, reader)
     return StreamsApp(app, topics, tables, pipeline)
+
+
+def wait_for_broker(kafka: KafkaSettings, wait_s: float) -> None:
+    """Return once the broker answers; retry with backoff up to `wait_s` (it may be starting
+    too), with one log line, then exit with a clear message instead of a traceback."""
+    import time
+
+    from ragwarm.kafka.admin import probe
+
+    deadline, delay, warned = time.monotonic() + wait_s, 0.5, False
+    while probe(kafka.servers, kafka.client_options(), timeout_s=5.0) is None:
+        if time.monotonic() + delay > deadline:
+            raise click.ClickException(
+                f"the Kafka broker at {kafka.servers} did not answer within {wait_s:.0f} s"
+            )
+        if not warned:
+            click.echo(
+                f"streams: waiting for the Kafka broker at {kafka.servers} "
+                f"(up to {wait_s:.0f} s)", err=True,
+            )
+            warned = True
+        time.sleep(delay)
+        delay = min(10.0, delay * 2)
 
 
 def ensure_topics(streams_app: StreamsApp, kafka: KafkaSettings) -> None:
@@ -96,6 +123,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
     # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
     rag = RagService.open(ModelSettings())
     built = build_pipeline(settings, kafka, rag)
+    wait_for_broker(kafka, settings.broker_wait_s)
     ensure_topics(built, kafka)
     click.echo(
         f"streams: app {settings.app_id} on {kafka.servers}, "

@@ -145,6 +145,7 @@ class WorkerLifecycle:
                 self.kafka.client_options(),
                 s.worker_id,
                 topic=self.kafka.topic(WORKER_EVENTS),
+                connect_wait_s=s.broker_wait_s,
             )
         runtime = WorkerRuntime(
             engine,
@@ -170,8 +171,10 @@ class WorkerLifecycle:
             self.settings.worker_id,
             runtime.apply,
             on_malformed=lambda _reason: self.metrics.malformed.inc(),
+            on_expired=runtime.skip_expired,
             topic=self.kafka.topic(WARMUP_COMMANDS),
             group_prefix=self.kafka.topic_prefix,
+            connect_wait_s=self.settings.broker_wait_s,
         )
 
     def stop(self) -> None:

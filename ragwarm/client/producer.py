@@ -12,7 +12,7 @@ from kafka.producer.future import FutureRecordMetadata
 
 from ragwarm.kafka.common import KafkaUnreachable, epoch_ms
 from schemas import KbChange, encode
-from schemas.topics import KB_CHANGES
+from schemas.topics import KB_CHANGES, kb_key
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class _Pending:
 
 
 class KbProducer:
-    """Publishes `KbChange` records keyed by doc_id (so one document stays in order), acks=all.
+    """Publishes `KbChange` records keyed by tenant + doc_id (`schemas.topics.kb_key`: one
+    document stays in order, and compaction keeps its latest version), acks=all.
 
     The producer is idempotent, which keeps per-document order even when sends are retried.
     `send` may raise `KafkaError` at once (a record over the size limit); broker-side
@@ -74,7 +75,7 @@ class KbProducer:
         """Queue one change; its record carries the change's timestamp."""
         future = self._producer.send(
             self.topic,
-            key=change.doc_id.encode("utf-8"),
+            key=kb_key(change.tenant, change.doc_id),
             value=encode(change),
             timestamp_ms=epoch_ms(change.timestamp),
         )

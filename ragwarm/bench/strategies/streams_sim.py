@@ -18,6 +18,7 @@ from streams import handlers as h
 from streams.hot import HotTracker
 from streams.ports import WarmPrefix
 from streams.records import DocLink, DocState, PrefixOp
+from streams.routes import route_for
 from streams.settings import StreamsSettings
 
 if TYPE_CHECKING:
@@ -165,16 +166,8 @@ class StreamsPolicy(Policy):
         p = self.pipeline
         while self.queue:
             item = self.queue.popleft()
-            if isinstance(item, PrefixOp):
-                run_sync(h.on_prefix_op(p, item))
-            elif isinstance(item, DocLink):
-                run_sync(h.on_doc_link(p, item))
-            elif isinstance(item, WorkerEvent):
-                run_sync(h.on_worker_event(p, item))
-            elif isinstance(item, KbChange):
-                run_sync(h.on_kb_change(p, item))
-            else:
-                run_sync(h.on_query(p, item))
+            # The app's own route table: the handler the agent of that topic would run.
+            run_sync(route_for(item).handle(p, item))
 
 
 def _doc_table(ctx: PolicyContext) -> dict[str, dict]:

@@ -1,0 +1,104 @@
+"""What the app knows of its workers, as pure functions: placement, rows, boot epochs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from schemas import WorkerEvent
+from streams.records import WorkerState
+
+# Seeds 000/003: no new warmup on a worker whose memory use is above this share.
+MEMORY_THRESHOLD = 0.7
+
+
+def holders_of(prefix_hash: str, workers: Iterable[WorkerState]) -> list[str]:
+    return [w.worker_id for w in workers if prefix_hash in w.prefixes]
+
+
+def cold_weight(worker: WorkerState) -> float:
+    """Seed 000's router weight for a worker that holds nothing useful: 1 - (used/total)^2."""
+    return 1.0 - worker.mem_ratio**2
+
+
+def choose_worker(
+    workers: Sequence[WorkerState],
+    block_hashes: Sequence[str],
+    threshold: float = MEMORY_THRESHOLD,
+) -> str | None:
+    """The ready worker holding the longest prefix of `block_hashes`, else the least loaded.
+
+    Workers whose pinned (unevictable) share is above the threshold take no new warmup;
+    evictable request-cache KV makes room for a warmup, so it does not count there. Ties go
+    to the lower id, so the choice is deterministic and testable.
+    """
+    eligible = [w for w in workers if w.ready and w.warm_ratio <= threshold]
+    if not eligible:
+        return None
+    best_len, best = 0, None
+    for w in sorted(eligible, key=lambda w: w.worker_id):
+        held = set(w.prefixes)
+        length = max((i + 1 for i, h in enumerate(block_hashes) if h in held), default=0)
+        if length > best_len:
+            best_len, best = length, w.worker_id
+    if best is not None:
+        return best
+    return max(sorted(eligible, key=lambda w: w.worker_id), key=cold_weight).worker_id
+
+
+Epoch = Literal["same", "new", "old"]
+
+
+def epoch_order(state: WorkerState | None, event: WorkerEvent) -> Epoch:
+    """Whether an event comes from the boot the row describes, a later one (the worker
+    restarted: its cache is gone), or an earlier one (a leftover: ignore it). A v1 worker
+    reports no epoch and is always the same boot."""
+    if event.epoch is None:
+        return "same"
+    if state is None or state.epoch is None or event.epoch > state.epoch:
+        return "new"
+    return "old" if event.epoch < state.epoch else "same"
+
+
+def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float) -> WorkerState:
+    """The worker's row after one of its events; a new boot starts from an empty row, an
+    event of an older boot changes nothing."""
+    order = epoch_order(state, event)
+    if state is not None and order == "old":
+        return state
+    if order == "new":
+        state = WorkerState(worker_id=event.worker_id, url=state.url if state else None)
+    ws = state or WorkerState(worker_id=event.worker_id)
+    if event.epoch is not None:
+        ws = ws.model_copy(update={"epoch": event.epoch})
+    update: dict = {"last_seen": now}
+    if event.url:
+        update["url"] = event.url
+    if event.kind in ("ready", "heartbeat"):
+        update.update(
+            ready=True,
+            mem_used=event.mem_used_bytes,
+            mem_total=event.mem_total_bytes,
+            pinned=event.pinned_bytes,
+            entries=event.entries,
+        )
+        if event.kind == "heartbeat" or event.warm_prefixes:
+            update["prefixes"] = list(event.warm_prefixes)
+    elif event.kind == "stopped":
+        update.update(ready=False, prefixes=[])
+    elif event.kind == "cleared":
+        update["prefixes"] = []
+    elif event.prefix_hash and event.kind == "stored":
+        update["prefixes"] = [
+            *[p for p in ws.prefixes if p != event.prefix_hash],
+            event.prefix_hash,
+        ]
+    elif event.prefix_hash and event.kind in ("evicted", "invalidated"):
+        update["prefixes"] = [p for p in ws.prefixes if p != event.prefix_hash]
+    if event.kind not in ("ready", "heartbeat", "stopped") and event.mem_total_bytes:
+        update.update(
+            mem_used=event.mem_used_bytes,
+            mem_total=event.mem_total_bytes,
+            pinned=event.pinned_bytes,
+        )
+    return ws.model_copy(update=update)

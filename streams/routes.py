@@ -1,0 +1,65 @@
+"""One table from record type to its topic, decoder and handler: the app's only dispatch.
+
+The Faust agents (`streams/agents.py`) make one agent per route; the strategies
+simulation feeds its in-process queue through `route_for`, so both run the same handlers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from schemas import KbChange, QueryEvent, WorkerEvent, decode
+from streams import handlers as h
+from streams.records import DocLink, PrefixOp
+
+Handler = Callable[[h.Pipeline, Any], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """Records of `record` arrive on `topic` (a `streams.topics.Topics` field), are read by
+    `decode` and handled by `handle`; `after_index_recovery`: wait until the app's index
+    is consistent with its tables (a KB change must not race the re-indexing)."""
+
+    record: type
+    topic: str
+    agent: str
+    decode: Callable[[bytes], Any]
+    handle: Handler
+    after_index_recovery: bool = False
+
+
+def _event(model: type) -> Callable[[bytes], Any]:
+    return lambda raw: decode(raw, model)
+
+
+def _record(model: Any) -> Callable[[bytes], Any]:
+    return model.model_validate_json
+
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        KbChange, "kb_changes", "ragwarm.kb-changes", _event(KbChange), h.on_kb_change,
+        after_index_recovery=True,
+    ),
+    Route(PrefixOp, "prefix_ops", "ragwarm.prefix-ops", _record(PrefixOp), h.on_prefix_op),
+    Route(DocLink, "doc_links", "ragwarm.doc-links", _record(DocLink), h.on_doc_link),
+    Route(
+        WorkerEvent, "worker_events", "ragwarm.worker-events", _event(WorkerEvent),
+        h.on_worker_event,
+    ),
+    Route(QueryEvent, "queries", "ragwarm.token-frequency", _event(QueryEvent), h.on_query),
+)
+
+BY_TYPE: dict[type, Route] = {r.record: r for r in ROUTES}
+
+
+def route_for(item: object) -> Route:
+    """The route of an already decoded record (the simulation's in-process topics)."""
+    try:
+        return BY_TYPE[type(item)]
+    except KeyError:
+        known = ", ".join(t.__name__ for t in BY_TYPE)
+        raise TypeError(f"no route for {type(item).__name__}; known: {known}") from None

@@ -1,0 +1,237 @@
+"""Issue 12, faults lose nothing: each test reproduces one defect of the issue's Why list
+against the real broker, the streams app (Qdrant local mode, the real embedder) and, where
+it matters, a real worker process."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from ragwarm.kafka.admin import create_topics
+from ragwarm.kafka.local import LocalKafka
+from ragwarm.settings import HomeSettings, KafkaSettings
+from schemas import DeadLetter, KbChange, QueryEvent, decode, encode
+from schemas.topics import DEADLETTER, KB_CHANGES, RAG_QUERIES, TopicSpec
+from tests.integration.streams_proc import StreamsApp, free_port
+from tests.integration.test_streams_e2e import QUESTION, Client, Events, initial_docs
+from tests.integration.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+RAGWARM = Path(sys.executable).parent / "ragwarm"
+
+
+def send_docs(producer: KafkaProducer, topic: str, docs: list[KbChange]) -> None:
+    for doc in docs:
+        producer.send(topic, key=doc.doc_id.encode(), value=encode(doc))
+    producer.flush()
+
+
+def letters(bootstrap: str, topic: str) -> list[DeadLetter]:
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=3000
+    )
+    found = [decode(m.value, DeadLetter) for m in consumer]
+    consumer.close()
+    return found
+
+
+def wait_ready(app: StreamsApp, timeout_s: float = 240) -> float:
+    """Poll /ragwarm/health/ready until 200; the seconds it took."""
+    t0 = time.monotonic()
+
+    def ready() -> bool:
+        try:
+            return httpx.get(app.url + "/ragwarm/health/ready", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(ready, timeout_s, "/ragwarm/health/ready to answer 200")
+    return time.monotonic() - t0
+
+
+# --- a record too large for its own dead letter --------------------------------------------
+
+
+def test_an_800kb_invalid_record_gives_one_dead_letter_before_its_offset_is_committed(
+    kafka_bootstrap, kafka_producer, namespace, streams_factory
+):
+    """Before: the base64 dead letter exceeded the producer's max request size, the send
+    raised inside the agent and the offset was committed: the record was lost."""
+    big = json.dumps(
+        {"schema_name": "kb_change", "op": "rename", "doc_id": "big.md", "version": 1,
+         "text": "x" * 800_000}
+    ).encode()
+    ok = KbChange(op="upsert", doc_id="after.md", version=1, text="A document after it.")
+    topic = namespace + KB_CHANGES
+    meta = kafka_producer.send(topic, key=b"big.md", value=big).get(timeout=30)
+    kafka_producer.send(topic, key=b"big.md", value=encode(ok))
+    kafka_producer.flush()
+    app = streams_factory(namespace, "big").start()
+    wait_for(lambda: app.counters().get("kb_events", 0) >= 1, 180, "the record after it")
+    found = letters(kafka_bootstrap, namespace + DEADLETTER)
+    assert len(found) == 1
+    (letter,) = found
+    assert letter.truncated and letter.value_bytes == len(big)
+    assert letter.value_sha256 == hashlib.sha256(big).hexdigest()
+    assert (letter.partition, letter.offset) == (meta.partition, meta.offset)
+    assert big.startswith(base64.b64decode(letter.value_b64))
+    assert app.counters()["dead_letters"] == 1
+
+    # Reads the app's committed offset without joining its group.
+    group = KafkaConsumer(
+        bootstrap_servers=kafka_bootstrap, group_id=namespace + "big", enable_auto_commit=False
+    )
+    try:
+        tp = TopicPartition(topic, meta.partition)
+        wait_for(
+            lambda: (group.committed(tp) or -1) > meta.offset, 60, "the offset committed past it"
+        )
+    finally:
+        group.close()
+
+
+# --- a timer that raises -------------------------------------------------------------------
+
+
+def test_a_raising_timer_keeps_the_app_and_itself_running(
+    kafka_bootstrap, kafka_settings, kafka_producer, namespace, streams_factory
+):
+    """Before: an exception in a timer ended it (and, in Faust, could stop the app). A row
+    of the prefixes table that no longer parses makes the sweep and resend timers raise on
+    every tick."""
+    app_id = namespace + "timers"
+    changelog = f"{app_id}-prefixes-changelog"
+    spec = TopicSpec(changelog, "table key", 4, {"cleanup.policy": "compact"})
+    create_topics(kafka_bootstrap, kafka_settings.client_options(), [spec])
+    for partition in range(4):
+        kafka_producer.send(
+            changelog, key=json.dumps(f"bad{partition}").encode(),
+            value=json.dumps({"not": "a prefix state"}).encode(), partition=partition,
+        )
+    kafka_producer.flush()
+    env = {"RAGWARM_STREAMS_SWEEP_S": "1", "RAGWARM_STREAMS_RESEND_S": "1"}
+    app = streams_factory(namespace, "timers", env).start()
+    pid = app.proc.pid()
+    wait_for(lambda: app.counters().get("timer_errors", 0) >= 6, 60, "the timers failing")
+    ticks = app.counters()["timer_errors"]
+    wait_for(lambda: app.counters()["timer_errors"] > ticks, 30, "the timers still ticking")
+    assert app.proc.pid() == pid
+    assert app.get("/ragwarm/health")["status"] == "ok"
+
+
+# --- a moved host: fresh disk, same app id -------------------------------------------------
+
+
+def test_a_fresh_disk_with_the_same_app_id_rebuilds_the_index_before_ready(
+    kafka_producer, namespace, streams_factory, tmp_path
+):
+    """Before: the tables came back from their changelogs (version N), the consumer group
+    resumed after every KB change, and the new disk's index stayed empty for good."""
+    docs = list(initial_docs().values())
+    send_docs(kafka_producer, namespace + KB_CHANGES, docs)
+    first = streams_factory(namespace, "moved").start()
+    wait_for(lambda: first.counters().get("kb_events", 0) >= len(docs), 240, "indexing")
+    before = first.get("/ragwarm/docs")["docs"]
+    want = Client(first.url).prompt(QUESTION)[2]
+    first.stop()
+
+    fresh = tmp_path / "moved-host"
+    env = {
+        "RAGWARM_QDRANT_PATH": str(fresh / "qdrant"),
+        "RAGWARM_STREAMS_DATA_DIR": str(fresh / "faust"),
+    }
+    second = streams_factory(namespace, "moved", env).start()
+    print(f"\nready {wait_ready(second):.1f} s after the web views")
+    got = Client(second.url).prompt(QUESTION)[2]
+    assert [(r["chunk_id"], r["content_hash"]) for r in got] == [
+        (r["chunk_id"], r["content_hash"]) for r in want
+    ]
+    assert second.get("/ragwarm/docs")["docs"] == before
+    assert second.counters()["index_recovered"] == len(docs)
+
+
+# --- a worker killed and restarted with the same id ----------------------------------------
+
+
+def test_a_sigkilled_worker_restarted_with_its_id_gets_its_prefixes_again(
+    kafka_bootstrap, kafka_producer, namespace, streams_factory, worker_factory
+):
+    """Before: the restarted worker's `ready` kept the old row's prefix list, so the app
+    believed it still held everything and its ready-warmup sent nothing."""
+    docs = list(initial_docs().values())
+    send_docs(kafka_producer, namespace + KB_CHANGES, docs)
+    env = {"RAGWARM_STREAMS_HOT_TOKENS": "false"}
+    app = streams_factory(namespace, "restart", env).start()
+    wait_for(lambda: app.counters().get("kb_events", 0) >= len(docs), 240, "indexing")
+    worker_env = {"RAGWARM_WORKER_HEARTBEAT_S": "1", "RAGWARM_WORKER_CACHE_REQUESTS": "false"}
+    first = worker_factory(
+        "w1", kafka_bootstrap=kafka_bootstrap, topic_prefix=namespace, env=worker_env
+    ).start().wait_ready()
+
+    query: QueryEvent = Client(app.url).query_event(QUESTION)
+    prefix = query.prefix_hash
+    kafka_producer.send(namespace + RAG_QUERIES, key=b"default", value=encode(query))
+    kafka_producer.flush()
+    events = Events(kafka_bootstrap, namespace + "worker.events")
+    wait_for(lambda: events.find("stored", prefix), 120, "the tracked prefix stored on w1")
+
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(10)
+    t0 = time.time()
+    second = worker_factory(
+        "w1", kafka_bootstrap=kafka_bootstrap, topic_prefix=namespace, env=worker_env
+    ).start().wait_ready()
+    try:
+        wait_for(lambda: prefix in second.get("/v1/cache").text, 120, "the prefix re-warmed")
+        print(f"\nre-warmed {time.time() - t0:.1f} s after the restart began")
+        assert app.counters()["worker_restarts"] >= 1
+    finally:
+        second.stop()
+
+
+# --- the broker comes up after the streams app ---------------------------------------------
+
+
+def test_the_streams_app_waits_for_a_broker_started_20_s_later(tmp_path):
+    """Before: creating the topics failed at once and the app ended with a traceback."""
+    shared = LocalKafka(HomeSettings(), KafkaSettings(bootstrap=None))
+    shared.ensure_jars()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAGWARM_KAFKA_BOOTSTRAP"}
+    env.update(
+        RAGWARM_HOME=str(tmp_path / "home"),
+        RAGWARM_KAFKA_PORT=str(port),
+        RAGWARM_KAFKA_CONTROLLER_PORT=str(free_port()),
+        RAGWARM_KAFKA_JARS_DIR=str(shared.jars_dir.parent),
+    )
+    app = StreamsApp(f"127.0.0.1:{port}", "late.", "late", tmp_path)
+    app.proc.env.update({k: env[k] for k in ("RAGWARM_HOME",)})
+    app.proc.start()
+    try:
+        time.sleep(20)
+        assert app.proc.pid() is not None, "the app gave up before the broker came"
+        started = subprocess.run(
+            [str(RAGWARM), "kafka", "start"], env=env, capture_output=True, text=True,
+            timeout=180,
+        )
+        assert started.returncode == 0, started.stderr
+        app.proc.wait_healthy(240)
+        wait_ready(app)
+        log = app.proc.log_file.read_text()
+        assert "waiting for the Kafka broker" in log
+        assert "Traceback" not in log
+    finally:
+        app.stop()
+        subprocess.run([str(RAGWARM), "kafka", "stop"], env=env, timeout=120)

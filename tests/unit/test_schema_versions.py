@@ -1,0 +1,64 @@
+"""Older schema versions are still read (as the current model); kb.changes keys."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from schemas import DeadLetter, WarmupCommand, WorkerEvent, decode, encode
+from schemas.events import DeadLetterV1, WarmupCommandV1, WorkerEventV1
+from schemas.topics import TOPICS, kb_key
+
+
+def test_v1_worker_event_reads_as_v2_without_epoch():
+    old = WorkerEventV1(worker_id="w", kind="ready", mem_total_bytes=10)
+    event = decode(encode(old), WorkerEvent)
+    assert type(event) is WorkerEvent
+    assert event.schema_version == 2
+    assert event.epoch is None
+    assert event.mem_total_bytes == 10
+
+
+def test_v2_worker_event_round_trips_with_epoch():
+    event = WorkerEvent(worker_id="w", kind="expired", epoch=17, command_id="c")
+    assert json.loads(encode(event))["schema_version"] == 2
+    assert decode(encode(event)) == event
+
+
+def test_v1_command_reads_without_expiry():
+    old = WarmupCommandV1(command_id="c", op="prefill", token_ids=[1, 2])
+    cmd = decode(encode(old), WarmupCommand)
+    assert type(cmd) is WarmupCommand
+    assert not cmd.expired(datetime.now(UTC))
+
+
+def test_command_expiry():
+    now = datetime.now(UTC)
+    cmd = WarmupCommand(
+        command_id="c", op="prefill", token_ids=[1], expires_at=now + timedelta(seconds=5)
+    )
+    assert not cmd.expired(now)
+    assert cmd.expired(now + timedelta(seconds=5))
+
+
+def test_v1_dead_letter_reads_as_v2():
+    old = DeadLetterV1(source_topic="kb.changes", value_b64="eA==", reason="bad")
+    letter = decode(encode(old), DeadLetter)
+    assert type(letter) is DeadLetter
+    assert not letter.truncated
+
+
+def test_a_v2_record_is_not_read_as_v1_fields():
+    raw = json.loads(encode(WorkerEvent(worker_id="w", kind="ready", epoch=1)))
+    raw["schema_version"] = 1
+    with pytest.raises(ValueError, match="epoch"):
+        decode(json.dumps(raw).encode())
+
+
+def test_kb_changes_is_compacted_and_keyed_by_tenant_and_doc():
+    assert TOPICS["kb.changes"].config["cleanup.policy"] == "compact"
+    assert kb_key("default", "a.md") == b"a.md"
+    assert kb_key("acme", "a.md") != kb_key("default", "a.md")
+    assert kb_key("acme", "a.md") != kb_key("acm", "ea.md")
