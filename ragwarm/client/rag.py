@@ -31,8 +31,8 @@ from ragwarm.client.wire import (
 )
 from ragwarm.settings import KafkaSettings, ModelSettings, qdrant_settings
 from schemas import ChunkRef, QueryEvent, encode
+from schemas.prefix import BLOCK_SIZE, PromptChain, prompt_chain
 from schemas.topics import RAG_QUERIES
-from workers.blocks import BLOCK_SIZE, block_hashes
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +49,20 @@ class PreparedQuery:
     tenant: str
     chunks: tuple[RetrievedChunk, ...]
     prompt: Prompt
-    block_hashes: tuple[str, ...]
+    chain: PromptChain
     retrieve_ms: float
-    block_size: int = BLOCK_SIZE
 
     @property
-    def prefix_blocks(self) -> int:
-        """Full blocks inside the prefix (the part a warmup prefills)."""
-        return self.prompt.prefix_len // self.block_size
+    def block_hashes(self) -> tuple[str, ...]:
+        return self.chain.hashes
 
     @property
     def prefix_hashes(self) -> tuple[str, ...]:
-        return self.block_hashes[: self.prefix_blocks]
+        return self.chain.prefix_hashes
 
     @property
     def prefix_hash(self) -> str | None:
-        """The hash at the prefix's last full block: the id of the warmable prefix."""
-        return self.prefix_hashes[-1] if self.prefix_hashes else None
+        return self.chain.prefix_hash
 
 
 @dataclass(frozen=True)
@@ -281,10 +278,9 @@ class RagClient:
         chunks = tuple(self.retrieval.retrieve(question, tenant, self.top_k))
         retrieve_ms = (time.perf_counter() - started) * 1000
         prompt = self.prompts.build(chunks, question)
-        hashes = block_hashes(prompt.token_ids, tenant=tenant, model=self.model_salt,
-                              block_size=self.block_size)
-        return PreparedQuery(question, tenant, chunks, prompt, tuple(hashes), retrieve_ms,
-                             self.block_size)
+        chain = prompt_chain(prompt.token_ids, prompt.prefix_len, tenant=tenant,
+                             model=self.model_salt, block_size=self.block_size)
+        return PreparedQuery(question, tenant, chunks, prompt, chain, retrieve_ms)
 
     def route(self, prepared: PreparedQuery) -> Route:
         """Ask the streams app which worker holds the longest prefix of this prompt."""
