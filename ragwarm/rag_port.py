@@ -11,7 +11,7 @@ from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
 from ragwarm.settings import ModelSettings, qdrant_settings
 from schemas import ChunkRef, KbChange
-from schemas.prefix import BLOCK_SIZE, prefix_chain
+from schemas.prefix import BLOCK_SIZE, PromptParams, prefix_chain
 from streams.ports import WarmPrefix
 
 
@@ -61,6 +61,11 @@ class RagService:
 
     def close(self) -> None:
         self.store.close()
+
+    def prompt_params(self) -> PromptParams:
+        return PromptParams.of(system_prompt=self.prompts.system_prompt,
+                               top_k=self.retriever.top_k, model=self.model_salt,
+                               block_size=self.block_size)
 
     def index(self, change: KbChange) -> dict[str, str] | None:
         result = self.indexer.index_document(change)

@@ -13,6 +13,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict
+
 BLOCK_SIZE = 16
 HASH_CHARS = 32
 
@@ -92,3 +94,32 @@ def prefix_chain(
     return prompt_chain(
         prefix_ids, len(prefix_ids), tenant=tenant, model=model, block_size=block_size
     )
+
+
+class PromptParams(BaseModel):
+    """Everything besides the chunks that decides a canonical prefix's tokens and hashes.
+
+    The streams app publishes these on its health view and the RAG client compares them
+    with its own: one differing value turns every warmed prefix into a miss, silently.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str  # the model salt of the hash chain (and the tokenizer it names)
+    block_size: int
+    top_k: int
+    system_prompt_sha256: str  # a digest: the text itself can be long or private
+
+    @classmethod
+    def of(cls, *, system_prompt: str, top_k: int, model: str, block_size: int) -> PromptParams:
+        digest = hashlib.sha256(system_prompt.encode()).hexdigest()
+        return cls(model=model, block_size=block_size, top_k=top_k, system_prompt_sha256=digest)
+
+    def digest(self) -> str:
+        """One hash of all the parameters, to compare at a glance."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:HASH_CHARS]
+
+    def differences(self, other: PromptParams) -> list[str]:
+        """Names of the parameters whose values differ, in field order."""
+        return [name for name in type(self).model_fields
+                if getattr(self, name) != getattr(other, name)]

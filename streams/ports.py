@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from schemas import ChunkRef, KbChange
+from schemas.prefix import PromptParams
 
 
 @dataclass(frozen=True)
@@ -33,3 +34,6 @@ class RagPort(Protocol):
 
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
         """Top-k chunks with text and score, for clients that reach the store through us."""
+
+    def prompt_params(self) -> PromptParams:
+        """What the canonical prompts are built with; clients must build theirs alike."""

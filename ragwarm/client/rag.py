@@ -14,6 +14,8 @@ from typing import Any, Protocol
 import httpx
 
 from rag.prompt import Prompt, PromptBuilder
+from rag.settings import QdrantSettings, RagSettings
+from ragwarm.client.contract import check_prompt
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import (
     ClientError,
@@ -31,7 +33,7 @@ from ragwarm.client.wire import (
 )
 from ragwarm.settings import KafkaSettings, ModelSettings, qdrant_settings
 from schemas import ChunkRef, QueryEvent, encode
-from schemas.prefix import BLOCK_SIZE, PromptChain, prompt_chain
+from schemas.prefix import BLOCK_SIZE, PromptChain, PromptParams, prompt_chain
 from schemas.topics import RAG_QUERIES
 
 log = logging.getLogger(__name__)
@@ -210,20 +212,23 @@ class RagClient:
 
     @classmethod
     def open(cls, settings: ClientSettings | None = None, kafka: KafkaSettings | None = None,
-             models: ModelSettings | None = None) -> RagClient:
-        """A client with its tokenizer, warmed pools and (unless disabled) its Kafka producer."""
-        from rag.settings import QdrantSettings, RagSettings
+             models: ModelSettings | None = None, rag: RagSettings | None = None) -> RagClient:
+        """A client with its tokenizer, warmed pools and (unless disabled) its Kafka producer.
+
+        Raises PromptMismatch, naming the setting, when the streams app builds canonical
+        prompts with other parameters (top-k, system prompt, model, block size).
+        """
         from ragwarm.models import llm_dir, load_tokenizer
 
         settings = settings or ClientSettings()
         models = models or ModelSettings()
+        rag = rag or RagSettings()
         with ExitStack() as undo:  # closes what was opened if a later step fails
             streams = make_pool(settings, settings.streams_url)
             undo.callback(streams.close)
-            # Fail fast, before the slow tokenizer load, when the stack is not up.
-            check_streams(streams, settings.streams_url)
-            # Same system prompt and top-k as the streams app, so the prefixes are the same.
-            rag = RagSettings()
+            # Fail fast, before the slow tokenizer load, when the stack is not up or differs.
+            health = check_streams(streams, settings.streams_url)
+            check_prompt(health, prompt_params(rag, models), settings.streams_url)
             prompts = PromptBuilder(load_tokenizer(llm_dir(models=models)), rag.system_prompt)
             retrieval = None
             if settings.direct_qdrant and QdrantSettings().url:
@@ -387,13 +392,21 @@ def make_pool(settings: ClientSettings, url: str, transport: httpx.BaseTransport
                         headers=dict(headers or {}))
 
 
-def check_streams(streams: httpx.Client, url: str) -> None:
-    """Raise StreamsUnavailable, with the command to fix it, unless the streams app answers."""
+def check_streams(streams: httpx.Client, url: str) -> dict:
+    """The streams app's health view; StreamsUnavailable, with the fix, if it does not answer."""
     try:
-        streams.get("/ragwarm/health").raise_for_status()
-    except httpx.HTTPError as exc:
+        response = streams.get("/ragwarm/health")
+        response.raise_for_status()
+        return response.json()
+    except (httpx.HTTPError, ValueError) as exc:
         raise StreamsUnavailable(f"the streams app does not answer at {url} ({exc}); "
                                  f"{UP_HINT}") from None
+
+
+def prompt_params(rag: RagSettings, models: ModelSettings) -> PromptParams:
+    """The canonical-prompt parameters a client with these settings builds prompts with."""
+    return PromptParams.of(system_prompt=rag.system_prompt, top_k=rag.top_k,
+                           model=models.llm_name, block_size=BLOCK_SIZE)
 
 
 def _post_json(client: httpx.Client, path: str, body: dict) -> dict:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.prefix import block_hashes, prefix_chain, prompt_chain
+from schemas.prefix import PromptParams, block_hashes, prefix_chain, prompt_chain
 
 tokens = st.lists(st.integers(0, 2**32 - 1), max_size=80)
 
@@ -31,3 +31,10 @@ def test_the_prefix_hash_is_its_last_full_block(prefix, block):
 def test_a_prefix_length_outside_the_prompt_is_refused():
     with pytest.raises(ValueError, match="prefix_len"):
         prompt_chain([1, 2, 3], 4, tenant="t", model="m")
+
+
+def test_prompt_params_name_the_parameters_that_differ():
+    ours = PromptParams.of(system_prompt="s", top_k=3, model="m", block_size=16)
+    theirs = PromptParams.of(system_prompt="t", top_k=2, model="m", block_size=16)
+    assert ours.differences(theirs) == ["top_k", "system_prompt_sha256"]
+    assert ours.differences(ours) == [] and ours.digest() != theirs.digest()
