@@ -17,7 +17,7 @@ DEFAULT_SYSTEM_PROMPT = (
 class RagSettings(BaseSettings):
     """How documents are chunked and embedded, and how the canonical prompt is built."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_RAG_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_RAG_", extra="forbid")
 
     chunk_tokens: int = Field(
         default=256, ge=16, le=4096, description="Most LLM tokens in one chunk."
@@ -57,7 +57,7 @@ class RagSettings(BaseSettings):
 class QdrantSettings(BaseSettings):
     """Where vectors live: local mode on a disk path, or a Qdrant server when `url` is set."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_QDRANT_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_QDRANT_", extra="forbid")
 
     url: str | None = Field(
         default=None, description="Qdrant server URL; unset means local mode on `path`."

@@ -11,8 +11,8 @@ from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
 from ragwarm.settings import ModelSettings, qdrant_settings
 from schemas import ChunkRef, KbChange
+from schemas.prefix import BLOCK_SIZE, PromptParams, prefix_chain
 from streams.ports import WarmPrefix
-from workers.blocks import BLOCK_SIZE, block_hashes
 
 
 class RagService:
@@ -62,6 +62,11 @@ class RagService:
     def close(self) -> None:
         self.store.close()
 
+    def prompt_params(self) -> PromptParams:
+        return PromptParams.of(system_prompt=self.prompts.system_prompt,
+                               top_k=self.retriever.top_k, model=self.model_salt,
+                               block_size=self.block_size)
+
     def index(self, change: KbChange) -> dict[str, str] | None:
         result = self.indexer.index_document(change)
         if not result.applied:
@@ -108,10 +113,10 @@ class RagService:
 
     def _prefix(self, chunks, tenant: str) -> WarmPrefix | None:
         tokens = self.prompts.build_prefix(chunks)
-        hashes = block_hashes(
+        chain = prefix_chain(
             tokens, tenant=tenant, model=self.model_salt, block_size=self.block_size
         )
-        if not hashes:
+        if chain.prefix_hash is None:
             return None  # shorter than one block: nothing a worker could cache
         refs = [ChunkRef(chunk_id=c.chunk_id, content_hash=c.content_hash) for c in chunks]
-        return WarmPrefix(prefix_hash=hashes[-1], token_ids=tokens, chunk_refs=refs)
+        return WarmPrefix(prefix_hash=chain.prefix_hash, token_ids=tokens, chunk_refs=refs)

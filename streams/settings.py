@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class StreamsSettings(BaseSettings):
     """The Faust app: identity, web views, TTLs, hot-token windows and budgets."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_STREAMS_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_STREAMS_", extra="forbid")
 
     app_id: str = Field(default="ragwarm-streams", description="Faust app id (consumer group).")
     data_dir: Path | None = Field(

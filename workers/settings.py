@@ -17,7 +17,7 @@ from workers.memory import DEFAULT_MAX_ENTRIES, GiB
 class WorkerSettings(BaseSettings):
     """One worker: which device and precision the engine runs in, and its KV-cache bounds."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_WORKER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_WORKER_", extra="forbid")
 
     engine: str = Field(default="torch", description="Engine name: `torch` (transformers).")
     model_id: str | None = Field(

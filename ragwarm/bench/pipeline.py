@@ -158,18 +158,18 @@ class Prompts:
     def query_event(self, question: str) -> tuple[QueryEvent, list[dict]]:
         from types import SimpleNamespace
 
-        from workers.blocks import block_hashes
+        from schemas.prefix import prefix_chain
 
         rows = httpx.post(
             f"{self.url}/ragwarm/retrieve", json={"question": question}, timeout=60
         ).json()["chunks"]
         prompt = self.builder.build([SimpleNamespace(**r) for r in rows], question)
-        hashes = block_hashes(prompt.prefix_ids, tenant="default", model=self.model)
+        chain = prefix_chain(prompt.prefix_ids, tenant="default", model=self.model)
         event = QueryEvent(
             question=question,
             chunk_refs=list(prompt.chunk_refs),
-            prefix_hash=hashes[-1],
-            block_hashes=hashes,
+            prefix_hash=chain.prefix_hash,
+            block_hashes=list(chain.prefix_hashes),
             prefix_tokens=prompt.prefix_len,
         )
         return event, rows

@@ -48,14 +48,30 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(module), attr)
 
 
+# Commands that run whatever the environment holds: `config` lists and checks it.
+UNCHECKED = frozenset({"config"})
+
+
 @click.group(cls=LazyGroup)
 @click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level.")
-def main(verbose: bool) -> None:
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
     """ragwarm: keep LLM inference workers warm for RAG, driven by knowledge-base events."""
+    if ctx.invoked_subcommand not in UNCHECKED:
+        check_environment()
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+def check_environment() -> None:
+    """Fail before any work when a RAGWARM_ variable names no setting (a misspelling)."""
+    from ragwarm.cli.env import environment_problems, problems_message
+
+    problems = environment_problems()
+    if problems:
+        raise click.ClickException(problems_message(problems))
 
 
 if __name__ == "__main__":

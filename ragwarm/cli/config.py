@@ -1,37 +1,13 @@
-"""`ragwarm config`: every RAGWARM_ setting with its default and meaning, from the models."""
+"""`ragwarm config`: every RAGWARM_ setting with its default and meaning, and `--check`."""
 
 from __future__ import annotations
-
-import importlib
 
 import click
 from pydantic_settings import BaseSettings
 
-# module:class of every component's settings; the README's table is generated from these.
-SETTINGS: tuple[str, ...] = (
-    "ragwarm.settings:HomeSettings",
-    "ragwarm.settings:KafkaSettings",
-    "ragwarm.settings:ModelSettings",
-    "ragwarm.settings:StackSettings",
-    "ragwarm.kafka.local:LocalKafkaSettings",
-    "rag.settings:RagSettings",
-    "rag.settings:QdrantSettings",
-    "workers.settings:WorkerSettings",
-    "streams.settings:StreamsSettings",
-    "ragwarm.client.settings:ClientSettings",
-    "ragwarm.bench.strategies.settings:StrategySettings",
-)
+from ragwarm.cli.env import environment_problems, problems_message, settings_classes
 
-
-def settings_classes() -> list[type[BaseSettings]]:
-    found = []
-    for target in SETTINGS:
-        module, _, name = target.partition(":")
-        try:
-            found.append(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError):
-            continue  # a component not installed in this checkout
-    return found
+__all__ = ["config", "markdown", "rows", "settings_classes"]
 
 
 def rows(cls: type[BaseSettings]) -> list[tuple[str, str, str]]:
@@ -59,8 +35,17 @@ def markdown() -> str:
 
 @click.command("config")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the README's table.")
-def config(as_markdown: bool) -> None:
+@click.option("--check", is_flag=True,
+              help="Check that every RAGWARM_ variable set names a setting: 'ok', or the "
+              "unknown ones with the nearest valid name and exit status 1.")
+def config(as_markdown: bool, check: bool) -> None:
     """List every RAGWARM_ setting with its default and meaning."""
+    if check:
+        problems = environment_problems()
+        if problems:
+            raise click.ClickException(problems_message(problems))
+        click.echo("ok")
+        return
     if as_markdown:
         click.echo(markdown())
         return

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 import httpx
 
 from rag.prompt import Prompt, PromptBuilder
+from rag.settings import QdrantSettings, RagSettings
+from ragwarm.client.contract import check_prompt
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import (
     ClientError,
@@ -31,8 +33,8 @@ from ragwarm.client.wire import (
 )
 from ragwarm.settings import KafkaSettings, ModelSettings, qdrant_settings
 from schemas import ChunkRef, QueryEvent, encode
+from schemas.prefix import BLOCK_SIZE, PromptChain, PromptParams, prompt_chain
 from schemas.topics import RAG_QUERIES
-from workers.blocks import BLOCK_SIZE, block_hashes
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +51,20 @@ class PreparedQuery:
     tenant: str
     chunks: tuple[RetrievedChunk, ...]
     prompt: Prompt
-    block_hashes: tuple[str, ...]
+    chain: PromptChain
     retrieve_ms: float
-    block_size: int = BLOCK_SIZE
 
     @property
-    def prefix_blocks(self) -> int:
-        """Full blocks inside the prefix (the part a warmup prefills)."""
-        return self.prompt.prefix_len // self.block_size
+    def block_hashes(self) -> tuple[str, ...]:
+        return self.chain.hashes
 
     @property
     def prefix_hashes(self) -> tuple[str, ...]:
-        return self.block_hashes[: self.prefix_blocks]
+        return self.chain.prefix_hashes
 
     @property
     def prefix_hash(self) -> str | None:
-        """The hash at the prefix's last full block: the id of the warmable prefix."""
-        return self.prefix_hashes[-1] if self.prefix_hashes else None
+        return self.chain.prefix_hash
 
 
 @dataclass(frozen=True)
@@ -213,20 +212,23 @@ class RagClient:
 
     @classmethod
     def open(cls, settings: ClientSettings | None = None, kafka: KafkaSettings | None = None,
-             models: ModelSettings | None = None) -> RagClient:
-        """A client with its tokenizer, warmed pools and (unless disabled) its Kafka producer."""
-        from rag.settings import QdrantSettings, RagSettings
+             models: ModelSettings | None = None, rag: RagSettings | None = None) -> RagClient:
+        """A client with its tokenizer, warmed pools and (unless disabled) its Kafka producer.
+
+        Raises PromptMismatch, naming the setting, when the streams app builds canonical
+        prompts with other parameters (top-k, system prompt, model, block size).
+        """
         from ragwarm.models import llm_dir, load_tokenizer
 
         settings = settings or ClientSettings()
         models = models or ModelSettings()
+        rag = rag or RagSettings()
         with ExitStack() as undo:  # closes what was opened if a later step fails
             streams = make_pool(settings, settings.streams_url)
             undo.callback(streams.close)
-            # Fail fast, before the slow tokenizer load, when the stack is not up.
-            check_streams(streams, settings.streams_url)
-            # Same system prompt and top-k as the streams app, so the prefixes are the same.
-            rag = RagSettings()
+            # Fail fast, before the slow tokenizer load, when the stack is not up or differs.
+            health = check_streams(streams, settings.streams_url)
+            check_prompt(health, prompt_params(rag, models), settings.streams_url)
             prompts = PromptBuilder(load_tokenizer(llm_dir(models=models)), rag.system_prompt)
             retrieval = None
             if settings.direct_qdrant and QdrantSettings().url:
@@ -281,10 +283,9 @@ class RagClient:
         chunks = tuple(self.retrieval.retrieve(question, tenant, self.top_k))
         retrieve_ms = (time.perf_counter() - started) * 1000
         prompt = self.prompts.build(chunks, question)
-        hashes = block_hashes(prompt.token_ids, tenant=tenant, model=self.model_salt,
-                              block_size=self.block_size)
-        return PreparedQuery(question, tenant, chunks, prompt, tuple(hashes), retrieve_ms,
-                             self.block_size)
+        chain = prompt_chain(prompt.token_ids, prompt.prefix_len, tenant=tenant,
+                             model=self.model_salt, block_size=self.block_size)
+        return PreparedQuery(question, tenant, chunks, prompt, chain, retrieve_ms)
 
     def route(self, prepared: PreparedQuery) -> Route:
         """Ask the streams app which worker holds the longest prefix of this prompt."""
@@ -391,13 +392,21 @@ def make_pool(settings: ClientSettings, url: str, transport: httpx.BaseTransport
                         headers=dict(headers or {}))
 
 
-def check_streams(streams: httpx.Client, url: str) -> None:
-    """Raise StreamsUnavailable, with the command to fix it, unless the streams app answers."""
+def check_streams(streams: httpx.Client, url: str) -> dict:
+    """The streams app's health view; StreamsUnavailable, with the fix, if it does not answer."""
     try:
-        streams.get("/ragwarm/health").raise_for_status()
-    except httpx.HTTPError as exc:
+        response = streams.get("/ragwarm/health")
+        response.raise_for_status()
+        return response.json()
+    except (httpx.HTTPError, ValueError) as exc:
         raise StreamsUnavailable(f"the streams app does not answer at {url} ({exc}); "
                                  f"{UP_HINT}") from None
+
+
+def prompt_params(rag: RagSettings, models: ModelSettings) -> PromptParams:
+    """The canonical-prompt parameters a client with these settings builds prompts with."""
+    return PromptParams.of(system_prompt=rag.system_prompt, top_k=rag.top_k,
+                           model=models.llm_name, block_size=BLOCK_SIZE)
 
 
 def _post_json(client: httpx.Client, path: str, body: dict) -> dict:

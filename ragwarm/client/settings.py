@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class ClientSettings(BaseSettings):
     """The RAG client: streams app URL, tenant, generation, keep-alive pools and retries."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_CLIENT_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_CLIENT_", extra="forbid")
 
     streams_url: str = Field(
         default="http://127.0.0.1:6066",

@@ -31,7 +31,7 @@ Say = Callable[[str], None]
 class LocalKafkaSettings(BaseSettings):
     """How the local broker is launched (the connection itself is `KafkaSettings`)."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_KAFKA_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_KAFKA_", extra="forbid")
 
     jars_dir: Path | None = Field(
         default=None,

@@ -95,8 +95,8 @@ def test_client_uses_the_worker_holding_the_prefix_and_survives_losing_it(
 
         warm = client.ask(prepared)
         assert warm.worker_id == holder and warm.failed_workers == ()
-        assert warm.cached_tokens >= prepared.prefix_blocks * prepared.block_size
-        assert warm.matched_blocks >= prepared.prefix_blocks and warm.completion_tokens >= 1
+        assert warm.cached_tokens >= prepared.chain.prefix_blocks * client.block_size
+        assert warm.matched_blocks >= prepared.chain.prefix_blocks and warm.completion_tokens >= 1
 
         # Kill the holder without a goodbye: the table still names it, the client retries.
         os.killpg(workers[holder].proc.pid, signal.SIGKILL)

@@ -282,6 +282,7 @@ def test_cache_prompt_refused_by_the_budget_still_answers(
         shared_engine.model,
         shared_engine.tokenizer,
         model_id=shared_engine.model_id,
+        settings=WorkerSettings(device="cpu", threads=1),
         cache=PrefixCache(Budget(max_bytes=one_block, max_entries=8, warm_bytes=0)),
     )
     prompt = doc_tokens[:100]

@@ -22,7 +22,7 @@ from ragwarm.client.wire import (
     sse_data,
 )
 from schemas import QueryEvent, decode, encode
-from workers.blocks import block_hashes
+from schemas.prefix import PromptChain, block_hashes
 
 HASH = "ab" * 32
 CHUNKS = [
@@ -309,7 +309,7 @@ def test_query_event_of_a_prompt_shorter_than_a_block_has_no_prefix_hash():
     client, _ = make_client(cluster)
     prepared = client.prepare("q")
     short = prepared.__class__(
-        prepared.question, prepared.tenant, (), prepared.prompt, (), 0.0, 10_000
+        prepared.question, prepared.tenant, (), prepared.prompt, PromptChain((), 0), 0.0
     )
     answer = client.ask(short)
     assert query_event(short, answer).prefix_hash is None

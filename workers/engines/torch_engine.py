@@ -58,10 +58,9 @@ def device_memory(device: str) -> int:
 
 
 def load_torch_engine(
-    path: Path, settings: WorkerSettings | None = None, *, cache: PrefixCache | None = None
+    path: Path, settings: WorkerSettings, *, cache: PrefixCache | None = None
 ) -> TorchEngine:
     """Load an HF causal LM directory (never from a hub) into a ready engine."""
-    settings = settings or WorkerSettings()
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     device = resolve_device(settings.device)
     model: Any = AutoModelForCausalLM.from_pretrained(
@@ -82,10 +81,9 @@ class TorchEngine(PrefixEngine[KV]):
         tokenizer: Any,
         *,
         model_id: str,
-        settings: WorkerSettings | None = None,
+        settings: WorkerSettings,
         cache: PrefixCache | None = None,
     ) -> None:
-        settings = settings or WorkerSettings()
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_id = model_id

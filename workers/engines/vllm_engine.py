@@ -42,9 +42,8 @@ def vllm_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def load_vllm_engine(path: Path, settings: WorkerSettings | None = None) -> VllmEngine:
+def load_vllm_engine(path: Path, settings: WorkerSettings) -> VllmEngine:
     """Start vLLM on a local HF model directory with prefix caching on."""
-    settings = settings or WorkerSettings()
     if not vllm_available():
         raise RuntimeError(f"engine `vllm` {NEEDS}; install `ragwarm[vllm]` on a GPU host")
     from vllm import LLM

@@ -31,6 +31,7 @@ from ragwarm.bench.strategies.settings import StrategySettings
 from ragwarm.bench.strategies.worker import Served, SimWorker, make_cache
 from ragwarm.rag_port import RagService
 from schemas import KbChange, QueryEvent
+from schemas.prefix import PromptChain, prefix_chain
 from workers.engines.torch_engine import TorchEngine
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
 from workers.settings import WorkerSettings
@@ -83,12 +84,8 @@ class Prepared:
     step: wl.QueryStep
     prompt: Prompt
     spans: list[Span]
-    prefix_hashes: list[str]
+    chain: PromptChain
     doc_ids: list[str]
-
-    @property
-    def prefix_hash(self) -> str | None:
-        return self.prefix_hashes[-1] if self.prefix_hashes else None
 
 
 def open_rig(settings: StrategySettings, store_dir: Path, chunk_tokens: int) -> Rig:
@@ -155,7 +152,7 @@ class Runner:
         for q, r in zip(live, retrievals, strict=True):
             docs |= set(q.answer_docs) | set(r.doc_ids)
             tokens = self.rig.prompts.build_prefix(r.chunks)
-            prefix_hash = self.prefix_hash(tokens)
+            prefix_hash = self.prefix_chain(tokens).prefix_hash
             if prefix_hash is not None:
                 prefixes[prefix_hash] = len(tokens)
         base = self.rig.base
@@ -163,10 +160,11 @@ class Runner:
         total = sum(n // block * block * base.kv_bytes_per_token for n in prefixes.values())
         return docs, total
 
-    def prefix_hash(self, prefix_ids: Sequence[int]) -> str | None:
-        """The prefix's identity as workers and the streams app compute it."""
-        hashes = self.rig.base.block_hashes(prefix_ids, tenant=self.rig.tenant)
-        return hashes[-1] if hashes else None
+    def prefix_chain(self, prefix_ids: Sequence[int]) -> PromptChain:
+        """The prefix's chain as workers and the streams app compute it."""
+        base = self.rig.base
+        return prefix_chain(prefix_ids, tenant=self.rig.tenant, model=base.model_id,
+                            block_size=base.block_size)
 
     def open_lanes(self, budget: Budget, past: Sequence[Question],
                    log: Sequence[tuple[float, Question]] = ()) -> None:
@@ -200,11 +198,11 @@ class Runner:
         """What the RAG client published for `question` on the start-of-run KB."""
         retrieval = self.rig.retriever.retrieve(question.question, self.rig.tenant)
         prompt = self.rig.prompts.build(retrieval.chunks, question.question)
-        hashes = self.rig.base.block_hashes(prompt.prefix_ids, tenant=self.rig.tenant)
+        chain = self.prefix_chain(prompt.prefix_ids)
         return QueryEvent(
             tenant=self.rig.tenant, question=question.question, qid=question.qid,
-            chunk_refs=list(prompt.chunk_refs), prefix_hash=hashes[-1] if hashes else None,
-            block_hashes=hashes, prefix_tokens=prompt.prefix_len,
+            chunk_refs=list(prompt.chunk_refs), prefix_hash=chain.prefix_hash,
+            block_hashes=list(chain.prefix_hashes), prefix_tokens=prompt.prefix_len,
             prompt_tokens=len(prompt.token_ids), cached_tokens=0, worker_id="yesterday",
         )
 
@@ -257,8 +255,8 @@ class Runner:
         retrieval = self.rig.retriever.retrieve(step.question.question, self.rig.tenant)
         prompt = self.rig.prompts.build(retrieval.chunks, step.question.question)
         spans = chunk_spans(self.rig.prompts, retrieval.chunks)
-        hashes = self.rig.base.block_hashes(prompt.prefix_ids, tenant=self.rig.tenant)
-        return Prepared(step, prompt, spans, hashes, retrieval.doc_ids)
+        chain = self.prefix_chain(prompt.prefix_ids)
+        return Prepared(step, prompt, spans, chain, retrieval.doc_ids)
 
     def row(self, name: str, lane: Lane, q: Prepared, served: Served, post_edit: bool,
             repeat: bool) -> QueryRow:
@@ -282,8 +280,8 @@ class Runner:
         r = served.result
         return QueryEvent(
             tenant=self.rig.tenant, question=q.step.question.question, qid=q.step.question.qid,
-            chunk_refs=list(q.prompt.chunk_refs), prefix_hash=q.prefix_hash,
-            block_hashes=q.prefix_hashes,
+            chunk_refs=list(q.prompt.chunk_refs), prefix_hash=q.chain.prefix_hash,
+            block_hashes=list(q.chain.prefix_hashes),
             prefix_tokens=q.prompt.prefix_len, prompt_tokens=r.prompt_tokens,
             cached_tokens=r.cached_tokens, ttft_ms=r.ttft_s * 1000, worker_id=f"sim-{name}",
         )

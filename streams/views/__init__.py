@@ -1,0 +1,22 @@
+"""Web views of the streams app, one module per resource, registered in one place."""
+
+from __future__ import annotations
+
+from streams.handlers import Pipeline
+from streams.views import health, retrieve, route, state
+from streams.views.bodies import Page
+
+
+def pages(p: Pipeline) -> dict[str, Page]:
+    """Every view of the app by path."""
+    return {**health.pages(p), **state.pages(p), **route.pages(p), **retrieve.pages(p)}
+
+
+def register_views(app, p: Pipeline) -> None:
+    for path, page in pages(p).items():
+        register(app, path, page)
+
+
+def register(app, path: str, page: Page) -> None:
+    """The one place a view is added to the app: a check every view needs goes here."""
+    app.page(path)(page)

@@ -1,0 +1,37 @@
+"""The client refuses a streams app whose canonical-prompt parameters differ, naming the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragwarm.client.contract import PromptMismatch, check_prompt
+from schemas.prefix import PromptParams
+from streams.views.health import health_body
+
+OURS = PromptParams.of(system_prompt="Answer.", top_k=3, model="m", block_size=16)
+
+
+def test_equal_parameters_pass():
+    check_prompt(health_body("app", OURS), OURS, "http://s")
+
+
+@pytest.mark.parametrize(
+    ("change", "setting"),
+    [
+        ({"top_k": 2}, "RAGWARM_RAG_TOP_K"),
+        ({"model": "other"}, "RAGWARM_MODEL_LLM_NAME"),
+        ({"system_prompt": "Be brief."}, "RAGWARM_RAG_SYSTEM_PROMPT"),
+        ({"block_size": 32}, "block size"),
+    ],
+)
+def test_a_differing_parameter_is_named(change, setting):
+    fields = {"system_prompt": "Answer.", "top_k": 3, "model": "m", "block_size": 16} | change
+    theirs = PromptParams.of(**fields)
+    with pytest.raises(PromptMismatch, match=setting) as caught:
+        check_prompt(health_body("app", theirs), OURS, "http://s")
+    assert "http://s" in str(caught.value)
+
+
+def test_an_app_that_publishes_no_parameters_is_refused():
+    with pytest.raises(PromptMismatch, match="publishes no prompt parameters"):
+        check_prompt({"status": "ok"}, OURS, "http://s")
