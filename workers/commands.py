@@ -85,10 +85,10 @@ class KafkaEventSink:
     ) -> None:
         from kafka import KafkaProducer
 
+        # Options from the composition root (security, acks) win over these defaults.
+        options = {"acks": 1, "linger_ms": 5, **client_options}
         self._producer = connect_with_retry(
-            lambda: KafkaProducer(
-                bootstrap_servers=bootstrap, acks=1, linger_ms=5, **client_options
-            ),
+            lambda: KafkaProducer(bootstrap_servers=bootstrap, **options),
             f"worker.events at {bootstrap}",
             connect_wait_s,
         )

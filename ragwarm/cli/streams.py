@@ -24,6 +24,19 @@ class StreamsApp:
     pipeline: Any  # streams.handlers.Pipeline
 
 
+def broker_options(kafka: KafkaSettings) -> Any:
+    """The Faust app's view of `kafka`: servers, credentials, replicas and acks."""
+    from ragwarm.kafka.security import faust_credentials
+    from streams.app import BrokerOptions
+
+    return BrokerOptions(
+        bootstrap=kafka.servers,
+        credentials=faust_credentials(kafka),
+        replication_factor=kafka.replication_factor or 1,
+        acks=-1 if kafka.acks == "all" else int(kafka.acks),
+    )
+
+
 def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> StreamsApp:
     """The Faust app with its topics, tables, agents and views around `rag_port`."""
     from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +53,7 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
 
     data_dir = streams.data_dir or HomeSettings().home / "faust" / streams.app_id
     data_dir.mkdir(parents=True, exist_ok=True)
-    app = create_app(streams, kafka.servers, data_dir)
+    app = create_app(streams, broker_options(kafka), data_dir)
     topics = define_topics(app, streams.partitions, kafka.topic_prefix)
     tables = define_tables(app, streams.partitions)
     pipeline = Pipeline(
@@ -104,7 +117,7 @@ def ensure_topics(streams_app: StreamsApp, kafka: KafkaSettings) -> None:
         )
     for topic in (streams_app.topics.prefix_ops, streams_app.topics.doc_links):
         specs.append(TopicSpec(topic.get_topic_name(), "key", partitions))
-    create_topics(kafka.servers, kafka.client_options(), specs)
+    create_topics(kafka.servers, kafka.client_options(), specs, replicas=kafka.topic_replicas)
 
 
 @click.command()

@@ -142,7 +142,7 @@ class WorkerLifecycle:
             report(f"connecting to Kafka at {self.kafka.servers}")
             self.sink = KafkaEventSink(
                 self.kafka.servers,
-                self.kafka.client_options(),
+                self.kafka.producer_options(),
                 s.worker_id,
                 topic=self.kafka.topic(WORKER_EVENTS),
                 connect_wait_s=s.broker_wait_s,

@@ -252,7 +252,7 @@ def ingest(
     settings = KafkaSettings()
     topic = topic or settings.topic(KB_CHANGES)
     try:
-        with KbProducer(settings.servers, settings.client_options(), topic, 10.0) as producer:
+        with KbProducer(settings.servers, settings.producer_options(), topic, 10.0) as producer:
             _check_topic(settings, topic)
             report = send_all(producer, sources, load, limit, progress=None)
     except KafkaUnreachable as exc:

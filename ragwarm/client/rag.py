@@ -164,8 +164,8 @@ class QueryEmitter:
         from ragwarm.kafka.common import KafkaUnreachable
 
         try:
-            producer = KafkaProducer(bootstrap_servers=kafka.servers.split(","), acks=1,
-                                     linger_ms=2, max_block_ms=5000, **kafka.client_options())
+            producer = KafkaProducer(bootstrap_servers=kafka.servers.split(","), linger_ms=2,
+                                     max_block_ms=5000, **kafka.producer_options())
         except KafkaError as exc:
             raise KafkaUnreachable(kafka.servers, exc) from None
         return cls(producer, kafka.topic(RAG_QUERIES))

@@ -105,7 +105,10 @@ class DemoStack:
         from ragwarm.kafka.admin import create_topics
         from schemas.topics import prefixed
 
-        create_topics(self.kafka.servers, self.kafka.client_options(), prefixed(self.prefix))
+        create_topics(
+            self.kafka.servers, self.kafka.client_options(), prefixed(self.prefix),
+            replicas=self.kafka.topic_replicas,
+        )
         for proc in self.procs:
             proc.start()
             self.say(f"{proc.name}: starting (log {proc.log_file})")
@@ -166,7 +169,7 @@ class Scenario:
 
         before = self.processed()
         kafka = self.stack.kafka
-        with KbProducer(kafka.servers, kafka.client_options(), kafka.topic(KB_CHANGES)) as p:
+        with KbProducer(kafka.servers, kafka.producer_options(), kafka.topic(KB_CHANGES)) as p:
             report = send_all(p, events, lambda e: event_change(e, "default", MAX_TEXT_BYTES),
                               progress=False)
         for skipped in report.skipped:

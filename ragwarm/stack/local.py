@@ -63,6 +63,7 @@ class Stack:
             broker.bootstrap,
             self.kafka_settings.client_options(),
             prefixed(self.kafka_settings.topic_prefix),
+            replicas=self.kafka_settings.topic_replicas,
         )
         echo(f"topics: {len(created)} created, {len(existing)} already there")
         for proc in [self.streams, *self.workers]:
