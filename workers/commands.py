@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -118,6 +119,21 @@ def parse_command(value: bytes | None, worker_id: str) -> WarmupCommand | None:
     return command
 
 
+def addressing(value: bytes | None) -> tuple[str | None, str | None]:
+    """Best effort on a record that failed validation: its (command_id, worker_id) strings."""
+    try:
+        obj = json.loads(value or b"")
+    except (ValueError, RecursionError):
+        return None, None
+    if not isinstance(obj, dict):
+        return None, None
+    cid, wid = obj.get("command_id"), obj.get("worker_id")
+    return (
+        cid[:1024] if isinstance(cid, str) and cid else None,
+        wid if isinstance(wid, str) else None,
+    )
+
+
 class CommandConsumer:
     """A thread consuming `warmup.commands` in the group `[topic prefix]ragwarm-worker-<id>`.
 
@@ -133,7 +149,7 @@ class CommandConsumer:
         worker_id: str,
         handle: Callable[[WarmupCommand], object],
         *,
-        on_malformed: Callable[[str], None] = lambda _reason: None,
+        on_malformed: Callable[[str, str | None], None] = lambda _reason, _cid: None,
         on_expired: Callable[[WarmupCommand], None] | None = None,
         topic: str = WARMUP_COMMANDS,
         group_prefix: str = "",
@@ -226,8 +242,10 @@ class CommandConsumer:
         try:
             command = parse_command(value, self._worker_id)
         except SchemaError as exc:
-            log.warning("skipping malformed command: %s", exc)
-            self._on_malformed(str(exc))
+            command_id, worker_id = addressing(value)
+            if worker_id in (None, self._worker_id):
+                log.warning("refusing malformed command %s: %s", command_id, exc)
+                self._on_malformed(str(exc), command_id)
             return
         if command is None:
             return

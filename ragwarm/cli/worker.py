@@ -165,12 +165,16 @@ class WorkerLifecycle:
         return runtime
 
     def _consumer(self, runtime: WorkerRuntime) -> CommandConsumer:
+        def refuse(reason: str, command_id: str | None) -> None:
+            self.metrics.malformed.inc()
+            runtime.send(runtime.refused_event(reason, command_id))
+
         return CommandConsumer(
             self.kafka.servers,
             self.kafka.client_options(),
             self.settings.worker_id,
             runtime.apply,
-            on_malformed=lambda _reason: self.metrics.malformed.inc(),
+            on_malformed=refuse,
             on_expired=runtime.skip_expired,
             topic=self.kafka.topic(WARMUP_COMMANDS),
             group_prefix=self.kafka.topic_prefix,
