@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rag.settings import QdrantSettings
+from schemas.auth import KeyRing
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -195,3 +196,11 @@ def qdrant_settings(home: HomeSettings | None = None) -> QdrantSettings:
     if qdrant.url is None and qdrant.path is None:
         qdrant = qdrant.model_copy(update={"path": (home or HomeSettings()).qdrant_dir})
     return qdrant
+
+
+def keyring(operator: SecretStr | None, tenants: dict[str, SecretStr]) -> KeyRing:
+    """The accepted bearer keys, from a component's `api_key` and `tenant_keys` settings."""
+    return KeyRing(
+        operator.get_secret_value() if operator else None,
+        {t: k.get_secret_value() for t, k in tenants.items()},
+    )

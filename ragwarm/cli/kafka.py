@@ -113,7 +113,8 @@ def create() -> None:
     except KafkaError as exc:
         raise _unreachable(settings, exc) from None
     for name in created:
-        click.echo(f"created   {name} ({TOPICS[name].partitions} partitions)")
+        spec = TOPICS[name.removeprefix(settings.topic_prefix)]
+        click.echo(f"created   {name} ({spec.partitions} partitions)")
     for name in existing:
         click.echo(f"existing  {name}")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings
+from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings, keyring
 from streams.settings import StreamsSettings
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
     from schemas.topics import KB_CHANGES
     from streams.agents import KafkaOutbox, register_agents
     from streams.app import create_app
+    from streams.auth import install_auth
     from streams.handlers import Pipeline, StreamTables
     from streams.hot import HotTracker
     from streams.recovery import KbChangesReader, register_recovery
@@ -68,6 +69,7 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
     register_views(app, pipeline)
     reader = KbChangesReader(kafka.servers, kafka.client_options(), kafka.topic(KB_CHANGES))
     register_recovery(app, pipeline, reader)
+    install_auth(app, keyring(streams.api_key, streams.tenant_keys))
     return StreamsApp(app, topics, tables, pipeline)
 
 

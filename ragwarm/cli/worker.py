@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ragwarm.settings import KafkaSettings, ModelSettings
+from ragwarm.settings import KafkaSettings, ModelSettings, keyring
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
 from workers.api import Limits, PrefillRequest, WarmSetError, parse_warm_set
 from workers.cache import WarmupRefused
@@ -216,10 +216,9 @@ def worker(no_kafka: bool, **options: Any) -> None:
     metrics = WorkerMetrics(worker_id=settings.worker_id, model_name=model_id(settings, models))
     url = advertised_url(settings, settings.port)
     lifecycle = WorkerLifecycle(settings, KafkaSettings(), models, metrics, url)
-    secret = settings.api_key.get_secret_value() if settings.api_key else None
     config = ServiceConfig(
         worker_id=settings.worker_id,
-        api_key=secret,
+        keyring=keyring(settings.api_key, settings.tenant_keys),
         heartbeat_s=settings.heartbeat_s,
         max_body_bytes=settings.max_body_bytes,
     )

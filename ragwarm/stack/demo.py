@@ -30,7 +30,7 @@ from ragwarm.stack.demo_plan import (
     table_lines,
     write_chart,
 )
-from ragwarm.stack.procs import Proc
+from ragwarm.stack.procs import Proc, operator_headers
 
 DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
 COLD_ASKS = 2  # asks that make a question hot (the streams app's hot_min_count)
@@ -154,7 +154,8 @@ class Scenario:
     t0: float = 0.0
 
     def stats(self) -> dict[str, Any]:
-        response = httpx.get(f"{self.stack.streams_url}/ragwarm/stats", timeout=10)
+        response = httpx.get(f"{self.stack.streams_url}/ragwarm/stats", timeout=10,
+                             headers=operator_headers("streams"))
         return response.json()["counters"]
 
     def processed(self) -> int:
@@ -285,7 +286,8 @@ def chunker(client: Any) -> Callable[[str, str], dict[str, str]]:
 
 def _prefix(streams_url: str, prefix_hash: str) -> dict[str, Any]:
     try:
-        response = httpx.get(f"{streams_url}/ragwarm/prefixes/{prefix_hash}", timeout=10)
+        response = httpx.get(f"{streams_url}/ragwarm/prefixes/{prefix_hash}", timeout=10,
+                             headers=operator_headers("streams"))
         return response.json()
     except (httpx.HTTPError, ValueError):
         return {}
@@ -424,7 +426,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _ready_workers(streams_url: str) -> int:
     try:
-        rows = httpx.get(f"{streams_url}/ragwarm/workers", timeout=10).json()["workers"]
+        rows = httpx.get(f"{streams_url}/ragwarm/workers", timeout=10,
+                         headers=operator_headers("streams")).json()["workers"]
     except (httpx.HTTPError, ValueError, KeyError):
         return 0
     return sum(1 for w in rows if w.get("ready") and w.get("url"))
