@@ -159,6 +159,9 @@ class WorkerEventV1(Event):
     warm_prefixes: list[Hash] = Field(default_factory=list, max_length=65_536)
     # Why a command was refused (kind "refused"): before any compute, for its sender.
     reason: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    # HMAC-SHA256 (hex) of this record with `signature` null, under the workers' shared
+    # secret (schemas.signing); the streams app ignores unsigned events when it has one.
+    signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
 class DeadLetterV1(Event):

@@ -103,6 +103,12 @@ class StreamsSettings(BaseSettings):
         description='Tenant-bound bearer tokens as JSON, {"tenant": "key"} ("*": every '
         "tenant): retrieve and route only; state views need an operator key.",
     )
+    worker_events_secret: SecretStr | None = Field(
+        default=None,
+        description="Secret the workers sign their events with; unset: "
+        "RAGWARM_WORKER_EVENTS_SECRET. With one, unsigned or forged worker events are "
+        "ignored (and counted), so routing only returns authenticated workers.",
+    )
     retrieve_concurrency: int = Field(
         default=2, ge=1, description="Retrieve calls served at once; the rest wait (see below)."
     )

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from schemas import SchemaError, WarmupCommand, WorkerEvent, decode, encode
+from schemas.signing import sign
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class KafkaEventSink:
         *,
         topic: str = WORKER_EVENTS,
         connect_wait_s: float = BROKER_WAIT_S,
+        secret: bytes | None = None,
     ) -> None:
         from kafka import KafkaProducer
 
@@ -95,8 +97,11 @@ class KafkaEventSink:
         )
         self._key = worker_id.encode()
         self._topic = topic
+        self._secret = secret
 
     def send(self, event: WorkerEvent) -> None:
+        if self._secret:
+            event = sign(event, self._secret)
         future = self._producer.send(self._topic, key=self._key, value=encode(event))
         future.add_errback(lambda exc: log.error("could not publish %s: %s", event.kind, exc))
 

@@ -70,6 +70,11 @@ class WorkerSettings(BaseSettings):
         description="Operator bearer token (every tenant), required on /v1/* and /metrics "
         "(not /health/*) when set.",
     )
+    events_secret: SecretStr | None = Field(
+        default=None,
+        description="Shared secret signing this worker's events (HMAC-SHA256); the streams "
+        "app, given the same one, ignores unsigned or forged worker events.",
+    )
     tenant_keys: dict[str, SecretStr] = Field(
         default_factory=dict,
         description='Tenant-bound bearer tokens as JSON, {"tenant": "key"} ("*": every tenant); '

@@ -37,6 +37,16 @@ def broker_options(kafka: KafkaSettings) -> Any:
     )
 
 
+def with_events_secret(settings: StreamsSettings) -> StreamsSettings:
+    """The app verifies worker events with the secret the workers sign with, unless set apart."""
+    if settings.worker_events_secret is not None:
+        return settings
+    from workers.settings import WorkerSettings
+
+    secret = WorkerSettings().events_secret
+    return settings.model_copy(update={"worker_events_secret": secret}) if secret else settings
+
+
 def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> StreamsApp:
     """The Faust app with its topics, tables, agents and views around `rag_port`."""
     from concurrent.futures import ThreadPoolExecutor
@@ -131,7 +141,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
 
     from ragwarm.rag_port import RagService
 
-    settings = StreamsSettings()
+    settings = with_events_secret(StreamsSettings())
     if web_port is not None:
         settings = settings.model_copy(update={"web_port": web_port})
     kafka = KafkaSettings()

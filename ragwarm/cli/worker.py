@@ -146,6 +146,7 @@ class WorkerLifecycle:
                 s.worker_id,
                 topic=self.kafka.topic(WORKER_EVENTS),
                 connect_wait_s=s.broker_wait_s,
+                secret=s.events_secret.get_secret_value().encode() if s.events_secret else None,
             )
         runtime = WorkerRuntime(
             engine,
