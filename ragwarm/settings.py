@@ -8,11 +8,13 @@ plain values by the wiring in this package.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rag.settings import QdrantSettings
+from schemas.auth import KeyRing
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,10 +59,36 @@ class KafkaSettings(BaseSettings):
     port: int = Field(default=39092, description="Port of the local broker's client listener.")
     controller_port: int = Field(default=39093, description="Port of the local controller.")
     version: str = Field(default="4.1.1", description="Apache Kafka version of the local broker.")
-    security_protocol: str = Field(default="PLAINTEXT", description="PLAINTEXT, SSL, SASL_SSL…")
-    sasl_mechanism: str | None = Field(default=None, description="PLAIN, SCRAM-SHA-256, …")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        default=None, description="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with SASL_*)."
+    )
     sasl_username: str | None = Field(default=None, description="SASL user name.")
     sasl_password: SecretStr | None = Field(default=None, description="SASL password.")
+    ssl_cafile: Path | None = Field(
+        default=None, description="PEM file of the CA(s) that signed the brokers' certificates."
+    )
+    ssl_certfile: Path | None = Field(
+        default=None, description="PEM client certificate, for brokers that require mutual TLS."
+    )
+    ssl_keyfile: Path | None = Field(default=None, description="PEM key of `ssl_certfile`.")
+    ssl_key_password: SecretStr | None = Field(
+        default=None, description="Password of `ssl_keyfile`, if it is encrypted."
+    )
+    ssl_check_hostname: bool = Field(
+        default=True, description="Check that a broker's certificate names the host dialled."
+    )
+    replication_factor: int | None = Field(
+        default=None,
+        ge=1,
+        description="Replicas of the topics ragwarm creates (its own, Faust's changelogs); "
+        "unset: the cluster's default.replication.factor.",
+    )
+    acks: Literal["all", "1", "0"] = Field(
+        default="all", description="Acknowledgements every ragwarm producer waits for."
+    )
     topic_prefix: str = Field(
         default="", description="Prefix of every ragwarm topic name (isolates tests and tenants)."
     )
@@ -80,15 +108,61 @@ class KafkaSettings(BaseSettings):
         """The full name of one of the topics in `schemas.topics`."""
         return f"{self.topic_prefix}{name}"
 
+    @model_validator(mode="after")
+    def _complete_credentials(self) -> KafkaSettings:
+        if self.uses_sasl and not (self.sasl_username and self.sasl_password):
+            raise ValueError(
+                f"security protocol {self.security_protocol} needs RAGWARM_KAFKA_SASL_USERNAME "
+                "and RAGWARM_KAFKA_SASL_PASSWORD"
+            )
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("RAGWARM_KAFKA_SSL_CERTFILE and _SSL_KEYFILE go together")
+        return self
+
+    @property
+    def uses_ssl(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
     def client_options(self) -> dict[str, object]:
-        """Security options for kafka-python clients (empty for PLAINTEXT)."""
+        """Security options for kafka-python clients (only the protocol for PLAINTEXT)."""
         opts: dict[str, object] = {"security_protocol": self.security_protocol}
-        if self.sasl_mechanism:
-            opts["sasl_mechanism"] = self.sasl_mechanism
-            opts["sasl_plain_username"] = self.sasl_username
-            if self.sasl_password is not None:
-                opts["sasl_plain_password"] = self.sasl_password.get_secret_value()
+        if self.uses_sasl:
+            opts.update(
+                sasl_mechanism=self.sasl_mechanism or "PLAIN",
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=_secret(self.sasl_password),
+            )
+        if self.uses_ssl:
+            opts.update(
+                ssl_cafile=_path(self.ssl_cafile),
+                ssl_certfile=_path(self.ssl_certfile),
+                ssl_keyfile=_path(self.ssl_keyfile),
+                ssl_password=_secret(self.ssl_key_password),
+                ssl_check_hostname=self.ssl_check_hostname,
+            )
         return opts
+
+    def producer_options(self) -> dict[str, object]:
+        """`client_options` plus the acknowledgements producers wait for."""
+        acks: object = "all" if self.acks == "all" else int(self.acks)
+        return {**self.client_options(), "acks": acks}
+
+    @property
+    def topic_replicas(self) -> int:
+        """Replication factor for a CreateTopics request: -1 asks for the cluster default."""
+        return self.replication_factor or -1
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value is not None else None
+
+
+def _path(value: Path | None) -> str | None:
+    return str(value) if value is not None else None
 
 
 class ModelSettings(BaseSettings):
@@ -122,3 +196,11 @@ def qdrant_settings(home: HomeSettings | None = None) -> QdrantSettings:
     if qdrant.url is None and qdrant.path is None:
         qdrant = qdrant.model_copy(update={"path": (home or HomeSettings()).qdrant_dir})
     return qdrant
+
+
+def keyring(operator: SecretStr | None, tenants: dict[str, SecretStr]) -> KeyRing:
+    """The accepted bearer keys, from a component's `api_key` and `tenant_keys` settings."""
+    return KeyRing(
+        operator.get_secret_value() if operator else None,
+        {t: k.get_secret_value() for t, k in tenants.items()},
+    )

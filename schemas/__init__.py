@@ -3,6 +3,7 @@
 from schemas.codec import SchemaError, decode, encode, registry
 from schemas.events import (
     MAX_TEXT_BYTES,
+    MAX_TTL_S,
     ChunkRef,
     DeadLetter,
     Event,
@@ -15,6 +16,7 @@ from schemas.topics import TOPICS, TopicSpec
 
 __all__ = [
     "MAX_TEXT_BYTES",
+    "MAX_TTL_S",
     "TOPICS",
     "ChunkRef",
     "DeadLetter",

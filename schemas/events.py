@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 # A document or question larger than this is refused rather than truncated silently.
 MAX_TEXT_BYTES = 1_000_000
 MAX_TOKENS = 32_768
+# Versions are counters or timestamps; int64 keeps them exact in every language and Kafka.
+MAX_VERSION = 2**63 - 1
+# A cached prefix lives at most 30 days unless refreshed; Infinity or NaN is never a TTL.
+MAX_TTL_S = 30 * 24 * 3600.0
 
 Id = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 Hash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,128}$")]
@@ -53,7 +57,7 @@ class KbChange(Event):
     schema_name: Literal["kb_change"] = "kb_change"
     op: Literal["upsert", "delete"]
     doc_id: Id
-    version: int = Field(ge=0)
+    version: int = Field(ge=0, le=MAX_VERSION)
     tenant: Id = "default"
     text: str | None = None
     metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
@@ -104,7 +108,7 @@ class WarmupCommandV1(Event):
         default_factory=list, max_length=MAX_TOKENS
     )
     chunk_refs: list[ChunkRef] = Field(default_factory=list, max_length=256)
-    ttl_s: float | None = Field(default=None, gt=0)
+    ttl_s: float | None = Field(default=None, gt=0, le=MAX_TTL_S, allow_inf_nan=False)
     pin: bool = False
     reason: Annotated[str, StringConstraints(max_length=512)] = ""
 
@@ -137,6 +141,7 @@ class WorkerEventV1(Event):
         "heartbeat",
         "stopped",
         "released",
+        "refused",
     ]
     url: Annotated[str, StringConstraints(max_length=2048)] | None = None
     tenant: Id | None = None
@@ -152,6 +157,11 @@ class WorkerEventV1(Event):
     pinned_bytes: int = Field(default=0, ge=0)
     entries: int = Field(default=0, ge=0)
     warm_prefixes: list[Hash] = Field(default_factory=list, max_length=65_536)
+    # Why a command was refused (kind "refused"): before any compute, for its sender.
+    reason: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    # HMAC-SHA256 (hex) of this record with `signature` null, under the workers' shared
+    # secret (schemas.signing); the streams app ignores unsigned events when it has one.
+    signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
 class DeadLetterV1(Event):

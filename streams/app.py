@@ -2,26 +2,40 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import faust
 
 from streams.settings import StreamsSettings
 
 
-def create_app(settings: StreamsSettings, bootstrap: str, data_dir: Path) -> faust.App:
-    """A Faust app on `bootstrap`; tables are in memory and rebuilt from their changelogs.
+@dataclass(frozen=True)
+class BrokerOptions:
+    """How the app reaches Kafka, decided by the composition root (streams/ reads no env)."""
+
+    bootstrap: str
+    credentials: Any = None  # a faust.SASLCredentials / SSLCredentials, or None (PLAINTEXT)
+    replication_factor: int = 1  # of the topics Faust creates itself
+    acks: int = -1  # -1: all in-sync replicas
+
+
+def create_app(settings: StreamsSettings, broker: BrokerOptions, data_dir: Path) -> faust.App:
+    """A Faust app on `broker`; tables are in memory and rebuilt from their changelogs.
 
     `data_dir` holds Faust's own files (Faust would otherwise write `<app id>-data` into
     the current directory).
     """
+    bootstrap = broker.bootstrap
     servers = ";".join(f"kafka://{s.strip()}" for s in bootstrap.split(","))
     return faust.App(
         settings.app_id,
         broker=servers,
         store="memory://",
         topic_partitions=settings.partitions,
-        topic_replication_factor=1,
+        broker_credentials=broker.credentials,
+        topic_replication_factor=broker.replication_factor,
         web_host=settings.web_host,
         web_port=settings.web_port,
         datadir=str(data_dir),
@@ -32,5 +46,5 @@ def create_app(settings: StreamsSettings, bootstrap: str, data_dir: Path) -> fau
         # Agents do blocking store work in a thread; allow for it before a rebalance.
         broker_max_poll_interval=600.0,
         stream_wait_empty=False,
-        producer_acks=-1,
+        producer_acks=broker.acks,
     )

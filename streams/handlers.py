@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
+from schemas.signing import authentic
 from streams import logic
 from streams.hot import HotPayload, HotTracker
 from streams.ports import RagPort, WarmPrefix
@@ -201,6 +202,11 @@ async def on_doc_link(p: Pipeline, link: DocLink) -> None:
 
 
 async def on_worker_event(p: Pipeline, event: WorkerEvent) -> None:
+    secret = p.settings.worker_events_secret
+    if secret is not None and not authentic(event, secret.get_secret_value().encode()):
+        # A forged heartbeat would otherwise set the URL clients are routed to.
+        p.stats["unauthenticated_events"] += 1
+        return
     raw = p.tables.workers.get(event.worker_id)
     prior = WorkerState.model_validate(raw) if raw else None
     order = logic.epoch_order(prior, event)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -90,4 +90,28 @@ class StreamsSettings(BaseSettings):
     recover_index: bool = Field(
         default=True, description="On start, re-index from kb.changes the documents the "
         "local index lacks or holds at an older version than the docs table."
+    )
+
+    # -- security (issue 13)
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="Operator bearer token of the web views (every tenant); unset with no "
+        "tenant keys, the views are open. /ragwarm/health stays open.",
+    )
+    tenant_keys: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description='Tenant-bound bearer tokens as JSON, {"tenant": "key"} ("*": every '
+        "tenant): retrieve and route only; state views need an operator key.",
+    )
+    worker_events_secret: SecretStr | None = Field(
+        default=None,
+        description="Secret the workers sign their events with; unset: "
+        "RAGWARM_WORKER_EVENTS_SECRET. With one, unsigned or forged worker events are "
+        "ignored (and counted), so routing only returns authenticated workers.",
+    )
+    retrieve_concurrency: int = Field(
+        default=2, ge=1, description="Retrieve calls served at once; the rest wait (see below)."
+    )
+    retrieve_wait_s: float = Field(
+        default=5.0, gt=0, description="Longest wait for a retrieve slot before 429."
     )

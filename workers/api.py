@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from schemas import ChunkRef
+from schemas import MAX_TTL_S, ChunkRef
 
 Tenant = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 DONE = b"data: [DONE]\n\n"
@@ -106,7 +106,7 @@ class PrefillRequest(BaseModel):
     prompt: str | None = None
     tenant: Tenant = "default"
     chunk_refs: list[ChunkRef] = Field(default_factory=list, max_length=256)
-    ttl_s: float | None = Field(default=None, gt=0)
+    ttl_s: float | None = Field(default=None, gt=0, le=MAX_TTL_S, allow_inf_nan=False)
     pin: bool = False
 
     def source(self) -> str | list[int]:

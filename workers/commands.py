@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -10,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from schemas import SchemaError, WarmupCommand, WorkerEvent, decode, encode
+from schemas.signing import sign
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
 
 log = logging.getLogger(__name__)
@@ -82,20 +84,24 @@ class KafkaEventSink:
         *,
         topic: str = WORKER_EVENTS,
         connect_wait_s: float = BROKER_WAIT_S,
+        secret: bytes | None = None,
     ) -> None:
         from kafka import KafkaProducer
 
+        # Options from the composition root (security, acks) win over these defaults.
+        options = {"acks": 1, "linger_ms": 5, **client_options}
         self._producer = connect_with_retry(
-            lambda: KafkaProducer(
-                bootstrap_servers=bootstrap, acks=1, linger_ms=5, **client_options
-            ),
+            lambda: KafkaProducer(bootstrap_servers=bootstrap, **options),
             f"worker.events at {bootstrap}",
             connect_wait_s,
         )
         self._key = worker_id.encode()
         self._topic = topic
+        self._secret = secret
 
     def send(self, event: WorkerEvent) -> None:
+        if self._secret:
+            event = sign(event, self._secret)
         future = self._producer.send(self._topic, key=self._key, value=encode(event))
         future.add_errback(lambda exc: log.error("could not publish %s: %s", event.kind, exc))
 
@@ -118,6 +124,21 @@ def parse_command(value: bytes | None, worker_id: str) -> WarmupCommand | None:
     return command
 
 
+def addressing(value: bytes | None) -> tuple[str | None, str | None]:
+    """Best effort on a record that failed validation: its (command_id, worker_id) strings."""
+    try:
+        obj = json.loads(value or b"")
+    except (ValueError, RecursionError):
+        return None, None
+    if not isinstance(obj, dict):
+        return None, None
+    cid, wid = obj.get("command_id"), obj.get("worker_id")
+    return (
+        cid[:1024] if isinstance(cid, str) and cid else None,
+        wid if isinstance(wid, str) else None,
+    )
+
+
 class CommandConsumer:
     """A thread consuming `warmup.commands` in the group `[topic prefix]ragwarm-worker-<id>`.
 
@@ -133,7 +154,7 @@ class CommandConsumer:
         worker_id: str,
         handle: Callable[[WarmupCommand], object],
         *,
-        on_malformed: Callable[[str], None] = lambda _reason: None,
+        on_malformed: Callable[[str, str | None], None] = lambda _reason, _cid: None,
         on_expired: Callable[[WarmupCommand], None] | None = None,
         topic: str = WARMUP_COMMANDS,
         group_prefix: str = "",
@@ -226,8 +247,10 @@ class CommandConsumer:
         try:
             command = parse_command(value, self._worker_id)
         except SchemaError as exc:
-            log.warning("skipping malformed command: %s", exc)
-            self._on_malformed(str(exc))
+            command_id, worker_id = addressing(value)
+            if worker_id in (None, self._worker_id):
+                log.warning("refusing malformed command %s: %s", command_id, exc)
+                self._on_malformed(str(exc), command_id)
             return
         if command is None:
             return

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Unpack
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
-from workers.api import Limits
+from workers.api import ApiError, Limits, check_prompt
 from workers.cache import CacheEvent, ChunkKey, WarmupRefused
 from workers.commands import EventSink
 from workers.engines.base import (
@@ -164,6 +164,7 @@ class WorkerRuntime:
             outcome = handler(command)
         except WarmupRefused as exc:
             log.warning("command %s refused: %s", command.command_id, exc.reason)
+            self.send(self.refused_event(exc.reason, command.command_id))
             outcome = "refused"
         except Exception:
             self.metrics.commands.labels(op=command.op, result="error").inc()
@@ -175,6 +176,11 @@ class WorkerRuntime:
         return outcome
 
     def _cmd_prefill(self, cmd: WarmupCommand) -> str:
+        try:
+            # The bounds of POST /v1/prefill, before any compute: a command is no more trusted.
+            check_prompt(cmd.token_ids, self.limits)
+        except ApiError as exc:
+            raise WarmupRefused(exc.message) from None
         # Seeds 000/003: no new warmup once memory use passes the threshold. Unpinned
         # request-cache KV is evicted to make room (as vLLM counts free blocks), so only
         # pinned bytes count; otherwise a full reactive cache would refuse every warmup.
@@ -271,6 +277,12 @@ class WorkerRuntime:
             pinned_bytes=snap.pinned_bytes,
             entries=len(snap.entries),
             warm_prefixes=snap.prefixes,
+        )
+
+    def refused_event(self, reason: str, command_id: str | None) -> WorkerEvent:
+        """A `refused` event telling the sender of a command why nothing was done."""
+        return WorkerEvent(
+            worker_id=self.worker_id, kind="refused", command_id=command_id, reason=reason[:1024]
         )
 
     def send(self, event: WorkerEvent) -> None:

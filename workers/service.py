@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import threading
@@ -17,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 from aiohttp import web
 
+from schemas.auth import Forbidden, Grant, KeyRing
 from workers.api import (
     DONE,
     ApiError,
@@ -41,6 +41,9 @@ from workers.runtime import WorkerRuntime, chunk_keys
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = ("/health/",)
+# What only operator keys see: the cache listing names every tenant's prefixes.
+OPERATOR_PATHS = ("/v1/cache",)
+GRANT: web.RequestKey[Grant] = web.RequestKey("ragwarm_grant", Grant)
 STATE: web.AppKey[ServiceState] = web.AppKey("ragwarm_worker_state")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -59,6 +62,7 @@ class ServiceConfig:
 
     worker_id: str
     api_key: str | None = None
+    keyring: KeyRing | None = None  # tenant-bound keys; `api_key` alone is the operator key
     heartbeat_s: float = 5.0
     max_body_bytes: int = 1 << 20
 
@@ -116,18 +120,33 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return json_response(error_body("internal error", "server_error"), 500)
 
 
-def bearer_auth(api_key: str) -> Any:
-    expected = f"Bearer {api_key}".encode()
+def key_auth(ring: KeyRing) -> Any:
+    """Every path but the health probes needs a key; the request carries its `Grant`."""
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not request.path.startswith(OPEN_PATHS):
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
+            grant = ring.grant(request.headers.get("Authorization"))
+            if grant is None:
                 raise ApiError(401, "missing or invalid bearer token", kind="authentication_error")
+            if request.path.startswith(OPERATOR_PATHS) and not grant.operator:
+                raise ApiError(403, "an operator key is required", kind="permission_error")
+            request[GRANT] = grant
         return await handler(request)
 
     return auth
+
+
+def bind_tenant(request: web.Request, req: CompletionRequest | PrefillRequest) -> None:
+    """Act for the tenant the key grants: an unclaimed tenant is the key's, a foreign one 403."""
+    grant: Grant | None = request.get(GRANT)
+    if grant is None:
+        return
+    claimed = req.tenant if {"tenant", "cache_salt"} & req.model_fields_set else None
+    try:
+        req.tenant = KeyRing.tenant_for(grant, claimed) or req.tenant
+    except Forbidden as exc:
+        raise ApiError(403, str(exc), kind="permission_error", param="tenant") from None
 
 
 # -- handlers ------------------------------------------------------------------------
@@ -186,6 +205,7 @@ class Handlers:
     async def prefill(self, request: web.Request) -> web.Response:
         runtime = self.state.live_runtime()
         req: PrefillRequest = parse(PrefillRequest, await _json(request))
+        bind_tenant(request, req)
         ids = await self._tokens(runtime, req.source())
         check_prompt(ids, runtime.limits)
         job = partial(
@@ -217,6 +237,7 @@ class Handlers:
         arrived = time.perf_counter()
         runtime = self.state.live_runtime()
         req: CompletionRequest = parse(CompletionRequest, await _json(request))
+        bind_tenant(request, req)
         check_completion(req, runtime.limits)
         if req.model is not None and req.model != runtime.engine.model_id:
             raise ApiError(
@@ -367,8 +388,9 @@ async def _json(request: web.Request) -> Any:
 def build_app(state: ServiceState) -> web.Application:
     """The aiohttp application; boot starts in the background when the app starts."""
     middlewares: list[Any] = [errors]
-    if state.config.api_key:
-        middlewares.append(bearer_auth(state.config.api_key))
+    ring = state.config.keyring or KeyRing(state.config.api_key)
+    if ring.enabled:
+        middlewares.append(key_auth(ring))
     app = web.Application(middlewares=middlewares, client_max_size=state.config.max_body_bytes)
     app[STATE] = state
     h = Handlers(state)

@@ -66,7 +66,19 @@ class WorkerSettings(BaseSettings):
         default=None, description="Base URL announced in events; http://<host>:<port> if unset."
     )
     api_key: SecretStr | None = Field(
-        default=None, description="Bearer token required on /v1/* and /metrics (not /health/*)."
+        default=None,
+        description="Operator bearer token (every tenant), required on /v1/* and /metrics "
+        "(not /health/*) when set.",
+    )
+    events_secret: SecretStr | None = Field(
+        default=None,
+        description="Shared secret signing this worker's events (HMAC-SHA256); the streams "
+        "app, given the same one, ignores unsigned or forged worker events.",
+    )
+    tenant_keys: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description='Tenant-bound bearer tokens as JSON, {"tenant": "key"} ("*": every tenant); '
+        "a request cannot claim a tenant its key does not grant.",
     )
     max_prompt_tokens: int = Field(default=4096, ge=1, description="Longest prompt accepted.")
     max_tokens: int = Field(default=512, ge=1, description="Largest max_tokens accepted.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 
 import click
 from kafka.errors import KafkaError
@@ -26,7 +27,11 @@ def _unreachable(settings: KafkaSettings, exc: KafkaError) -> click.ClickExcepti
     return click.ClickException(f"{settings.servers}: {exc}{hint}")
 
 
-def _local() -> LocalKafka:
+def _local(secure: bool = False) -> LocalKafka:
+    if secure:
+        from ragwarm.kafka.secure import SecureLocalKafka
+
+        return SecureLocalKafka(HomeSettings(), KafkaSettings(), say=click.echo)
     return LocalKafka(HomeSettings(), KafkaSettings(), say=click.echo)
 
 
@@ -37,12 +42,26 @@ def kafka() -> None:
 
 
 @kafka.command()
-def start() -> None:
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="Only a SASL_SSL listener (SCRAM-SHA-512, a local CA); prints the client settings.",
+)
+def start(secure: bool) -> None:
     """Start the broker in the background (fetching its jars once); no-op if it runs."""
+    from ragwarm.kafka.secure import SecureSetupError
+
+    broker = _local(secure)
     try:
-        _local().start()
-    except KafkaLaunchError as exc:
+        broker.start()
+    except (KafkaLaunchError, SecureSetupError) as exc:
         raise click.ClickException(str(exc)) from None
+    if secure:
+        env = broker.material.client_env()  # type: ignore[attr-defined]
+        where = broker.material.dir / "client.env"  # type: ignore[attr-defined]
+        click.echo(f"Clients connect with these settings (`. {where}` sets them):")
+        for name, value in env.items():
+            click.echo(f"export {name}={shlex.quote(value)}")
 
 
 @kafka.command()
@@ -86,12 +105,16 @@ def create() -> None:
     settings = KafkaSettings()
     try:
         created, existing = create_topics(
-            settings.servers, settings.client_options(), prefixed(settings.topic_prefix)
+            settings.servers,
+            settings.client_options(),
+            prefixed(settings.topic_prefix),
+            replicas=settings.topic_replicas,
         )
     except KafkaError as exc:
         raise _unreachable(settings, exc) from None
     for name in created:
-        click.echo(f"created   {name} ({TOPICS[name].partitions} partitions)")
+        spec = TOPICS[name.removeprefix(settings.topic_prefix)]
+        click.echo(f"created   {name} ({spec.partitions} partitions)")
     for name in existing:
         click.echo(f"existing  {name}")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings
+from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings, keyring
 from streams.settings import StreamsSettings
 
 log = logging.getLogger(__name__)
@@ -24,6 +24,29 @@ class StreamsApp:
     pipeline: Any  # streams.handlers.Pipeline
 
 
+def broker_options(kafka: KafkaSettings) -> Any:
+    """The Faust app's view of `kafka`: servers, credentials, replicas and acks."""
+    from ragwarm.kafka.security import faust_credentials
+    from streams.app import BrokerOptions
+
+    return BrokerOptions(
+        bootstrap=kafka.servers,
+        credentials=faust_credentials(kafka),
+        replication_factor=kafka.replication_factor or 1,
+        acks=-1 if kafka.acks == "all" else int(kafka.acks),
+    )
+
+
+def with_events_secret(settings: StreamsSettings) -> StreamsSettings:
+    """The app verifies worker events with the secret the workers sign with, unless set apart."""
+    if settings.worker_events_secret is not None:
+        return settings
+    from workers.settings import WorkerSettings
+
+    secret = WorkerSettings().events_secret
+    return settings.model_copy(update={"worker_events_secret": secret}) if secret else settings
+
+
 def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> StreamsApp:
     """The Faust app with its topics, tables, agents and views around `rag_port`."""
     from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +54,7 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
     from schemas.topics import KB_CHANGES
     from streams.agents import KafkaOutbox, register_agents
     from streams.app import create_app
+    from streams.auth import install_auth
     from streams.handlers import Pipeline, StreamTables
     from streams.hot import HotTracker
     from streams.recovery import KbChangesReader, register_recovery
@@ -40,7 +64,7 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
 
     data_dir = streams.data_dir or HomeSettings().home / "faust" / streams.app_id
     data_dir.mkdir(parents=True, exist_ok=True)
-    app = create_app(streams, kafka.servers, data_dir)
+    app = create_app(streams, broker_options(kafka), data_dir)
     topics = define_topics(app, streams.partitions, kafka.topic_prefix)
     tables = define_tables(app, streams.partitions)
     pipeline = Pipeline(
@@ -55,6 +79,7 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
     register_views(app, pipeline)
     reader = KbChangesReader(kafka.servers, kafka.client_options(), kafka.topic(KB_CHANGES))
     register_recovery(app, pipeline, reader)
+    install_auth(app, keyring(streams.api_key, streams.tenant_keys))
     return StreamsApp(app, topics, tables, pipeline)
 
 
@@ -104,7 +129,7 @@ def ensure_topics(streams_app: StreamsApp, kafka: KafkaSettings) -> None:
         )
     for topic in (streams_app.topics.prefix_ops, streams_app.topics.doc_links):
         specs.append(TopicSpec(topic.get_topic_name(), "key", partitions))
-    create_topics(kafka.servers, kafka.client_options(), specs)
+    create_topics(kafka.servers, kafka.client_options(), specs, replicas=kafka.topic_replicas)
 
 
 @click.command()
@@ -116,7 +141,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
 
     from ragwarm.rag_port import RagService
 
-    settings = StreamsSettings()
+    settings = with_events_secret(StreamsSettings())
     if web_port is not None:
         settings = settings.model_copy(update={"web_port": web_port})
     kafka = KafkaSettings()

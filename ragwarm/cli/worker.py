@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ragwarm.settings import KafkaSettings, ModelSettings
+from ragwarm.settings import KafkaSettings, ModelSettings, keyring
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
 from workers.api import Limits, PrefillRequest, WarmSetError, parse_warm_set
 from workers.cache import WarmupRefused
@@ -142,10 +142,11 @@ class WorkerLifecycle:
             report(f"connecting to Kafka at {self.kafka.servers}")
             self.sink = KafkaEventSink(
                 self.kafka.servers,
-                self.kafka.client_options(),
+                self.kafka.producer_options(),
                 s.worker_id,
                 topic=self.kafka.topic(WORKER_EVENTS),
                 connect_wait_s=s.broker_wait_s,
+                secret=s.events_secret.get_secret_value().encode() if s.events_secret else None,
             )
         runtime = WorkerRuntime(
             engine,
@@ -165,12 +166,16 @@ class WorkerLifecycle:
         return runtime
 
     def _consumer(self, runtime: WorkerRuntime) -> CommandConsumer:
+        def refuse(reason: str, command_id: str | None) -> None:
+            self.metrics.malformed.inc()
+            runtime.send(runtime.refused_event(reason, command_id))
+
         return CommandConsumer(
             self.kafka.servers,
             self.kafka.client_options(),
             self.settings.worker_id,
             runtime.apply,
-            on_malformed=lambda _reason: self.metrics.malformed.inc(),
+            on_malformed=refuse,
             on_expired=runtime.skip_expired,
             topic=self.kafka.topic(WARMUP_COMMANDS),
             group_prefix=self.kafka.topic_prefix,
@@ -212,10 +217,9 @@ def worker(no_kafka: bool, **options: Any) -> None:
     metrics = WorkerMetrics(worker_id=settings.worker_id, model_name=model_id(settings, models))
     url = advertised_url(settings, settings.port)
     lifecycle = WorkerLifecycle(settings, KafkaSettings(), models, metrics, url)
-    secret = settings.api_key.get_secret_value() if settings.api_key else None
     config = ServiceConfig(
         worker_id=settings.worker_id,
-        api_key=secret,
+        keyring=keyring(settings.api_key, settings.tenant_keys),
         heartbeat_s=settings.heartbeat_s,
         max_body_bytes=settings.max_body_bytes,
     )

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, TypeVar
 
 import click
@@ -91,6 +92,22 @@ def decode_text(data: bytes) -> str | Skipped:
         )
 
 
+def _read_regular(path: Path, max_bytes: int) -> tuple[bytes, os.stat_result] | Skipped:
+    """A regular file's bytes and stat; FIFOs, sockets and devices are refused unopened.
+
+    O_NONBLOCK keeps a FIFO that appears between listing and reading from blocking `open`;
+    the type is checked on the opened descriptor, so a swapped path cannot slip through.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        stat = os.fstat(fd)
+        if not S_ISREG(stat.st_mode):
+            return Skipped("", "not a regular file", "a FIFO, socket or device")
+        if stat.st_size > max_bytes:
+            return Skipped("", "too large", f"{stat.st_size} bytes > {max_bytes}")
+        return handle.read(max_bytes + 1), stat
+
+
 def file_change(root: Path, path: Path, tenant: str, max_bytes: int) -> KbChange | Skipped:
     """The upsert of one file: doc_id is its path under `root`, version its mtime in ns.
 
@@ -98,13 +115,15 @@ def file_change(root: Path, path: Path, tenant: str, max_bytes: int) -> KbChange
     is unchanged, so re-ingesting an untouched folder repeats the same versions.
     """
     doc_id = path.relative_to(root).as_posix()
+    if path.is_symlink() and not path.resolve().is_relative_to(root.resolve()):
+        return Skipped(doc_id, "outside the folder", f"a symlink to {os.readlink(path)}")
     try:
-        stat = path.stat()
-        if stat.st_size > max_bytes:
-            return Skipped(doc_id, "too large", f"{stat.st_size} bytes > {max_bytes}")
-        data = path.read_bytes()
+        read = _read_regular(path, max_bytes)
     except OSError as exc:
         return Skipped(doc_id, "unreadable", exc.strerror or type(exc).__name__)
+    if isinstance(read, Skipped):
+        return Skipped(doc_id, read.kind, read.detail)
+    data, stat = read
     text = decode_text(data)
     if isinstance(text, Skipped):
         return Skipped(doc_id, text.kind, text.detail)
@@ -252,7 +271,7 @@ def ingest(
     settings = KafkaSettings()
     topic = topic or settings.topic(KB_CHANGES)
     try:
-        with KbProducer(settings.servers, settings.client_options(), topic, 10.0) as producer:
+        with KbProducer(settings.servers, settings.producer_options(), topic, 10.0) as producer:
             _check_topic(settings, topic)
             report = send_all(producer, sources, load, limit, progress=None)
     except KafkaUnreachable as exc:

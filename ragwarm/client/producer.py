@@ -65,6 +65,8 @@ class KbProducer:
         }
         options.update(client_options)
         options.update(producer_options)
+        # Idempotence needs acks=all; with fewer acks (RAGWARM_KAFKA_ACKS) it must be off.
+        options["enable_idempotence"] = options["acks"] in ("all", -1)
         try:
             self._producer = KafkaProducer(bootstrap_servers=bootstrap.split(","), **options)
         except (KafkaTimeoutError, KafkaConnectionError) as exc:

@@ -164,8 +164,8 @@ class QueryEmitter:
         from ragwarm.kafka.common import KafkaUnreachable
 
         try:
-            producer = KafkaProducer(bootstrap_servers=kafka.servers.split(","), acks=1,
-                                     linger_ms=2, max_block_ms=5000, **kafka.client_options())
+            producer = KafkaProducer(bootstrap_servers=kafka.servers.split(","), linger_ms=2,
+                                     max_block_ms=5000, **kafka.producer_options())
         except KafkaError as exc:
             raise KafkaUnreachable(kafka.servers, exc) from None
         return cls(producer, kafka.topic(RAG_QUERIES))
@@ -224,7 +224,7 @@ class RagClient:
         models = models or ModelSettings()
         rag = rag or RagSettings()
         with ExitStack() as undo:  # closes what was opened if a later step fails
-            streams = make_pool(settings, settings.streams_url)
+            streams = make_pool(settings, settings.streams_url, headers=auth_headers(settings))
             undo.callback(streams.close)
             # Fail fast, before the slow tokenizer load, when the stack is not up or differs.
             health = check_streams(streams, settings.streams_url)
@@ -249,7 +249,10 @@ class RagClient:
         """Open a keep-alive connection to the streams app and to every known worker."""
         check_streams(self.streams, self.settings.streams_url)
         try:
-            rows = self.streams.get("/ragwarm/workers").json().get("workers") or []
+            response = self.streams.get("/ragwarm/workers")
+            if response.status_code == 403:
+                return []  # a tenant key may not list workers: pools then open on first use
+            rows = response.json().get("workers") or []
         except (httpx.HTTPError, ValueError) as exc:
             raise StreamsUnavailable(f"/ragwarm/workers failed at {self.settings.streams_url}: "
                                      f"{exc}") from None
@@ -268,12 +271,8 @@ class RagClient:
         pool = self._pools.get(url)
         if pool is None:
             pool = self._pools[url] = make_pool(self.settings, url, self._transport,
-                                                self._auth_headers())
+                                                auth_headers(self.settings))
         return pool
-
-    def _auth_headers(self) -> dict[str, str]:
-        key = self.settings.api_key
-        return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
 
     # -- the query path -------------------------------------------------------------------
     def prepare(self, question: str, tenant: str | None = None) -> PreparedQuery:
@@ -390,6 +389,12 @@ def make_pool(settings: ClientSettings, url: str, transport: httpx.BaseTransport
     timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
     return httpx.Client(base_url=url, limits=limits, timeout=timeout, transport=transport,
                         headers=dict(headers or {}))
+
+
+def auth_headers(settings: ClientSettings) -> dict[str, str]:
+    """The bearer key for the workers and the streams views, if the client has one."""
+    key = settings.api_key
+    return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
 
 
 def check_streams(streams: httpx.Client, url: str) -> dict:

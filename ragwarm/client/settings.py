@@ -21,7 +21,9 @@ class ClientSettings(BaseSettings):
         default=0.0, ge=0.0, le=2.0, description="Sampling temperature; 0 is greedy."
     )
     api_key: SecretStr | None = Field(
-        default=None, description="Bearer token the workers require on /v1/* (if any)."
+        default=None,
+        description="Bearer token sent to the workers and the streams app's views (if they "
+        "require one); a tenant-bound key must grant `tenant`.",
     )
     connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout.")
     read_timeout_s: float = Field(

@@ -42,9 +42,13 @@ def probe(
         return None
 
 
-def _request(spec: TopicSpec) -> dict[str, object]:
+def _request(spec: TopicSpec, replicas: int) -> dict[str, object]:
     # -1 replicas: the cluster's default.replication.factor (1 locally, 3 on most clusters).
-    return {"num_partitions": spec.partitions, "replication_factor": -1, "configs": spec.config}
+    return {
+        "num_partitions": spec.partitions,
+        "replication_factor": replicas,
+        "configs": spec.config,
+    }
 
 
 def create_topics(
@@ -52,12 +56,13 @@ def create_topics(
     client_options: Mapping[str, object],
     specs: Iterable[TopicSpec] = TOPICS.values(),
     timeout_s: float = 30.0,
+    replicas: int = -1,
 ) -> tuple[list[str], list[str]]:
     """Create the topics that are missing; return (created, already existing) names."""
     specs = list(specs)
     with admin_client(bootstrap, client_options, timeout_s) as admin:
         present = set(admin.list_topics())
-        missing = {s.name: _request(s) for s in specs if s.name not in present}
+        missing = {s.name: _request(s, replicas) for s in specs if s.name not in present}
         created: list[str] = []
         if missing:
             result = admin.create_topics(

@@ -7,7 +7,6 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ragwarm.kafka.admin import probe
+from ragwarm.kafka.processes import is_kafka, log_tail, pid_alive, port_open
 from ragwarm.settings import REPO_ROOT, HomeSettings, KafkaSettings
 
 INFRA_DIR = REPO_ROOT / "infra" / "kafka"
@@ -59,7 +59,9 @@ def new_cluster_id() -> str:
             return cid
 
 
-def server_properties(kafka: KafkaSettings, data_dir: Path) -> str:
+def server_properties(
+    kafka: KafkaSettings, data_dir: Path, overrides: dict[str, str] | None = None
+) -> str:
     """The broker+controller configuration of a one-node KRaft cluster on 127.0.0.1."""
     props = {
         "process.roles": "broker,controller",
@@ -86,53 +88,15 @@ def server_properties(kafka: KafkaSettings, data_dir: Path) -> str:
         "share.coordinator.state.topic.num.partitions": "8",
         # Consumers in tests and demos join at once; the default 3 s delay only slows them.
         "group.initial.rebalance.delay.ms": "0",
+        **(overrides or {}),
     }
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
-def log_tail(path: Path, lines: int = 40) -> str:
-    """The last lines of a log file, or a note that there is none."""
-    if not path.exists():
-        return f"(no log at {path})"
-    text = path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
-    return "\n".join(text)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        # A zombie still answers kill(0) but is gone for our purposes.
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _is_kafka(pid: int) -> bool:
-    """Guards against a recycled pid: the process must be a kafka.Kafka JVM."""
-    try:
-        return b"kafka.Kafka" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
-        return not Path("/proc").is_dir() and _pid_alive(pid)
-    except OSError:
-        return False
-
-
-def _port_open(port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((HOST, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 class LocalKafka:
     """Manages one local broker under `HomeSettings.kafka_dir`; a no-op with an external cluster."""
+
+    mode = "plaintext"  # what listener it opens; see ragwarm.kafka.secure for "secure"
 
     def __init__(
         self,
@@ -184,6 +148,21 @@ class LocalKafka:
     @property
     def _managed_file(self) -> Path:
         return self.home.run_dir / "kafka.managed"
+
+    @property
+    def _mode_file(self) -> Path:
+        return self.home.run_dir / "kafka.mode"
+
+    def _check_mode(self) -> None:
+        """A running broker of the other kind is an error, unless the client can log in to it."""
+        running = self._mode_file.read_text() if self._mode_file.exists() else "plaintext"
+        if running != self.mode and not (running == "secure" and self.kafka.uses_sasl):
+            raise KafkaLaunchError(
+                f"a {running} broker runs already at {self.bootstrap}; stop it first "
+                "(`ragwarm kafka stop --force`)"
+                + (", or export the settings `ragwarm kafka start --secure` printed"
+                   if running == "secure" else "")
+            )
 
     # --- jars --------------------------------------------------------------------------
     def ensure_jars(self) -> Path:
@@ -251,8 +230,21 @@ class LocalKafka:
 
     def _write_config(self) -> Path:
         path = self.dir / "server.properties"
-        path.write_text(server_properties(self.kafka, self.data_dir))
+        path.unlink(missing_ok=True)
+        # 0600: a secured broker's config holds its keystore and SCRAM passwords.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(server_properties(self.kafka, self.data_dir, self._config_overrides()))
         return path
+
+    def _config_overrides(self) -> dict[str, str]:
+        return {}
+
+    def _format_args(self) -> list[str]:
+        return []
+
+    def _probe_options(self) -> dict[str, object]:
+        return self.kafka.client_options()
 
     def _cluster_id(self) -> str:
         path = self.dir / "cluster.id"
@@ -267,7 +259,7 @@ class LocalKafka:
         self.say(f"Formatting Kafka storage in {self.data_dir}")
         cmd = self._jvm(lib, "256m") + [
             "kafka.tools.StorageTool", "format", "--standalone",
-            "-t", self._cluster_id(), "-c", str(config),
+            "-t", self._cluster_id(), "-c", str(config), *self._format_args(),
         ]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
@@ -280,7 +272,7 @@ class LocalKafka:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        return pid if _pid_alive(pid) and _is_kafka(pid) else None
+        return pid if pid_alive(pid) and is_kafka(pid) else None
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
@@ -307,12 +299,13 @@ class LocalKafka:
     def _start_locked(self) -> bool:
         pid = self.running_pid()
         if pid is not None:
+            self._check_mode()
             self._wait_ready(pid)
             self.say(f"Kafka already running at {self.bootstrap} (pid {pid}).")
             return False
         self.pid_file.unlink(missing_ok=True)
         for port in (self.kafka.port, self.kafka.controller_port):
-            if _port_open(port):
+            if port_open(port):
                 raise KafkaLaunchError(
                     f"port {port} is taken by another process; free it or set RAGWARM_KAFKA_PORT"
                     " / RAGWARM_KAFKA_CONTROLLER_PORT (or RAGWARM_KAFKA_BOOTSTRAP)"
@@ -332,6 +325,7 @@ class LocalKafka:
                 cwd=self.dir, start_new_session=True,
             )  # fmt: skip
         self.pid_file.write_text(f"{self._proc.pid}\n")
+        self._mode_file.write_text(self.mode)
         try:
             self._wait_ready(self._proc.pid)
         except KafkaLaunchError:
@@ -346,12 +340,12 @@ class LocalKafka:
         """Wait until the broker answers a metadata request, or fail with its log."""
         deadline = time.monotonic() + self.kafka.start_timeout_s
         while time.monotonic() < deadline:
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 raise KafkaLaunchError(
                     f"the Kafka broker (pid {pid}) exited while starting; last lines of "
                     f"{self.log_file}:\n{log_tail(self.log_file)}"
                 )
-            if _port_open(self.kafka.port) and probe(self.bootstrap, {}, 5.0) is not None:
+            if port_open(self.kafka.port) and probe(self.bootstrap, self._probe_options(), 5):
                 return
             time.sleep(0.5)
         raise KafkaLaunchError(
@@ -406,7 +400,7 @@ class LocalKafka:
             if self._proc is not None and self._proc.pid == pid:
                 if self._proc.poll() is not None:
                     return True
-            elif not _pid_alive(pid):
+            elif not pid_alive(pid):
                 return True
             time.sleep(0.1)
         return False
@@ -418,7 +412,7 @@ class LocalKafka:
             return {"running": up, "external": True, "bootstrap": self.bootstrap}
         pid = self.running_pid()
         return {
-            "running": pid is not None and _port_open(self.kafka.port),
+            "running": pid is not None and port_open(self.kafka.port),
             "external": False,
             "pid": pid,
             "bootstrap": self.bootstrap,
@@ -461,7 +455,7 @@ class LocalKafka:
         live = []
         for lease in self._lease.parent.glob("*.*"):
             pid = lease.name.split(".")[0]
-            if pid.isdigit() and _pid_alive(int(pid)):
+            if pid.isdigit() and pid_alive(int(pid)):
                 live.append(lease)
             else:
                 lease.unlink(missing_ok=True)

@@ -254,19 +254,25 @@ def _create_topic(settings: KafkaSettings, name: str, partitions: int) -> None:
     from schemas.topics import TopicSpec
 
     create_topics(
-        settings.servers, settings.client_options(), [TopicSpec(name, "copy", partitions)]
+        settings.servers,
+        settings.client_options(),
+        [TopicSpec(name, "copy", partitions)],
+        replicas=settings.topic_replicas,
     )
 
 
 def _copy(
     settings: KafkaSettings, topic: str, into: str, plans: Sequence[PartitionPlan], keep: bool
 ) -> Counter[int]:
-    options = settings.client_options()
     consumer = KafkaConsumer(
-        bootstrap_servers=settings.servers.split(","), enable_auto_commit=False, **options
+        bootstrap_servers=settings.servers.split(","),
+        enable_auto_commit=False,
+        **settings.client_options(),
     )
     producer = KafkaProducer(
-        bootstrap_servers=settings.servers.split(","), acks="all", linger_ms=20, **options
+        bootstrap_servers=settings.servers.split(","),
+        linger_ms=20,
+        **settings.producer_options(),
     )
     try:
         return copy_range(consumer, producer, topic, into, plans, keep)

@@ -30,7 +30,7 @@ from ragwarm.stack.demo_plan import (
     table_lines,
     write_chart,
 )
-from ragwarm.stack.procs import Proc
+from ragwarm.stack.procs import Proc, operator_headers
 
 DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
 COLD_ASKS = 2  # asks that make a question hot (the streams app's hot_min_count)
@@ -105,7 +105,10 @@ class DemoStack:
         from ragwarm.kafka.admin import create_topics
         from schemas.topics import prefixed
 
-        create_topics(self.kafka.servers, self.kafka.client_options(), prefixed(self.prefix))
+        create_topics(
+            self.kafka.servers, self.kafka.client_options(), prefixed(self.prefix),
+            replicas=self.kafka.topic_replicas,
+        )
         for proc in self.procs:
             proc.start()
             self.say(f"{proc.name}: starting (log {proc.log_file})")
@@ -151,7 +154,8 @@ class Scenario:
     t0: float = 0.0
 
     def stats(self) -> dict[str, Any]:
-        response = httpx.get(f"{self.stack.streams_url}/ragwarm/stats", timeout=10)
+        response = httpx.get(f"{self.stack.streams_url}/ragwarm/stats", timeout=10,
+                             headers=operator_headers("streams"))
         return response.json()["counters"]
 
     def processed(self) -> int:
@@ -166,7 +170,7 @@ class Scenario:
 
         before = self.processed()
         kafka = self.stack.kafka
-        with KbProducer(kafka.servers, kafka.client_options(), kafka.topic(KB_CHANGES)) as p:
+        with KbProducer(kafka.servers, kafka.producer_options(), kafka.topic(KB_CHANGES)) as p:
             report = send_all(p, events, lambda e: event_change(e, "default", MAX_TEXT_BYTES),
                               progress=False)
         for skipped in report.skipped:
@@ -282,7 +286,8 @@ def chunker(client: Any) -> Callable[[str, str], dict[str, str]]:
 
 def _prefix(streams_url: str, prefix_hash: str) -> dict[str, Any]:
     try:
-        response = httpx.get(f"{streams_url}/ragwarm/prefixes/{prefix_hash}", timeout=10)
+        response = httpx.get(f"{streams_url}/ragwarm/prefixes/{prefix_hash}", timeout=10,
+                             headers=operator_headers("streams"))
         return response.json()
     except (httpx.HTTPError, ValueError):
         return {}
@@ -421,7 +426,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _ready_workers(streams_url: str) -> int:
     try:
-        rows = httpx.get(f"{streams_url}/ragwarm/workers", timeout=10).json()["workers"]
+        rows = httpx.get(f"{streams_url}/ragwarm/workers", timeout=10,
+                         headers=operator_headers("streams")).json()["workers"]
     except (httpx.HTTPError, ValueError, KeyError):
         return 0
     return sum(1 for w in rows if w.get("ready") and w.get("url"))

@@ -8,7 +8,7 @@ import click
 import httpx
 
 from ragwarm.settings import HomeSettings, KafkaSettings, StackSettings
-from ragwarm.stack.procs import Proc
+from ragwarm.stack.procs import Proc, operator_headers
 from streams.settings import StreamsSettings
 
 
@@ -63,6 +63,7 @@ class Stack:
             broker.bootstrap,
             self.kafka_settings.client_options(),
             prefixed(self.kafka_settings.topic_prefix),
+            replicas=self.kafka_settings.topic_replicas,
         )
         echo(f"topics: {len(created)} created, {len(existing)} already there")
         for proc in [self.streams, *self.workers]:
@@ -91,7 +92,7 @@ class Stack:
             "pid": self.streams.pid(),
             "healthy": self.streams.healthy(),
             "url": self.streams_url,
-            "stats": _get(f"{self.streams_url}/ragwarm/stats"),
+            "stats": _get(f"{self.streams_url}/ragwarm/stats", operator_headers("streams")),
         }
         for proc in self.workers:
             url = self.worker_url(proc)
@@ -99,14 +100,14 @@ class Stack:
                 "pid": proc.pid(),
                 "ready": proc.healthy(),
                 "url": url,
-                "cache": _get(f"{url}/v1/cache"),
+                "cache": _get(f"{url}/v1/cache", operator_headers("worker")),
             }
         return report
 
 
-def _get(url: str) -> dict | None:
+def _get(url: str, headers: dict[str, str]) -> dict | None:
     try:
-        response = httpx.get(url, timeout=3.0)
+        response = httpx.get(url, timeout=3.0, headers=headers)
         return response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None

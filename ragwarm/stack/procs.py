@@ -125,3 +125,19 @@ def tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def operator_headers(component: str) -> dict[str, str]:
+    """The operator key of `streams` or `worker` (RAGWARM_<COMPONENT>_API_KEY) as a header.
+
+    The stack reads state views (stats, cache, workers) that need an operator key when
+    the services were started with one.
+    """
+    from pydantic import SecretStr
+
+    from streams.settings import StreamsSettings
+    from workers.settings import WorkerSettings
+
+    settings = StreamsSettings() if component == "streams" else WorkerSettings()
+    key: SecretStr | None = settings.api_key
+    return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}

@@ -45,6 +45,8 @@ class StreamsApp:
             "RAGWARM_STREAMS_HOT_TICK_S": "1.0",
             **(extra_env or {}),
         }
+        key = env.get("RAGWARM_STREAMS_API_KEY")
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.proc = Proc(
             f"streams-{app_id}",
             ["streams", "--loglevel", "warning"],
@@ -60,7 +62,7 @@ class StreamsApp:
         return self
 
     def get(self, path: str) -> dict:
-        response = httpx.get(self.url + path, timeout=10.0)
+        response = httpx.get(self.url + path, timeout=10.0, headers=self.headers)
         response.raise_for_status()
         return response.json()
 

@@ -40,14 +40,18 @@ class Chunk:
 class Client:
     """What a RAG app does, spelled out: retrieve, canonical prompt, prefix hashes."""
 
-    def __init__(self, streams_url: str):
+    def __init__(self, streams_url: str, api_key: str | None = None):
         self.url = streams_url
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.prompts = PromptBuilder(load_tokenizer(llm_dir()), RagSettings().system_prompt)
         self.model = ModelSettings().llm_name
 
     def prompt(self, question: str):
         rows = httpx.post(
-            f"{self.url}/ragwarm/retrieve", json={"question": question}, timeout=60
+            f"{self.url}/ragwarm/retrieve",
+            json={"question": question, "tenant": "default"},
+            headers=self.headers,
+            timeout=60,
         ).json()["chunks"]
         prompt = self.prompts.build([Chunk(r) for r in rows], question)
         hashes = block_hashes(prompt.prefix_ids, tenant="default", model=self.model)
@@ -87,12 +91,13 @@ def edited(doc: KbChange, chunk_text: str) -> KbChange:
 class Events:
     """Reads `worker.events` of the namespace from the start."""
 
-    def __init__(self, bootstrap: str, topic: str):
+    def __init__(self, bootstrap: str, topic: str, options: dict | None = None):
         self.consumer = KafkaConsumer(
             topic,
             bootstrap_servers=bootstrap,
             auto_offset_reset="earliest",
             consumer_timeout_ms=500,
+            **(options or {}),
         )
         self.seen: list[tuple[float, WorkerEvent]] = []
 
@@ -132,8 +137,8 @@ def test_edit_rewarms_new_prefix_and_identical_reingest_extends_ttl(
         worker.stop()  # before the namespace's topics are deleted
 
 
-def run_scenario(kafka_bootstrap, kafka_producer, namespace, app, worker, docs):
-    events = Events(kafka_bootstrap, namespace + WORKER_EVENTS)
+def run_scenario(kafka_bootstrap, kafka_producer, namespace, app, worker, docs, options=None):
+    events = Events(kafka_bootstrap, namespace + WORKER_EVENTS, options)
     wait_for(lambda: app.counters().get("kb_events", 0) >= len(docs), 240, "initial docs")
     wait_for(
         lambda: any(w["ready"] for w in app.get("/ragwarm/workers")["workers"]),

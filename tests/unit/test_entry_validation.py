@@ -1,0 +1,98 @@
+"""One validation for every entry point: Kafka commands meet the HTTP bounds before compute."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ragwarm.client.ingest import Skipped, file_change
+from schemas import SchemaError, WarmupCommand, decode
+from schemas.events import MAX_TTL_S, MAX_VERSION, KbChange
+from tests.unit.test_service_http import GatedLifecycle
+from workers.commands import CommandConsumer, addressing
+
+HASH = "ab" * 16
+
+
+def runtime_and_sink():
+    lifecycle = GatedLifecycle()
+    lifecycle.gate.set()
+    return lifecycle.start(lambda _m: None), lifecycle.sink
+
+
+def prefill(**fields: object) -> WarmupCommand:
+    return WarmupCommand(command_id="c1", op="prefill", **{"token_ids": [1] * 8, **fields})
+
+
+@pytest.mark.parametrize(
+    ("token_ids", "why"),
+    [([1, 2, 3, 500, 4, 5, 6, 7], "outside the vocabulary"), ([1] * 41, "more than the limit")],
+)
+def test_a_kafka_prefill_outside_the_bounds_is_refused_before_compute(token_ids, why) -> None:
+    runtime, sink = runtime_and_sink()
+    assert runtime.apply(prefill(token_ids=token_ids)) == "refused"
+    refused = [e for e in sink.events if e.kind == "refused"]
+    assert len(refused) == 1 and refused[0].command_id == "c1" and why in refused[0].reason
+    assert len(runtime.engine.cache) == 0 and "stored" not in sink.kinds()
+
+
+def test_a_valid_kafka_prefill_is_stored() -> None:
+    runtime, sink = runtime_and_sink()
+    assert runtime.apply(prefill()) == "stored"
+    assert "refused" not in sink.kinds()
+
+
+@pytest.mark.parametrize("ttl", ["Infinity", "NaN", "-1", "0", str(MAX_TTL_S * 2)])
+def test_a_ttl_must_be_finite_positive_and_bounded(ttl: str) -> None:
+    body = json.loads(prefill().model_dump_json())
+    raw = json.dumps(body)[:-1] + f', "ttl_s": {ttl}}}'
+    raw = raw.replace('"ttl_s": null, ', "")
+    with pytest.raises(SchemaError, match="ttl_s"):
+        decode(raw, WarmupCommand)
+
+
+def test_versions_are_bounded_to_int64() -> None:
+    KbChange(op="delete", doc_id="d", version=MAX_VERSION)
+    with pytest.raises(ValueError, match="version"):
+        KbChange(op="delete", doc_id="d", version=MAX_VERSION + 1)
+
+
+def test_a_malformed_command_for_this_worker_is_refused_with_its_reason() -> None:
+    calls: list[tuple[str, str | None]] = []
+    consumer = CommandConsumer("x:1", {}, "w1", lambda c: None,
+                               on_malformed=lambda r, c: calls.append((r, c)))  # fmt: skip
+    bad = b'{"schema_name":"warmup_command","command_id":"c9","op":"prefill","ttl_s":Infinity}'
+    consumer._dispatch(bad)
+    consumer._dispatch(bad.replace(b'"op"', b'"worker_id":"w2","op"'))  # another worker's
+    assert len(calls) == 1 and calls[0][1] == "c9"
+    runtime, sink = runtime_and_sink()
+    runtime.send(runtime.refused_event(calls[0][0], calls[0][1]))
+    assert sink.events[-1].kind == "refused" and sink.events[-1].reason
+
+
+@given(st.binary(max_size=200))
+def test_addressing_never_raises(value: bytes) -> None:
+    cid, wid = addressing(value)
+    assert cid is None or isinstance(cid, str) and cid
+    assert wid is None or isinstance(wid, str)
+
+
+def test_ingest_skips_symlinks_out_of_the_folder_and_fifos(tmp_path: Path) -> None:
+    root, outside = tmp_path / "kb", tmp_path / "secret.md"
+    root.mkdir()
+    outside.write_text("not for the KB")
+    (root / "inside.md").write_text("fine")
+    (root / "leak.md").symlink_to(outside)
+    (root / "alias.md").symlink_to(root / "inside.md")
+    os.mkfifo(root / "pipe.md")
+    leak = file_change(root, root / "leak.md", "t", 1000)
+    pipe = file_change(root, root / "pipe.md", "t", 1000)
+    assert isinstance(leak, Skipped) and leak.kind == "outside the folder"
+    assert isinstance(pipe, Skipped) and pipe.kind == "not a regular file"
+    alias = file_change(root, root / "alias.md", "t", 1000)
+    assert isinstance(alias, KbChange) and alias.text == "fine"
