@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rag.settings import QdrantSettings
@@ -188,6 +188,12 @@ class StackSettings(BaseSettings):
     workers: int = Field(default=1, ge=1, le=8, description="Workers started by `ragwarm up`.")
     worker_port: int = Field(default=8101, description="Port of the first worker (then +1, +2…).")
     start_timeout_s: float = Field(default=180.0, description="Wait this long for each part.")
+    gateway_port: int = Field(
+        default=8088,
+        validation_alias=AliasChoices("RAGWARM_GATEWAY_PORT", "RAGWARM_STACK_GATEWAY_PORT"),
+        description="Port of the OpenAI-compatible gateway `ragwarm up` starts "
+        "(RAGWARM_GATEWAY_PORT, as the gateway reads it).",
+    )
 
 
 def qdrant_settings(home: HomeSettings | None = None) -> QdrantSettings:

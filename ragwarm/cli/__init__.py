@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "bench": "ragwarm.cli.bench:bench",
     "ingest": "ragwarm.client.ingest:ingest",
     "query": "ragwarm.cli.query:query",
+    "gateway": "ragwarm.gateway.app:gateway",
     "replay": "ragwarm.cli.replay:replay",
     "up": "ragwarm.stack.local:up",
     "down": "ragwarm.stack.local:down",

@@ -30,6 +30,7 @@ SETTINGS: tuple[str, ...] = (
     "workers.settings:WorkerSettings",
     "streams.settings:StreamsSettings",
     "ragwarm.client.settings:ClientSettings",
+    "ragwarm.gateway.settings:GatewaySettings",
     "ragwarm.bench.strategies.settings:StrategySettings",
 )
 

@@ -311,22 +311,15 @@ class RagClient:
                            f"{self.settings.streams_url}; {UP_HINT}")
         body = self._completion_body(prepared, max_tokens)
         worker, result, failed = self._first_success(workers, body, on_token)
-        answer = _answer(prepared, worker, result, failed, started, route_ms,
+        answer = build_answer(prepared, worker, result, failed, started, route_ms,
                          route.matched_blocks if worker == route.chosen else 0)
         if self.emitter is not None:
             self.emitter.emit(query_event(prepared, answer))
         return answer
 
     def _completion_body(self, prepared: PreparedQuery, max_tokens: int | None) -> dict:
-        return {
-            "prompt": list(prepared.prompt.token_ids),
-            "max_tokens": max_tokens or self.settings.max_tokens,
-            "temperature": self.settings.temperature,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "tenant": prepared.tenant,
-            "chunk_refs": [r.model_dump() for r in prepared.prompt.chunk_refs],
-        }
+        return completion_body(prepared, max_tokens or self.settings.max_tokens,
+                               self.settings.temperature)
 
     def _first_success(self, workers: Sequence[WorkerRef], body: dict,
                        on_token: OnToken | None) -> tuple[WorkerRef, StreamResult, list[str]]:
@@ -439,7 +432,7 @@ def _check_status(worker: WorkerRef, response: httpx.Response) -> None:
                           f"(HTTP {response.status_code}): {message}")
 
 
-def _answer(prepared: PreparedQuery, worker: WorkerRef, result: StreamResult,
+def build_answer(prepared: PreparedQuery, worker: WorkerRef, result: StreamResult,
             failed: list[str], started: float, route_ms: float, matched: int) -> Answer:
     usage = result.usage or {}
     first_at = result.first_at or result.sent_at
@@ -461,6 +454,19 @@ def _answer(prepared: PreparedQuery, worker: WorkerRef, result: StreamResult,
         doc_ids=tuple(dict.fromkeys(c.doc_id for c in prepared.chunks)),
         finish_reason=result.finish_reason, failed_workers=tuple(failed),
     )
+
+
+def completion_body(prepared: PreparedQuery, max_tokens: int, temperature: float) -> dict:
+    """The worker's streamed /v1/completions request for a prepared query (token ids)."""
+    return {
+        "prompt": list(prepared.prompt.token_ids),
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "tenant": prepared.tenant,
+        "chunk_refs": [r.model_dump() for r in prepared.prompt.chunk_refs],
+    }
 
 
 def query_event(prepared: PreparedQuery, answer: Answer) -> QueryEvent:

@@ -44,6 +44,12 @@ class Stack:
             )
         ]
 
+        port = self.settings.gateway_port
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        self.gateway = Proc("gateway", ["gateway", "--port", str(port)], run,
+                            f"{self.gateway_url}/health/ready",
+                            {**env, "RAGWARM_CLIENT_STREAMS_URL": base})
+
     def worker_url(self, proc: Proc) -> str:
         return proc.health_url.removesuffix("/health/ready")
 
@@ -74,11 +80,16 @@ class Stack:
         for proc in [self.streams, *self.workers]:
             proc.wait_healthy(self.settings.start_timeout_s)
             echo(f"{proc.name}: healthy")
+        # Last: it is ready once the streams app answers and it has its tokenizer.
+        echo(f"gateway: {'starting' if self.gateway.start() else 'already running'} "
+             f"(log {self.gateway.log_file})")
+        self.gateway.wait_healthy(self.settings.start_timeout_s)
+        echo(f"gateway: healthy, OpenAI base URL {self.gateway_url}/v1")
 
     def down(self, echo=click.echo) -> None:
         from ragwarm.kafka.local import LocalKafka
 
-        for proc in [*self.workers, self.streams]:
+        for proc in [self.gateway, *self.workers, self.streams]:
             echo(f"{proc.name}: {'stopped' if proc.stop() else 'not running'}")
         broker = LocalKafka(self.home, self.kafka_settings)
         if not broker.external:
@@ -102,6 +113,8 @@ class Stack:
                 "url": url,
                 "cache": _get(f"{url}/v1/cache", operator_headers("worker")),
             }
+        report["gateway"] = {"pid": self.gateway.pid(), "healthy": self.gateway.healthy(),
+                             "url": self.gateway_url}
         return report
 
 

@@ -1,0 +1,291 @@
+"""`AsyncRagClient`: the asyncio twin of `RagClient` (retrieve, route, stream, fail over, log)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from rag.prompt import PromptBuilder
+from ragwarm.client.rag import (
+    UP_HINT,
+    Answer,
+    PreparedQuery,
+    QdrantRetrieval,
+    QueryEmitter,
+    build_answer,
+    completion_body,
+    query_event,
+)
+from ragwarm.client.settings import ClientSettings
+from ragwarm.client.wire import (
+    ClientError,
+    NoWorker,
+    RequestRejected,
+    RetrievedChunk,
+    Route,
+    StreamResult,
+    StreamsUnavailable,
+    WorkerFailed,
+    WorkerRef,
+    candidates,
+    error_message,
+    sse_data,
+)
+from ragwarm.settings import KafkaSettings, ModelSettings
+from workers.blocks import BLOCK_SIZE, block_hashes
+
+log = logging.getLogger(__name__)
+
+AsyncOnToken = Callable[[str], Awaitable[None]]
+
+
+class PartialAnswerLost(ClientError):
+    """A worker failed after part of the answer was handed out; it cannot be taken back."""
+
+
+class AsyncRagClient:
+    """Answers questions through the warm worker; many queries may run at once.
+
+    Same contracts as `RagClient`: the canonical prompt, routing by the streams app, trying
+    the next worker when one fails, and one QueryEvent per answer. With `restart_on_retry`
+    false (the gateway streaming to an app), a worker that fails after the first token ends
+    the answer with `PartialAnswerLost` instead of starting it again elsewhere.
+    """
+
+    def __init__(self, settings: ClientSettings, prompts: PromptBuilder, model_salt: str,
+                 streams: httpx.AsyncClient, retrieval: QdrantRetrieval | None = None,
+                 emitter: QueryEmitter | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 block_size: int = BLOCK_SIZE, top_k: int = 3):
+        self.settings = settings
+        self.prompts = prompts
+        self.model_salt = model_salt
+        self.streams = streams
+        self.retrieval = retrieval  # None: retrieve through the streams app
+        self.emitter = emitter
+        self.block_size = block_size
+        self.top_k = top_k  # must equal the streams app's RAGWARM_RAG_TOP_K
+        self._transport = transport
+        self._pools: dict[str, httpx.AsyncClient] = {}
+
+    @classmethod
+    async def open(cls, settings: ClientSettings | None = None,
+                   kafka: KafkaSettings | None = None,
+                   models: ModelSettings | None = None) -> AsyncRagClient:
+        """A client with its tokenizer, warmed pools and (unless disabled) its Kafka producer."""
+        from rag.settings import QdrantSettings, RagSettings
+        from ragwarm.models import llm_dir, load_tokenizer
+
+        settings = settings or ClientSettings()
+        models = models or ModelSettings()
+        async with AsyncExitStack() as undo:
+            streams = make_async_pool(settings, settings.streams_url)
+            undo.push_async_callback(streams.aclose)
+            await check_streams(streams, settings.streams_url)
+            rag = RagSettings()
+            tokenizer = await asyncio.to_thread(load_tokenizer, llm_dir(models=models))
+            retrieval = emitter = None
+            if settings.direct_qdrant and QdrantSettings().url:
+                retrieval = await asyncio.to_thread(QdrantRetrieval.open, models)
+                undo.callback(retrieval.close)
+            if settings.emit_queries:
+                emitter = await asyncio.to_thread(QueryEmitter.open, kafka or KafkaSettings())
+                undo.callback(emitter.close)
+            client = cls(settings, PromptBuilder(tokenizer, rag.system_prompt), models.llm_name,
+                         streams, retrieval, emitter, top_k=rag.top_k)
+            await client.warm_pools()
+            undo.pop_all()
+        return client
+
+    # -- pools ----------------------------------------------------------------------------
+    async def warm_pools(self) -> list[str]:
+        """Open a keep-alive connection to every ready worker the streams app knows."""
+        rows = (await self._streams_json("GET", "/ragwarm/workers")).get("workers") or []
+        warmed = []
+        for row in rows:
+            if row.get("url") and row.get("ready"):
+                try:
+                    await self._pool(row["url"]).get("/health/live")
+                    warmed.append(str(row["worker_id"]))
+                except httpx.HTTPError as exc:
+                    log.info("worker %s not reachable yet: %s", row.get("worker_id"), exc)
+        return warmed
+
+    def _pool(self, url: str) -> httpx.AsyncClient:
+        pool = self._pools.get(url)
+        if pool is None:
+            key = self.settings.api_key
+            headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+            pool = self._pools[url] = make_async_pool(self.settings, url, self._transport,
+                                                      headers)
+        return pool
+
+    # -- the query path -------------------------------------------------------------------
+    async def prepare(self, question: str, tenant: str | None = None) -> PreparedQuery:
+        """Retrieve the top-k chunks and build the canonical prompt with its block hashes."""
+        tenant = tenant or self.settings.tenant
+        started = time.perf_counter()
+        chunks = tuple(await self._retrieve(question, tenant))
+        retrieve_ms = (time.perf_counter() - started) * 1000
+        prompt = await asyncio.to_thread(self.prompts.build, chunks, question)
+        hashes = block_hashes(prompt.token_ids, tenant=tenant, model=self.model_salt,
+                              block_size=self.block_size)
+        return PreparedQuery(question, tenant, chunks, prompt, tuple(hashes), retrieve_ms,
+                             self.block_size)
+
+    async def _retrieve(self, question: str, tenant: str) -> list[RetrievedChunk]:
+        if self.retrieval is not None:
+            return await asyncio.to_thread(self.retrieval.retrieve, question, tenant, self.top_k)
+        body = await self._streams_json("POST", "/ragwarm/retrieve",
+                                        {"question": question, "tenant": tenant, "k": self.top_k})
+        return [RetrievedChunk.from_json(c) for c in body.get("chunks") or ()]
+
+    async def route(self, prepared: PreparedQuery) -> Route:
+        """Ask the streams app which worker holds the longest prefix of this prompt."""
+        return Route.from_json(await self._streams_json(
+            "POST", "/ragwarm/route", {"block_hashes": list(prepared.block_hashes)}))
+
+    async def query(self, question: str, tenant: str | None = None,
+                    max_tokens: int | None = None, on_token: AsyncOnToken | None = None,
+                    restart_on_retry: bool = True) -> Answer:
+        """Answer one question; `on_token` gets the text as it streams."""
+        started = time.perf_counter()
+        prepared = await self.prepare(question, tenant)
+        return await self.ask(prepared, max_tokens, on_token, started,
+                              restart_on_retry=restart_on_retry)
+
+    async def ask(self, prepared: PreparedQuery, max_tokens: int | None = None,
+                  on_token: AsyncOnToken | None = None, started: float | None = None,
+                  temperature: float | None = None, restart_on_retry: bool = True) -> Answer:
+        """Route and stream an already prepared query, then emit its QueryEvent."""
+        started = started if started is not None else time.perf_counter()
+        routed_at = time.perf_counter()
+        route = await self.route(prepared)
+        route_ms = (time.perf_counter() - routed_at) * 1000
+        workers = candidates(route, self.settings.max_attempts)
+        if not workers:
+            raise NoWorker(f"no ready worker is known to the streams app at "
+                           f"{self.settings.streams_url}; {UP_HINT}")
+        temperature = self.settings.temperature if temperature is None else temperature
+        body = completion_body(prepared, max_tokens or self.settings.max_tokens, temperature)
+        worker, result, failed = await self._first_success(workers, body, on_token,
+                                                           restart_on_retry)
+        answer = build_answer(prepared, worker, result, failed, started, route_ms,
+                              route.matched_blocks if worker == route.chosen else 0)
+        if self.emitter is not None:
+            self.emitter.emit(query_event(prepared, answer))
+        return answer
+
+    async def _first_success(self, workers: Sequence[WorkerRef], body: dict,
+                             on_token: AsyncOnToken | None, restart_on_retry: bool,
+                             ) -> tuple[WorkerRef, StreamResult, list[str]]:
+        failed: list[str] = []
+        reasons: list[str] = []
+        for worker in workers:
+            result = StreamResult(sent_at=time.perf_counter())
+            try:
+                return worker, await self._stream(worker, body, on_token, result), failed
+            except WorkerFailed as exc:
+                if result.text and not restart_on_retry:
+                    raise PartialAnswerLost(f"worker {worker.worker_id} failed after part of "
+                                            f"the answer was sent: {exc}") from None
+                log.warning("worker %s failed (%s); trying the next one", worker.worker_id, exc)
+                failed.append(worker.worker_id)
+                reasons.append(f"{worker.worker_id}: {exc}")
+        raise ClientError(f"every worker tried failed: {'; '.join(reasons)}")
+
+    async def _stream(self, worker: WorkerRef, body: dict, on_token: AsyncOnToken | None,
+                      result: StreamResult) -> StreamResult:
+        try:
+            async with self._pool(worker.url).stream("POST", "/v1/completions",
+                                                     json=body) as response:
+                await _check_status(worker, response)
+                async for data in _async_sse(response):
+                    text = result.feed(data, time.perf_counter())
+                    if text and on_token is not None:
+                        await on_token(text)
+                    if result.done:
+                        break
+        except httpx.TransportError as exc:
+            raise WorkerFailed(f"{type(exc).__name__}: {exc}") from None
+        result.check_complete()
+        return result
+
+    async def _streams_json(self, method: str, path: str, body: dict | None = None) -> dict:
+        try:
+            response = await self.streams.request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise StreamsUnavailable(f"the streams app does not answer at "
+                                     f"{self.settings.streams_url} ({exc}); {UP_HINT}") from None
+        if response.status_code != 200:
+            raise ClientError(f"{path} answered {response.status_code}: {response.text[:300]}")
+        return response.json()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        if self.emitter is not None:
+            await asyncio.to_thread(self.emitter.close)
+        if self.retrieval is not None:
+            self.retrieval.close()
+        for pool in self._pools.values():
+            await pool.aclose()
+        await self.streams.aclose()
+
+    async def __aenter__(self) -> AsyncRagClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+def make_async_pool(settings: ClientSettings, url: str,
+                    transport: httpx.AsyncBaseTransport | None = None,
+                    headers: Mapping[str, str] | None = None) -> httpx.AsyncClient:
+    """A keep-alive async pool to one server with the client's limits and timeouts."""
+    limits = httpx.Limits(max_keepalive_connections=settings.pool_connections,
+                          max_connections=settings.pool_max, keepalive_expiry=settings.keepalive_s)
+    timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
+    return httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout, transport=transport,
+                             headers=dict(headers or {}))
+
+
+async def check_streams(streams: httpx.AsyncClient, url: str) -> None:
+    """Raise StreamsUnavailable, with the command to fix it, unless the streams app answers."""
+    try:
+        (await streams.get("/ragwarm/health")).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise StreamsUnavailable(f"the streams app does not answer at {url} ({exc}); "
+                                 f"{UP_HINT}") from None
+
+
+async def _async_sse(response: httpx.Response) -> Any:
+    """The data of each complete server-sent event of an async response."""
+    lines: list[str] = []
+    async for line in response.aiter_lines():
+        lines.append(line)
+        if not line:  # an event ends at its blank line: parse what has gathered
+            for data in sse_data(lines):
+                yield data
+            lines = []
+
+
+async def _check_status(worker: WorkerRef, response: httpx.Response) -> None:
+    if response.status_code == 200:
+        return
+    await response.aread()
+    try:
+        message = error_message(response.json())
+    except ValueError:
+        message = response.text[:300]
+    if response.status_code >= 500 or response.status_code == 429:
+        raise WorkerFailed(f"HTTP {response.status_code}: {message}")
+    raise RequestRejected(f"worker {worker.worker_id} refused the request "
+                          f"(HTTP {response.status_code}): {message}")

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway: chat and text completions over the RAG client."""

@@ -1,0 +1,248 @@
+"""The gateway's HTTP server (aiohttp): OpenAI routes over `AsyncRagClient`, health, the command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+from aiohttp import web
+
+from ragwarm.client.arag import AsyncRagClient, PartialAnswerLost
+from ragwarm.client.rag import Answer, PreparedQuery
+from ragwarm.client.settings import ClientSettings
+from ragwarm.client.wire import ClientError, NoWorker, RequestRejected, StreamsUnavailable
+from ragwarm.gateway.protocol import (
+    DONE,
+    ChatRequest,
+    CompletionRequest,
+    GatewayError,
+    Keys,
+    Reply,
+    models_body,
+    parse_request,
+    sse,
+    tenant_for,
+)
+from ragwarm.gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Opener = Callable[[], Awaitable[AsyncRagClient]]
+
+
+@dataclass
+class GatewayState:
+    """What the handlers share: settings, keys, the client once it is open, why it is not."""
+
+    settings: GatewaySettings
+    client_settings: ClientSettings
+    model_id: str
+    opener: Opener
+    client: AsyncRagClient | None = None
+    not_ready: str = "starting"
+    started: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def keys(self) -> Keys:
+        return Keys({t: k.get_secret_value() for t, k in self.settings.keys.items()},
+                    self.settings.operator_key.get_secret_value()
+                    if self.settings.operator_key else None,
+                    self.settings.tenant_header, self.client_settings.tenant)
+
+    def live_client(self) -> AsyncRagClient:
+        if self.client is None:
+            raise GatewayError(503, f"the gateway is not ready: {self.not_ready}",
+                               kind="server_error", code="not_ready")
+        return self.client
+
+
+STATE: web.AppKey[GatewayState] = web.AppKey("ragwarm_gateway_state")
+OPEN_PATHS = ("/health",)
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.json_response(body, status=status, dumps=lambda b: json.dumps(b, default=str))
+
+
+def client_error(exc: ClientError) -> GatewayError:
+    """A client failure as the HTTP error an OpenAI SDK understands."""
+    if isinstance(exc, StreamsUnavailable | NoWorker):
+        return GatewayError(503, str(exc), kind="server_error", code="unavailable")
+    if isinstance(exc, RequestRejected):
+        return GatewayError(400, str(exc))
+    return GatewayError(502, str(exc), kind="server_error", code="upstream_failed")
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure answers OpenAI's JSON error shape."""
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        return json_response(exc.body(), exc.status)
+    except ClientError as exc:
+        err = client_error(exc)
+        return json_response(err.body(), err.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        return json_response(GatewayError(exc.status, exc.reason, kind=kind).body(), exc.status)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return json_response(GatewayError(500, "internal error", kind="server_error").body(), 500)
+
+
+class Handlers:
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+
+    async def live(self, request: web.Request) -> web.Response:
+        return json_response({"status": "live"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        if self.state.client is None:
+            return json_response({"status": "not ready", "reason": self.state.not_ready}, 503)
+        return json_response({"status": "ready", "model": self.state.model_id})
+
+    async def models(self, request: web.Request) -> web.Response:
+        tenant_for(self.state.keys, request.headers)
+        return json_response(models_body(self.state.model_id, self.state.started))
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._answer(request, ChatRequest, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._answer(request, CompletionRequest, chat=False)
+
+    async def _answer(self, request: web.Request, kind: type[ChatRequest | CompletionRequest],
+                      chat: bool) -> web.StreamResponse:
+        tenant = tenant_for(self.state.keys, request.headers)
+        body = await _json(request)
+        req = parse_request(kind, body, self.state.model_id, self.state.settings.max_tokens)
+        client = self.state.live_client()
+        prepared = await client.prepare(req.question(), tenant)
+        reply = Reply.new(chat, self.state.model_id)
+        if req.stream:
+            return await _stream(request, client, prepared, req, reply)
+        answer = await client.ask(prepared, req.token_limit(), temperature=req.temperature)
+        return json_response(reply.body(answer))
+
+
+async def _stream(request: web.Request, client: AsyncRagClient, prepared: PreparedQuery,
+                  req: ChatRequest | CompletionRequest, reply: Reply) -> web.StreamResponse:
+    """SSE chunks as the worker streams; an error after the headers is an error event."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    if reply.chat:
+        await response.write(sse(reply.chunk("", role=True)))
+
+    async def forward(text: str) -> None:
+        await response.write(sse(reply.chunk(text)))
+
+    try:
+        answer: Answer = await client.ask(prepared, req.token_limit(), forward,
+                                          temperature=req.temperature, restart_on_retry=False)
+        await response.write(sse(reply.chunk("", answer.finish_reason)))
+        if req.include_usage:
+            await response.write(sse(reply.usage_chunk(answer)))
+    except PartialAnswerLost as exc:
+        await response.write(sse(GatewayError(502, str(exc), kind="server_error").body()))
+    except ClientError as exc:
+        await response.write(sse(client_error(exc).body()))
+    except ConnectionResetError:
+        log.info("the app went away during a stream")
+        return response
+    await response.write(DONE)
+    await response.write_eof()
+    return response
+
+
+async def _json(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except (ValueError, UnicodeDecodeError):
+        raise GatewayError(400, "the request body is not valid JSON") from None
+
+
+def auth(state: GatewayState) -> Any:
+    """Refuse a wrong key before reading the body (health stays open for probes)."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.path.startswith(OPEN_PATHS):
+            tenant_for(state.keys, request.headers)
+        return await handler(request)
+
+    return check
+
+
+def build_app(state: GatewayState) -> web.Application:
+    """The aiohttp application; the client is opened in the background when it starts."""
+    app = web.Application(middlewares=[errors, auth(state)], client_max_size=1 << 20)
+    app[STATE] = state
+    h = Handlers(state)
+    app.add_routes([
+        web.get("/health/live", h.live),
+        web.get("/health/ready", h.ready),
+        web.get("/v1/models", h.models),
+        web.post("/v1/chat/completions", h.chat),
+        web.post("/v1/completions", h.completions),
+    ])
+    tasks: set[asyncio.Task] = set()
+
+    async def start(app: web.Application) -> None:
+        task = asyncio.create_task(_open_until_ready(state))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def stop(app: web.Application) -> None:
+        for task in list(tasks):
+            task.cancel()
+        if state.client is not None:
+            await state.client.aclose()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    return app
+
+
+async def _open_until_ready(state: GatewayState) -> None:
+    """Open the client, retrying while the streams app is not up yet (any start order works)."""
+    while state.client is None:
+        try:
+            state.client = await state.opener()
+            log.info("gateway ready: model %s", state.model_id)
+        except StreamsUnavailable as exc:
+            state.not_ready = str(exc)
+            await asyncio.sleep(state.settings.open_retry_s)
+        except Exception as exc:  # noqa: BLE001 - a bad start must show on /health/ready
+            state.not_ready = f"{type(exc).__name__}: {exc}"
+            log.exception("gateway client failed to open")
+            await asyncio.sleep(state.settings.open_retry_s)
+
+
+@click.command()
+@click.option("--host", default=None, help="Listen address (RAGWARM_GATEWAY_HOST).")
+@click.option("--port", type=int, default=None, help="Port (RAGWARM_GATEWAY_PORT).")
+def gateway(host: str | None, port: int | None) -> None:
+    """The OpenAI-compatible gateway: retrieval, canonical prompt, routing to a warm worker."""
+    from ragwarm.client.rag import quiet_http_logs
+    from ragwarm.settings import ModelSettings
+
+    quiet_http_logs()
+    settings = GatewaySettings()
+    models = ModelSettings()
+    client_settings = ClientSettings()
+    state = GatewayState(settings, client_settings, models.llm_name,
+                         lambda: AsyncRagClient.open(client_settings, models=models))
+    web.run_app(build_app(state), host=host or settings.host, port=port or settings.port,
+                access_log=None, print=lambda msg: log.info("%s", msg))

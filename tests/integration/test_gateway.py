@@ -1,0 +1,95 @@
+"""The official `openai` SDK against `ragwarm gateway` on a real stack (streams, worker, Kafka)."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from openai import OpenAI
+
+from ragwarm.stack.procs import Proc
+from schemas import encode
+from schemas.topics import KB_CHANGES, RAG_QUERIES
+from tests.integration.streams_proc import free_port
+from tests.integration.test_client_routing import (
+    initial_changes,
+    logged_query,
+    ready_workers,
+)
+from tests.integration.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+DOCS = ("docs/faq.md",)
+QUESTION = "I forgot the admin password, how do I reset it?"
+KEY = "sk-ragwarm-test"
+
+
+def start_gateway(workdir, app, bootstrap: str, namespace: str) -> Proc:
+    port = free_port()
+    env = {"RAGWARM_CLIENT_STREAMS_URL": app.url, "RAGWARM_KAFKA_BOOTSTRAP": bootstrap,
+           "RAGWARM_KAFKA_TOPIC_PREFIX": namespace,
+           "RAGWARM_GATEWAY_KEYS": json.dumps({"default": KEY}),
+           "RAGWARM_CLIENT_MAX_TOKENS": "4"}
+    proc = Proc("gateway", ["gateway", "--port", str(port)], workdir,
+                f"http://127.0.0.1:{port}/health/ready", env)
+    proc.start()
+    proc.wait_healthy(180)
+    return proc
+
+
+def test_the_openai_sdk_gets_warm_answers_through_the_gateway(
+    kafka_bootstrap, kafka_producer, namespace, streams_factory, worker_factory, tmp_path
+):
+    env = {"RAGWARM_STREAMS_HOT_MIN_COUNT": "1000"}
+    app = streams_factory(namespace, "gateway", env).start()
+    worker = worker_factory("g1", kafka_bootstrap=kafka_bootstrap, topic_prefix=namespace)
+    worker.start()
+    changes = initial_changes(DOCS)
+    for change in changes:
+        kafka_producer.send(namespace + KB_CHANGES, key=change.doc_id.encode(),
+                            value=encode(change))
+    kafka_producer.flush()
+    worker.wait_ready()
+    wait_for(lambda: app.counters().get("kb_events", 0) >= len(changes), 300, "indexing")
+    wait_for(lambda: ready_workers(app) == {"g1"}, 120, "the worker in the table")
+    gateway = start_gateway(tmp_path, app, kafka_bootstrap, namespace)
+    try:
+        base_url = gateway.health_url.removesuffix("/health/ready") + "/v1"
+        ask_twice_stream_and_refuse(OpenAI(base_url=base_url, api_key=KEY, max_retries=0),
+                                    base_url, kafka_bootstrap, namespace)
+    finally:
+        gateway.stop()
+
+
+def ask_twice_stream_and_refuse(client: OpenAI, base_url: str, bootstrap: str,
+                                namespace: str) -> None:
+    model = client.models.list().data[0].id
+    messages = [{"role": "user", "content": QUESTION}]
+    first = client.chat.completions.create(model=model, messages=messages, max_tokens=4)
+    second = client.chat.completions.create(model=model, messages=messages, max_tokens=4)
+    extra = second.model_extra["ragwarm"]
+    assert "docs/faq.md" in extra["doc_ids"] and extra["prefix_tokens"] > 0
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # The retrieved prefix (its full blocks) was computed once and reused the second time.
+    assert cached >= extra["prefix_tokens"] // 16 * 16, (cached, extra)
+    assert second.choices[0].message.content and second.usage.completion_tokens >= 1
+    assert first.usage.prompt_tokens == second.usage.prompt_tokens
+
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=4,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage.prompt_tokens_details.cached_tokens >= cached
+
+    completion = client.completions.create(model=model, prompt=QUESTION, max_tokens=4)
+    assert completion.choices[0].text and completion.usage.prompt_tokens_details.cached_tokens
+
+    with pytest.raises(openai.AuthenticationError) as err:
+        OpenAI(base_url=base_url, api_key="sk-wrong", max_retries=0).chat.completions.create(
+            model=model, messages=messages, max_tokens=4)
+    assert err.value.status_code == 401 and err.value.code == "invalid_api_key"
+
+    logged = logged_query(bootstrap, namespace + RAG_QUERIES, extra["qid"])
+    assert logged.cached_tokens == cached and logged.worker_id == "g1"

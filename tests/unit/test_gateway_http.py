@@ -1,0 +1,47 @@
+"""The gateway's HTTP surface without a stack: keys, errors and readiness in OpenAI's shape."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp.test_utils import TestClient, TestServer
+from pydantic import SecretStr
+
+from ragwarm.client.settings import ClientSettings
+from ragwarm.client.wire import StreamsUnavailable
+from ragwarm.gateway.app import GatewayState, build_app
+from ragwarm.gateway.settings import GatewaySettings
+
+
+async def never_opens():
+    await asyncio.sleep(0)
+    raise StreamsUnavailable("the streams app does not answer")
+
+
+def state() -> GatewayState:
+    settings = GatewaySettings(keys={"acme": SecretStr("sk-acme")}, open_retry_s=30)
+    return GatewayState(settings, ClientSettings(), "smollm2", never_opens)
+
+
+async def test_wrong_key_is_401_and_health_needs_none() -> None:
+    async with TestClient(TestServer(build_app(state()))) as client:
+        wrong = await client.post("/v1/chat/completions", json={},
+                                  headers={"Authorization": "Bearer sk-nope"})
+        assert wrong.status == 401
+        assert (await wrong.json())["error"]["code"] == "invalid_api_key"
+        assert (await client.get("/health/live")).status == 200
+        ready = await client.get("/health/ready")
+        assert ready.status == 503 and "streams app" in (await ready.json())["reason"]
+
+
+async def test_models_lists_the_model_and_requests_wait_for_the_client() -> None:
+    auth = {"Authorization": "Bearer sk-acme"}
+    async with TestClient(TestServer(build_app(state()))) as client:
+        models = await (await client.get("/v1/models", headers=auth)).json()
+        assert [m["id"] for m in models["data"]] == ["smollm2"]
+        bad = await client.post("/v1/completions", data=b"{", headers=auth)
+        assert bad.status == 400
+        early = await client.post("/v1/completions", headers=auth,
+                                  json={"model": "smollm2", "prompt": "why?"})
+        assert early.status == 503
+        assert (await early.json())["error"]["code"] == "not_ready"

@@ -1,0 +1,134 @@
+"""The gateway's OpenAI wire format: tenants from keys, request checks, response shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ragwarm.client.rag import Answer
+from ragwarm.gateway.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    GatewayError,
+    Keys,
+    Reply,
+    parse_request,
+    sse,
+    tenant_for,
+)
+
+KEYS = Keys({"acme": "sk-acme", "globex": "sk-globex"}, "sk-op", "X-Ragwarm-Tenant", "default")
+
+
+def bearer(key: str, **extra: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}", **extra}
+
+
+def answer(**kw) -> Answer:
+    base = dict(question="q", tenant="acme", qid="abc", text="Hi there", worker_id="w1",
+                ttft_ms=12.5, worker_ttft_ms=10.0, e2e_ttft_ms=30.0, total_ms=50.0,
+                retrieve_ms=5.0, route_ms=1.0, prompt_tokens=700, cached_tokens=672,
+                completion_tokens=4, prefix_tokens=680, prefix_hash="h", matched_blocks=42,
+                chunk_refs=(), doc_ids=("docs/faq.md",), finish_reason="length")
+    return Answer(**{**base, **kw})
+
+
+def test_a_tenant_key_gives_its_tenant() -> None:
+    assert tenant_for(KEYS, bearer("sk-acme")) == "acme"
+    assert tenant_for(KEYS, bearer("sk-globex", **{"X-Ragwarm-Tenant": "globex"})) == "globex"
+
+
+def test_the_operator_key_acts_for_the_named_tenant() -> None:
+    assert tenant_for(KEYS, bearer("sk-op", **{"X-Ragwarm-Tenant": "globex"})) == "globex"
+    assert tenant_for(KEYS, bearer("sk-op")) == "default"
+
+
+def test_a_tenant_key_cannot_name_another_tenant() -> None:
+    with pytest.raises(GatewayError) as err:
+        tenant_for(KEYS, bearer("sk-acme", **{"X-Ragwarm-Tenant": "globex"}))
+    assert err.value.status == 403
+
+
+@given(st.text(min_size=0, max_size=40))
+def test_any_other_key_is_401_in_openai_shape(key: str) -> None:
+    if key.strip() in ("sk-acme", "sk-globex", "sk-op"):
+        return
+    with pytest.raises(GatewayError) as err:
+        tenant_for(KEYS, bearer(key))
+    assert err.value.status == 401
+    assert err.value.body()["error"]["code"] == "invalid_api_key"
+
+
+def test_without_keys_the_gateway_is_open() -> None:
+    open_keys = Keys({}, None, "X-Ragwarm-Tenant", "default")
+    assert tenant_for(open_keys, {}) == "default"
+    assert tenant_for(open_keys, {"X-Ragwarm-Tenant": "t1"}) == "t1"
+
+
+def test_the_question_is_the_last_user_message() -> None:
+    req = parse_request(ChatRequest, {"model": "m", "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "How do I "},
+                                     {"type": "text", "text": "reset it?"}]}]}, "m", 64)
+    assert req.question() == "How do I reset it?"
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"model": "other", "messages": [{"role": "user", "content": "q"}]}, 404, "model"),
+    ({"model": "m", "messages": []}, 400, "messages"),
+    ({"model": "m", "messages": [{"role": "user", "content": "q"}], "stop": "\n"}, 400, "stop"),
+    ({"model": "m", "messages": [{"role": "user", "content": "q"}], "n": 2}, 400, "n"),
+    ({"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 65},
+     400, "max_tokens"),
+    ([1, 2], 400, None),
+])
+def test_bad_requests_name_the_field(body, status: int, param: str | None) -> None:
+    with pytest.raises(GatewayError) as err:
+        parse_request(ChatRequest, body, "m", 64)
+    assert err.value.status == status and err.value.param == param
+
+
+def test_a_chat_without_user_text_is_refused() -> None:
+    req = parse_request(ChatRequest, {"model": "m", "messages": [
+        {"role": "system", "content": "x"}]}, "m", 64)
+    with pytest.raises(GatewayError):
+        req.question()
+
+
+def test_a_completion_prompt_batch_of_one_is_the_question() -> None:
+    req = parse_request(CompletionRequest, {"model": "m", "prompt": [" why? "]}, "m", 64)
+    assert req.question() == "why?"
+    two = parse_request(CompletionRequest, {"model": "m", "prompt": ["a", "b"]}, "m", 64)
+    with pytest.raises(GatewayError):
+        two.question()
+
+
+def test_usage_reports_cached_tokens_and_the_body_is_openai_shaped() -> None:
+    body = Reply.new(True, "m").body(answer())
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hi there"}
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 672}
+    assert body["usage"]["total_tokens"] == 704
+    assert body["ragwarm"]["worker_id"] == "w1"
+    text = Reply.new(False, "m").body(answer())
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "Hi there"
+
+
+def test_stream_chunks_are_openai_shaped() -> None:
+    reply = Reply.new(True, "m")
+    first = reply.chunk("", role=True)
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert reply.chunk("Hi")["choices"][0]["delta"] == {"content": "Hi"}
+    assert reply.chunk("", "stop")["choices"][0] == {"index": 0, "finish_reason": "stop",
+                                                     "logprobs": None, "delta": {}}
+    last = reply.usage_chunk(answer())
+    assert last["choices"] == [] and last["usage"]["prompt_tokens_details"]["cached_tokens"] == 672
+    framed = sse(last)
+    assert framed.startswith(b"data: ") and framed.endswith(b"\n\n")
+    assert json.loads(framed[6:]) == last
