@@ -157,7 +157,7 @@ def test_run_sync_refuses_a_handler_that_waits():
         run_sync(waits())
 
 
-def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_in_use():
+def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_most_in_use():
     port = Port({("default", "d.md#0"): "1" * 64})
     p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False, kv_bytes_per_token=10)
     for name, expires, used_at in (("1", 150.0, 50.0), ("2", 90.0, 60.0), ("3", 150.0, 70.0)):
@@ -170,9 +170,11 @@ def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_in_use():
         ).model_dump(mode="json")  # "2" expired at now=100
     ready = WorkerEvent(worker_id="w2", kind="ready", mem_total_bytes=10_000)
     run_sync(h.on_worker_event(p, ready))
-    # The most recently used ("3") goes last, so the worker's LRU keeps it longest.
+    # Expired ones too (an empty worker has room); the most recently used ("3") goes last,
+    # so the worker's LRU keeps it longest.
     assert [(o.op, o.prefix_hash, o.target_worker) for o in out.ops] == [
         ("warm_on", "1" * 64, "w2"),
+        ("warm_on", "2" * 64, "w2"),
         ("warm_on", "3" * 64, "w2"),
     ]
     # Only what fits the worker's free memory is sent (32 tokens x 10 bytes each).

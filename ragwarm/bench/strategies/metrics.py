@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ragwarm.bench.stats import percentile
 from ragwarm.bench.strategies.records import QueryRow as Row
 
 # The `--json` contract of `ragwarm bench strategies`, per policy.
@@ -13,17 +13,6 @@ JSON_KEYS = (
     "ttft_p50_ms", "ttft_p99_ms", "hit_rate", "post_edit_hit_rate", "stale_hits",
     "kv_memory_share", "warmup_seconds",
 )
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between ranks (numpy's default)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def share(flags: Iterable[bool]) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from streams.settings import StreamsSettings
+
 
 class StrategySettings(BaseSettings):
     """The workload, the shared KV budget and each policy's knobs; `--quick` overrides a few."""
@@ -53,16 +55,10 @@ class StrategySettings(BaseSettings):
         description="KV budget of every policy, as a share of the bytes of the distinct "
         "top-3 prefixes of the live questions at the start.",
     )
-    prefix_ttl_s: float = Field(default=1800.0, gt=0, description="TTL of a warmed prefix.")
-    hot_share: float = Field(
-        default=0.18, gt=0, le=0.5, description="hot-tokens: share of KV memory for hot prefixes."
-    )
-    hot_window_s: float = Field(default=600.0, gt=0, description="hot-tokens: hopping window.")
-    hot_step_s: float = Field(default=60.0, gt=0, description="hot-tokens: window step.")
-    hot_tick_s: float = Field(default=30.0, gt=0, description="hot-tokens: re-plan period.")
-    hot_min_count: float = Field(default=2.0, description="hot-tokens: queries to count as hot.")
-    rewarm_questions: int = Field(
-        default=4, ge=0, description="event-rag: questions re-retrieved per invalidated prefix."
+    streams: StreamsSettings = Field(
+        default_factory=StreamsSettings,
+        description="The streams app's own settings (RAGWARM_STREAMS_*: TTL, hot-token "
+        "windows, shares, re-warms), read once and used by every policy that warms.",
     )
     scheduled_share: float = Field(
         default=0.18, gt=0, le=1, description="scheduled: share of KV memory for the warm set."

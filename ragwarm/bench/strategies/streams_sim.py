@@ -19,7 +19,6 @@ from streams.hot import HotTracker
 from streams.ports import WarmPrefix
 from streams.records import DocLink, DocState, PrefixOp
 from streams.routes import route_for
-from streams.settings import StreamsSettings
 
 if TYPE_CHECKING:
     from rag.index import IndexResult
@@ -92,21 +91,13 @@ class StreamsPolicy(Policy):
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
-        s = ctx.settings
-        settings = StreamsSettings(
-            prefix_ttl_s=s.prefix_ttl_s,
-            hot_window_s=s.hot_window_s,
-            hot_step_s=s.hot_step_s,
-            hot_tick_s=s.hot_tick_s,
-            hot_share=s.hot_share,
-            hot_min_count=s.hot_min_count,
-            rewarm_questions=s.rewarm_questions,
-            track_queries=self.track_queries,
-            hot_tokens=self.hot,
-            kv_bytes_per_token=ctx.worker.engine.kv_bytes_per_token,
-            worker_stale_s=float("inf"),  # one worker, heartbeating on every step
-            tenant=s.tenant,
-        )
+        settings = ctx.settings.streams.model_copy(update={
+            "track_queries": self.track_queries,
+            "hot_tokens": self.hot,
+            "kv_bytes_per_token": ctx.worker.engine.kv_bytes_per_token,
+            "worker_stale_s": float("inf"),  # one worker, heartbeating on every step
+            "tenant": ctx.settings.tenant,
+        })
         self.queue: deque[Item] = deque()
         self.port = IndexedOnce(ctx.rag)
         self.pipeline = h.Pipeline(
@@ -190,11 +181,10 @@ def _doc_table(ctx: PolicyContext) -> dict[str, dict]:
 class EventRag(StreamsPolicy):
     """`event-rag`: the prefixes queries use are kept warm (TTL) and linked to their chunks;
     a KB change invalidates the ones it made stale, re-retrieves the questions behind them
-    and prefills the new top-3 prefixes, and extends the TTL of the others."""
+    and prefills the new top-3 prefixes, and extends the TTL of the others. On top of the
+    worker's own request caching, as deployed (warmup only adds to it)."""
 
     name: ClassVar[str] = "event-rag"
-    # The app decides what is cached: every entry is a prefix it tracks and can re-warm.
-    cache_requests: ClassVar[bool] = False
     kb_events: ClassVar[bool] = True
     track_queries: ClassVar[bool] = True
 
@@ -209,10 +199,11 @@ class HotTokens(StreamsPolicy):
 
 
 class Hybrid(StreamsPolicy):
-    """`hybrid`: event-rag plus hot-tokens (the streams app with every input)."""
+    """`hybrid`: event-rag plus hot-tokens (the streams app with every input) on top of the
+    worker's request caching, so it serves every hit `reactive` does; a ready worker gets
+    the hot set, then the tracked prefixes most used, expired or not (what `history` warms)."""
 
     name: ClassVar[str] = "hybrid"
-    cache_requests: ClassVar[bool] = False
     kb_events: ClassVar[bool] = True
     track_queries: ClassVar[bool] = True
     hot: ClassVar[bool] = True
