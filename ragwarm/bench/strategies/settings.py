@@ -18,15 +18,29 @@ class StrategySettings(BaseSettings):
     edits: int | None = Field(
         default=None,
         ge=0,
-        description="KB changes replayed after the initial state: the first N that touch a "
-        "document the questions depend on; unset replays every change (full mode).",
+        description="KB changes replayed after the initial state: those that touch a document "
+        "the questions depend on, up to the N-th that changes content; unset replays every "
+        "change (full mode).",
     )
     quick_queries: int = Field(default=72, ge=1, description="Queries with --quick.")
-    quick_edits: int = Field(default=10, ge=0, description="Relevant KB changes with --quick.")
+    quick_edits: int = Field(
+        default=10, ge=0, description="Relevant content-changing KB changes with --quick."
+    )
+    quick_questions: int = Field(
+        default=40, ge=1,
+        description="Questions sampled first with --quick (up to half about edited documents); "
+        "only their documents and distractors are indexed.",
+    )
     quick_docs: int = Field(
         default=50, ge=1,
-        description="Documents of the initial state with --quick: those the questions name, "
-        "then a seeded sample of the others.",
+        description="Documents of the initial state with --quick: those the sampled questions "
+        "name, then a seeded sample of the others.",
+    )
+    standard_queries: int = Field(
+        default=240, ge=240, description="Queries with --standard (whole initial state)."
+    )
+    standard_edits: int = Field(
+        default=30, ge=30, description="Content-changing KB changes with --standard."
     )
     quick_chunk_tokens: int = Field(
         default=64, ge=16, description="Chunk size with --quick (shorter prompts, same shape)."
