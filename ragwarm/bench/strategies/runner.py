@@ -26,26 +26,17 @@ from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
 from rag.trace import Question, TraceEvent
 from ragwarm.bench.strategies import workload as wl
-from ragwarm.bench.strategies.policies import Policy, PolicyContext, policy_class, policy_names
+from ragwarm.bench.strategies.lanes import Lane, SimClock, StoreRag, open_lane
+from ragwarm.bench.strategies.policies import policy_class, policy_names
 from ragwarm.bench.strategies.records import QueryRow, Span, reuse_check
 from ragwarm.bench.strategies.settings import StrategySettings
-from ragwarm.bench.strategies.worker import Measurements, Served, SimWorker, make_cache
+from ragwarm.bench.strategies.worker import Measurements, Served, make_cache
 from ragwarm.rag_port import RagService
 from schemas import KbChange, QueryEvent
 from schemas.prefix import PromptChain, prefix_chain
 from workers.engines.torch_engine import TorchEngine
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
 from workers.settings import WorkerSettings
-
-
-class SimClock:
-    """Simulated seconds since the start of the run; caches and policies read it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -60,12 +51,6 @@ class Rig:
     prompts: PromptBuilder
     rag: RagService
     tenant: str
-
-
-@dataclass
-class Lane:
-    policy: Policy
-    worker: SimWorker
 
 
 @dataclass
@@ -171,17 +156,14 @@ class Runner:
 
     def open_lanes(self, budget: Budget, past: Sequence[Question],
                    log: Sequence[tuple[float, Question]] = ()) -> None:
+        rag = StoreRag(self.rig.rag)
         for name in self.names:
-            cls = policy_class(name)
             cache = make_cache(budget, self.clock, self.rig.worker_settings.block_size)
             base = self.rig.base
             engine = TorchEngine(base.model, base.tokenizer, model_id=base.model_id,
                                  settings=self.rig.worker_settings, cache=cache)
-            worker = SimWorker(engine, self.clock, worker_id=f"sim-{name}",
-                               cache_requests=cls.cache_requests,
-                               ttft_runs=self.settings.ttft_runs)
-            ctx = PolicyContext(worker, self.rig.rag, self.settings, self.clock, past)
-            self.lanes[name] = Lane(cls(ctx), worker)
+            self.lanes[name] = open_lane(policy_class(name), engine, self.clock, rag,
+                                         self.settings, past, ttft_runs=self.settings.ttft_runs)
         self.replay_log(log)
         self.clock.now = 0.0
         for lane in tqdm(self.lanes.values(), desc="policy start", disable=self._quiet()):

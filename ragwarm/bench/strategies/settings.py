@@ -9,7 +9,8 @@ from streams.settings import StreamsSettings
 
 
 class StrategySettings(BaseSettings):
-    """The workload, the shared KV budget and each policy's knobs; `--quick` overrides a few."""
+    """The workload, the shared KV budget and the simple policies' knobs; the streams
+    policies read the streams app's own settings (`RAGWARM_STREAMS_*`)."""
 
     model_config = SettingsConfigDict(env_prefix="RAGWARM_STRATEGIES_", extra="ignore")
 

@@ -17,12 +17,12 @@ from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
 from streams import handlers as h
 from streams.hot import HotTracker
 from streams.ports import WarmPrefix
-from streams.records import DocLink, DocState, PrefixOp
+from streams.records import DocLink, PrefixOp
 from streams.routes import route_for
 
 if TYPE_CHECKING:
     from rag.index import IndexResult
-    from ragwarm.rag_port import RagService
+    from ragwarm.bench.strategies.policies import PolicyRag
 
 Item = PrefixOp | DocLink | WorkerEvent | KbChange | QueryEvent
 
@@ -42,7 +42,7 @@ class IndexedOnce:
     """The RAG port of one policy: the runner indexes each change once for every policy,
     so `index` hands back that result instead of writing the shared store again."""
 
-    def __init__(self, rag: RagService) -> None:
+    def __init__(self, rag: PolicyRag) -> None:
         self.rag = rag
         self.result: IndexResult | None = None
 
@@ -109,7 +109,7 @@ class StreamsPolicy(Policy):
             clock=ctx.clock,
         )
         if self.kb_events:
-            self.pipeline.tables.docs.update(_doc_table(ctx))
+            self.pipeline.tables.docs.update(ctx.rag.doc_states(ctx.tenant))
         self.next_hot = self.next_sweep = 0.0
         ctx.worker.listeners.append(self.queue.append)  # worker.events
 
@@ -159,23 +159,6 @@ class StreamsPolicy(Policy):
             item = self.queue.popleft()
             # The app's own route table: the handler the agent of that topic would run.
             run_sync(route_for(item).handle(p, item))
-
-
-def _doc_table(ctx: PolicyContext) -> dict[str, dict]:
-    """The `docs` table as the KB-change agent leaves it after the initial state."""
-    store, tenant = ctx.rag.store, ctx.tenant
-    chunks: dict[str, dict[str, str]] = {}
-    for stored in store.all_chunks(tenant):
-        chunks.setdefault(stored.chunk.doc_id, {})[stored.chunk.chunk_id] = (
-            stored.chunk.content_hash
-        )
-    return {
-        r.doc_id: DocState(
-            version=r.version, tenant=tenant, chunks=chunks.get(r.doc_id, {}), deleted=r.deleted
-        ).model_dump(mode="json")
-        for r in store.doc_records(tenant)
-        if r.version is not None  # a first write still under way has no version yet
-    }
 
 
 class EventRag(StreamsPolicy):

@@ -7,12 +7,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
 from workers.cache import ChunkKey, PrefixCache
-from workers.engines.base import GenerationResult
-from workers.engines.torch_engine import TorchEngine
+from workers.engines.base import GenerationResult, PrefixEngine
 from workers.memory import MEMORY_THRESHOLD, Budget
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
@@ -67,7 +67,7 @@ class SimWorker:
 
     def __init__(
         self,
-        engine: TorchEngine,
+        engine: PrefixEngine[Any],
         clock: Callable[[], float],
         *,
         worker_id: str,
