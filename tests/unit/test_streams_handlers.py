@@ -183,6 +183,19 @@ def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_most_in_use():
     assert [o.prefix_hash for o in out.ops] == ["3" * 64]
 
 
+def test_a_ready_worker_gets_tracked_prefixes_in_the_room_the_hot_set_leaves():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    p, out = pipeline(port, prefix_ttl_s=60.0, hot_share=0.5, kv_bytes_per_token=10)
+    for name in "12":
+        p.tables.prefixes[name * 64] = PrefixState(
+            tenant="default", chunk_refs=REFS, token_ids=[7] * 32, expires_at=150.0,
+        ).model_dump(mode="json")
+    # No hot prefix yet: both fit (640 bytes), though the hot share is half of 700.
+    run_sync(h.on_worker_event(p, WorkerEvent(worker_id="w2", kind="ready",
+                                              mem_total_bytes=700)))
+    assert sorted(o.prefix_hash for o in out.ops) == ["1" * 64, "2" * 64]
+
+
 def test_a_hot_prefix_no_worker_holds_is_warmed_again_on_the_next_plan():
     port = Port({("default", "d.md#0"): "1" * 64})
     p, out = pipeline(port, hot_min_count=1.0, track_queries=False, kv_bytes_per_token=1)
