@@ -63,9 +63,6 @@ class CostEngine(PrefixEngine[int]):
         self.tokenizer = None
         self._held: dict[str, int] = {}
 
-    def stored_kv(self, prefix_hash: str) -> int | None:
-        return self._held.get(prefix_hash)
-
     def _held_bytes(self, held: int) -> int:
         return held
 

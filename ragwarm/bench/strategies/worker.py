@@ -131,10 +131,11 @@ class SimWorker:
         return self._served(result, ttft)
 
     def expected_cached(self, token_ids: Sequence[int], tenant: str) -> int:
-        """Prompt tokens the engine will take from the cache (peek: touches nothing)."""
+        """Prompt tokens the engine will take from the cache, as far as the bookkeeping
+        tells (peek: touches nothing); `serve` checks it against what the engine did."""
         hashes = self.engine.block_hashes(token_ids, tenant=tenant)
         entry, matched = self.cache.peek(hashes)
-        if entry is None or self.engine.stored_kv(entry.prefix_hash) is None:
+        if entry is None:
             return 0
         return min(matched * self.engine.block_size, len(token_ids) - 1)
 
