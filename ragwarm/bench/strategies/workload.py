@@ -237,17 +237,31 @@ def ask_after_edits(
             about = [q for q in questions if doc in dep[q.qid]]
             placed = _place(out, range(i - 1, -1, -1), about, weights, seqs, kept, rng)
             asked = [placed] if placed else []
-        end = next((j for j in range(i + 1, len(out)) if isinstance(out[j], KbStep)
-                    and out[j].event.doc_id == doc), len(out))
+        end = _next_edit(out, i, doc)
         for question in asked:
-            again = [j for j in range(i + 1, len(out)) if isinstance(out[j], QueryStep)
-                     and out[j].question.qid == question.qid]
-            if again:
-                kept.add(again[0])
-                continue
-            window = [*range(i + 1, end), *range(end, len(out))]
-            _place(out, window, [question], weights, seqs, kept, rng)
+            again = _next_ask(out, i, question.qid)
+            if again is not None:
+                kept.add(again)
+            elif not _place(out, range(i + 1, end), [question], weights, seqs, kept, rng):
+                _place(out, range(end, len(out)), [question], weights, seqs, kept, rng)
     return out
+
+
+def _next_edit(steps: Sequence[Step], i: int, doc: str) -> int:
+    """The position of `doc`'s next edit after step `i` (the end when there is none)."""
+    for j in range(i + 1, len(steps)):
+        step = steps[j]
+        if isinstance(step, KbStep) and step.event.doc_id == doc:
+            return j
+    return len(steps)
+
+
+def _next_ask(steps: Sequence[Step], i: int, qid: str) -> int | None:
+    for j in range(i + 1, len(steps)):
+        step = steps[j]
+        if isinstance(step, QueryStep) and step.question.qid == qid:
+            return j
+    return None
 
 
 def _seq_before(steps: Sequence[Step], initial_seq: int) -> list[int]:
