@@ -229,19 +229,21 @@ async def on_worker_event(p: Pipeline, event: WorkerEvent) -> None:
 
 async def warm_new_worker(p: Pipeline, event: WorkerEvent) -> None:
     """A worker that (re)started holds nothing: send it the hot set, re-plan the hot set
-    with its memory added, then the tracked prefixes most in use while they fit its free
-    memory outside the hot share (they are unpinned: later warmups may evict them)."""
+    with its memory added, then the tracked prefixes most used while they fit its free
+    memory beside the hot set (they are unpinned: later warmups may evict them)."""
     for op in list(p.tracker.hot.values()):
         await p.out.op(op.model_copy(update={"op": "warm_on", "target_worker": event.worker_id}))
     await plan_hot(p)
     if not p.settings.track_queries:
         return
     now = p.clock()
-    reserve = p.settings.hot_share if p.settings.hot_tokens else 0.0
-    budget = int((1.0 - reserve) * event.mem_total_bytes) - event.mem_used_bytes
+    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    # Room the hot set takes (its share at most); what it leaves unused is not kept empty.
+    hot = sum(len(op.token_ids) for op in p.tracker.hot.values()) * per_token
+    reserve = min(hot, int(p.settings.hot_share * event.mem_total_bytes))
+    budget = event.mem_total_bytes - event.mem_used_bytes - reserve
     tracked = [(h, PrefixState.model_validate(v)) for h, v in list(p.tables.prefixes.items()) if v]
     counts = {h: c for h, c, _ in p.tracker.ranked(now)}
-    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
     states = dict(tracked)
     # The hot set is keyed by the hash queries reported; its ops may name a newer prefix.
     sent = set(p.tracker.hot) | {op.prefix_hash for op in p.tracker.hot.values()}

@@ -237,6 +237,7 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
             "expires_at": now + ttl_s,
             "updated_at": now,
             "hot": pin,
+            "uses": base.uses + (op.reason == "query"),
         }
     )
     plan = PrefixPlan(state=new_state)
@@ -427,14 +428,16 @@ def plan_rewarm(
 ) -> list[str]:
     """The tracked prefixes to prefill on a worker that (re)started empty.
 
-    Unexpired prefixes not in `skip` (already sent: the hot set), most used first (count in
-    the hot-token window, then last use), while they fit `budget_bytes`; a prefix too large
-    for what is left is skipped, smaller ones after it may still fit.
+    Every tracked prefix not in `skip` (already sent: the hot set), expired or not: an empty
+    worker has room, and a prefix asked often yesterday is worth more than none (what a
+    history prefill warms). Most used first (count in the hot-token window, then reported
+    uses, then last use), while they fit `budget_bytes`; a prefix too large for what is left
+    is skipped, smaller ones after it may still fit.
     """
     counts = counts or {}
     skipped = set(skip)
-    live = [(h, s) for h, s in tracked if s.expires_at > now and h not in skipped]
-    live.sort(key=lambda hs: (-counts.get(hs[0], 0.0), -hs[1].updated_at, hs[0]))
+    live = [(h, s) for h, s in tracked if h not in skipped]
+    live.sort(key=lambda hs: (-counts.get(hs[0], 0.0), -hs[1].uses, -hs[1].updated_at, hs[0]))
     chosen, used = [], 0
     for prefix_hash, state in live:
         need = len(state.token_ids) * bytes_per_token

@@ -38,6 +38,7 @@ class PrefixState(_Record):
     updated_at: float = 0.0  # last op on it (a use, a warm, a TTL extension)
     prefill_at: float | None = None  # when the last prefill command was sent
     resends: int = 0  # re-sends of that prefill no worker confirmed (the resend timer)
+    uses: int = 0  # queries that reported it (a held, fresh prefix's repeats are not sent)
 
 
 class WorkerState(_Record):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import statistics
 import tempfile
 import time
 import uuid
@@ -17,6 +16,7 @@ from pathlib import Path
 import click
 import httpx
 
+from ragwarm.bench.stats import percentile
 from ragwarm.settings import REPO_ROOT, HomeSettings, KafkaSettings, ModelSettings
 from ragwarm.stack.procs import Proc
 from schemas import KbChange, QueryEvent, WorkerEvent, decode, encode
@@ -227,11 +227,6 @@ def _wait_new_prefix(b: Bench, prompts: Prompts, question: str, t0: float) -> st
     raise TimeoutError("the edit invalidated nothing within 60 s")
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 @click.command()
 @click.option(
     "--events",
@@ -311,6 +306,6 @@ def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits) -> di
     return {
         "query_events_per_s": round(query_rate, 1),
         "kb_events_per_s": round(kb_rate, 2),
-        "event_to_warm_ms_p50": round(statistics.median(latencies), 1),
-        "event_to_warm_ms_p99": round(percentile(latencies, 0.99), 1),
+        "event_to_warm_ms_p50": round(percentile(latencies, 50), 1),
+        "event_to_warm_ms_p99": round(percentile(latencies, 99), 1),
     }

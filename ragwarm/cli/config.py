@@ -14,6 +14,8 @@ def rows(cls: type[BaseSettings]) -> list[tuple[str, str, str]]:
     prefix = cls.model_config.get("env_prefix", "")
     out = []
     for name, field in cls.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseSettings):
+            continue  # a nested component's settings: listed under their own class
         default = "(computed)" if field.default_factory else repr(field.default)
         out.append((f"{prefix}{name}".upper(), default, field.description or ""))
     return out

@@ -63,10 +63,13 @@ def test_reactive_and_event_rag_on_a_logged_stream(kafka_bootstrap: str, queries
     assert got["cost_model"]["fitted_on"] == 6
     assert got["logged_ttft_p50_ms"] is not None
 
+    # The benchmark's event-rag: the log stands for yesterday, so the ready worker gets the
+    # prefix at once, and the chunk change re-warms the question before it is asked again.
     event_rag = json.loads(_evaluate(kafka_bootstrap, queries, "--from", "beginning",
                                      "--evaluate", "event-rag", "--json").stdout)
-    assert event_rag["hit_rate"] == pytest.approx(5 / 6, abs=1e-4)
+    assert event_rag["hit_rate"] == 1.0
     assert event_rag["est_ttft_p99_ms"] < got["est_ttft_p99_ms"]
+    assert event_rag["est_ttft_p90_ms"] is not None
 
 
 def test_a_time_range_and_the_text_report(kafka_bootstrap: str, queries: str) -> None:

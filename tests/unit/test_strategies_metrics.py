@@ -67,7 +67,31 @@ def test_summarize_computes_rates_and_reductions():
     assert r["hit_rate"] == 0.5 and r["post_edit_hit_rate"] == 1.0 and r["queries"] == 2
     assert r["ttft_p50_ms"] == 550.0 and r["p50_reduction"] == 0.45
     assert r["warmup_seconds"] == 1.5 and r["stale_hits"] == 0
-    assert figures["none"]["p99_reduction"] == 0.0
+    assert figures["none"]["p99_reduction"] == 0.0 and r["p90_reduction"] is not None
+
+
+def test_p90_is_reported_and_rates_without_queries_are_absent_not_zero():
+    rows = [row("none", float(t)) for t in range(1, 11)] + [row("reactive", 7.0, hit=True)]
+    figures = summarize(rows, {}, ["none", "reactive", "hybrid"])
+    assert figures["none"]["ttft_p90_ms"] == pytest.approx(percentile(range(1, 11), 90))
+    assert figures["none"]["post_edit_hit_rate"] is None  # no post-edit query behind it
+    assert figures["none"]["hit_rate"] == 0.0  # ten queries, no hit: a real zero
+    empty = figures["hybrid"]  # no rows at all
+    assert empty["hit_rate"] is None and empty["ttft_p90_ms"] is None
+    assert empty["p90_reduction"] is None and empty["cached_token_share"] is None
+    report = json_report(figures, queries=11, kb_events=0, measurements=12)
+    assert report["measurements"] == 12
+    assert report["policies"]["none"]["post_edit_hit_rate"] is None
+    table = markdown_table(figures)
+    assert "TTFT p90 ms" in table and "| hybrid | - |" in table
+
+
+def test_one_percentile_for_every_benchmark():
+    from ragwarm.bench import pipeline, stats
+    from ragwarm.bench.strategies import metrics
+
+    assert metrics.percentile is stats.percentile is pipeline.percentile
+    assert "interpolation" in (stats.percentile.__doc__ or "")
 
 
 def test_json_report_has_exactly_the_contract_keys():
@@ -95,8 +119,9 @@ def test_policy_names_and_the_error_listing_them():
 
 
 def test_only_none_skips_request_caching():
+    # Warmup is added on top of the worker's own caching, never instead of it.
     caching = {n: policy_class(n).cache_requests for n in policy_names()}
-    assert caching["none"] is False and caching["reactive"] is True
+    assert caching == {n: n != "none" for n in policy_names()}
 
 
 SPANS = [
@@ -129,4 +154,4 @@ def test_markdown_table_lists_every_policy():
     )
     table = markdown_table(figures).splitlines()
     assert table[0].startswith("| policy | TTFT p50 ms")
-    assert table[3].startswith("| reactive | 5 | -50% |")
+    assert table[3].startswith("| reactive | 5 | -50% | 5 |")

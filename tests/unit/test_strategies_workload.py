@@ -107,3 +107,93 @@ def test_past_log_ranks_by_popularity():
     log = wl.past_log(questions, {"a": 10.0, "b": 1.0, "c": 100.0}, 5, 300, random.Random(2))
     assert {x.qid for x in log} <= {"a", "b"}
     assert [x.qid for x in wl.by_popularity(log)][0] == "a"
+
+
+def _post_edit_asks(steps: list, deps: dict[str, frozenset[str]]) -> list[tuple[int, str]]:
+    """(edit position, qid) of each question asked before an edit to one of its documents
+    and again after it."""
+    found = []
+    for i, step in enumerate(steps):
+        if isinstance(step, wl.KbStep):
+            doc = step.event.doc_id
+            before = {s.question.qid for s in steps[:i]
+                      if isinstance(s, wl.QueryStep) and doc in deps[s.question.qid]}
+            after = {s.question.qid for s in steps[i + 1:] if isinstance(s, wl.QueryStep)}
+            found += [(i, qid) for qid in sorted(before & after)]
+    return found
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), n_edits=st.integers(1, 12))
+def test_a_question_asked_before_an_edit_to_its_document_is_asked_after_it(seed, n_edits):
+    rng = random.Random(seed)
+    questions = [q(f"q{i}", f"d{i}") for i in range(30)]
+    weights = wl.zipf_weights([x.qid for x in questions], 1.1, rng)
+    arrivals = wl.arrivals(72, rng, 30.0, 0.08, (3, 8), 2.0)
+    edits = [ev(100 + i, f"d{rng.randrange(30)}", i) for i in range(n_edits)]
+    steps = wl.timeline(arrivals, edits, questions, weights, 99, random.Random(seed))
+    deps = {x.qid: x.answer_docs for x in questions}
+    for i, step in enumerate(steps):
+        if not isinstance(step, wl.KbStep):
+            continue
+        doc = step.event.doc_id
+        before = {s.question.qid for s in steps[:i]
+                  if isinstance(s, wl.QueryStep) and doc in deps[s.question.qid]}
+        after = [s.question.qid for s in steps[i + 1:] if isinstance(s, wl.QueryStep)]
+        assert before, "an edited document gets a question asked before the edit"
+        if len(after) > 2 * n_edits:  # room for every edit's asks (one question per doc)
+            assert before <= set(after)
+    # Same arrivals, same edits, same seed: the same timeline (every policy sees it).
+    again = wl.timeline(arrivals, edits, questions, weights, 99, random.Random(seed))
+    assert again == steps
+
+
+def test_post_edit_asks_use_the_retrieval_dependencies_and_respect_liveness():
+    questions = [q("a", "d0"), q("b", "d1", removed=101)]
+    weights = {"a": 1.0, "b": 1.0}
+    arrivals = [wl.Arrival(float(t)) for t in range(1, 41)]
+    edits = [ev(100, "d9", 0), ev(101, "d1", 1)]
+    deps = {"a": frozenset({"d0", "d9"}), "b": frozenset({"d1"})}
+    steps = wl.timeline(arrivals, edits, questions, weights, 99, random.Random(4), 0.5, deps)
+    asks = _post_edit_asks(steps, {"a": deps["a"], "b": deps["b"]})
+    assert any(qid == "a" for _, qid in asks)  # d9 is only retrieved by "a", not named
+    edit_b = next(i for i, s in enumerate(steps)
+                  if isinstance(s, wl.KbStep) and s.event.seq == 101)
+    assert all(s.question.qid != "b" for s in steps[edit_b:] if isinstance(s, wl.QueryStep))
+
+
+def test_relevant_edits_count_only_content_changes():
+    initial = [ev(0, "a", initial=True)]
+    same = TraceEvent(seq=1, timestamp=T0, op="upsert", doc_id="a", text="a v0")
+    events = [same, ev(2, "a"), ev(3, "x"), ev(4, "a")]
+    assert [e.seq for e in wl.relevant_edits(events, {"a"}, 1, initial)] == [1, 2]
+    assert [e.seq for e in wl.content_changes(initial, events)] == [2, 3, 4]
+
+
+def test_questions_are_sampled_first_and_their_documents_bound_the_slice():
+    questions = [q(f"q{i}", f"d{i}") for i in range(3900)]
+    edited = {f"d{i}" for i in range(0, 3900, 7)}
+    picked = wl.sample_questions(questions, edited, 40, 50, random.Random(1))
+    assert len(picked) == 40 and len({x.qid for x in picked}) == 40
+    assert sum(bool(x.answer_docs & edited) for x in picked) >= 20
+    assert picked == wl.sample_questions(questions, edited, 40, 50, random.Random(1))
+    initial = [ev(i, f"d{i}", initial=True) for i in range(3900)]
+    cut = wl.kb_slice(initial, picked, 50, random.Random(0))
+    assert len(cut) == 50 and {d for x in picked for d in x.answer_docs} <= {e.doc_id for e in cut}
+    few = wl.sample_questions(questions, edited, 40, 10, random.Random(1))
+    assert len({d for x in few for d in x.answer_docs}) <= 10
+
+
+def test_modes_size_the_workload():
+    from ragwarm.bench.strategies.command import _plan
+    from ragwarm.bench.strategies.settings import StrategySettings
+
+    s = StrategySettings()
+    quick, standard, full = (_plan(s, m, None, None) for m in ("quick", "standard", "full"))
+    assert quick["sample"] == 40 and quick["docs"] == 50 and quick["queries"] == 72
+    assert standard["docs"] is None and standard["sample"] is None
+    assert standard["queries"] >= 240 and standard["edits"] >= 30
+    assert full["queries"] == 600 and full["edits"] is None
+    from rag.settings import RagSettings
+
+    assert standard["chunk_tokens"] == RagSettings().chunk_tokens

@@ -157,7 +157,7 @@ def test_run_sync_refuses_a_handler_that_waits():
         run_sync(waits())
 
 
-def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_in_use():
+def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_most_in_use():
     port = Port({("default", "d.md#0"): "1" * 64})
     p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False, kv_bytes_per_token=10)
     for name, expires, used_at in (("1", 150.0, 50.0), ("2", 90.0, 60.0), ("3", 150.0, 70.0)):
@@ -170,15 +170,30 @@ def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_in_use():
         ).model_dump(mode="json")  # "2" expired at now=100
     ready = WorkerEvent(worker_id="w2", kind="ready", mem_total_bytes=10_000)
     run_sync(h.on_worker_event(p, ready))
-    # The most recently used ("3") goes last, so the worker's LRU keeps it longest.
+    # Expired ones too (an empty worker has room); the most recently used ("3") goes last,
+    # so the worker's LRU keeps it longest.
     assert [(o.op, o.prefix_hash, o.target_worker) for o in out.ops] == [
         ("warm_on", "1" * 64, "w2"),
+        ("warm_on", "2" * 64, "w2"),
         ("warm_on", "3" * 64, "w2"),
     ]
     # Only what fits the worker's free memory is sent (32 tokens x 10 bytes each).
     out.ops.clear()
     run_sync(h.on_worker_event(p, ready.model_copy(update={"mem_used_bytes": 9_500})))
     assert [o.prefix_hash for o in out.ops] == ["3" * 64]
+
+
+def test_a_ready_worker_gets_tracked_prefixes_in_the_room_the_hot_set_leaves():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    p, out = pipeline(port, prefix_ttl_s=60.0, hot_share=0.5, kv_bytes_per_token=10)
+    for name in "12":
+        p.tables.prefixes[name * 64] = PrefixState(
+            tenant="default", chunk_refs=REFS, token_ids=[7] * 32, expires_at=150.0,
+        ).model_dump(mode="json")
+    # No hot prefix yet: both fit (640 bytes), though the hot share is half of 700.
+    run_sync(h.on_worker_event(p, WorkerEvent(worker_id="w2", kind="ready",
+                                              mem_total_bytes=700)))
+    assert sorted(o.prefix_hash for o in out.ops) == ["1" * 64, "2" * 64]
 
 
 def test_a_hot_prefix_no_worker_holds_is_warmed_again_on_the_next_plan():

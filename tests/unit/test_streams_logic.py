@@ -304,7 +304,7 @@ def test_edit_elsewhere_in_the_document_rechecks_the_valid_prefix():
 
 
 class TestRewarm:
-    def test_most_used_unexpired_prefixes_first_within_the_budget(self):
+    def test_most_used_prefixes_first_within_the_budget(self):
         tracked = [
             ("old", state(expires_at=5.0, updated_at=4.0)),  # expired at now=10
             ("recent", state(expires_at=50.0, updated_at=9.0)),
@@ -322,6 +322,25 @@ class TestRewarm:
             ("small", state(expires_at=50.0, updated_at=1.0)),
         ]
         assert plan_rewarm(tracked, 0.0, 40, 1) == ["small"]
+
+    def test_an_expired_prefix_asked_often_comes_before_a_recent_one_asked_once(self):
+        tracked = [
+            ("yesterday", state(expires_at=5.0, updated_at=1.0, uses=9)),
+            ("today", state(expires_at=50.0, updated_at=9.0, uses=1)),
+        ]
+        assert plan_rewarm(tracked, 10.0, 32, 1) == ["yesterday"]
+        assert plan_rewarm(tracked, 10.0, 64, 1) == ["yesterday", "today"]
+
+
+def test_a_query_op_counts_a_use_and_other_warms_do_not():
+    query = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32, question="why?",
+                     reason="query")
+    first = plan_prefix_op(query, None, [], 0.0, 60.0).state
+    assert first is not None and first.uses == 1
+    again = plan_prefix_op(query, first, [], 1.0, 60.0).state
+    assert again is not None and again.uses == 2
+    hot = plan_prefix_op(query.model_copy(update={"reason": "hot"}), again, [], 2.0, 60.0).state
+    assert hot is not None and hot.uses == 2
 
 
 class TestLostPrefill:

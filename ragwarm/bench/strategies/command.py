@@ -27,7 +27,11 @@ _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
               help="Trace questions JSONL.")
 @click.option("--seed", type=int, default=None, help="Workload seed (RAGWARM_STRATEGIES_SEED).")
 @click.option("--quick", is_flag=True,
-              help="A slice: 50 documents, the first 10 relevant edits, 72 short queries.")
+              help="A slice: 40 sampled questions, their documents (50 with distractors), "
+              "10 relevant edits, 72 short queries (under 15 min).")
+@click.option("--standard", is_flag=True,
+              help="The whole initial state, default chunks, 240 queries, 30 content-changing "
+              "edits (about an hour on 2 CPU cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (figures only).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/strategies"), show_default=True,
@@ -37,14 +41,16 @@ _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--queries", type=int, default=None, help="Override the number of queries.")
 @click.option("--edits", type=int, default=None, help="Override the number of KB changes.")
 def strategies(
-    events_path: Path, questions_path: Path, seed: int | None, quick: bool, as_json: bool,
-    out: Path, policies: str | None, queries: int | None, edits: int | None,
+    events_path: Path, questions_path: Path, seed: int | None, quick: bool, standard: bool,
+    as_json: bool, out: Path, policies: str | None, queries: int | None, edits: int | None,
 ) -> None:
     """Replay a KB history with a Zipf query workload under every warmup policy, for real:
     real retrieval on Qdrant, real prefill and TTFT on the torch engine, one simulated clock.
     """
     from ragwarm.bench.strategies.settings import StrategySettings
 
+    if quick and standard:
+        raise click.UsageError("give at most one of --quick and --standard")
     settings = StrategySettings() if seed is None else StrategySettings(seed=seed)
     names = _names(policies)
     try:
@@ -52,7 +58,8 @@ def strategies(
         questions = read_questions(questions_path)
     except TraceError as exc:
         raise click.ClickException(str(exc)) from None
-    plan = _plan(settings, quick, queries, edits)
+    plan = _plan(settings, "quick" if quick else "standard" if standard else "full", queries,
+                 edits)
     # Commands are counted per outcome in run.json; one log line each would drown the bars.
     logging.getLogger("workers").setLevel(logging.ERROR)
     load_before = os.getloadavg()
@@ -74,18 +81,25 @@ def _names(policies: str | None) -> list[str]:
     return names
 
 
-def _plan(settings: Any, quick: bool, queries: int | None, edits: int | None) -> dict[str, Any]:
+def _plan(settings: Any, mode: str, queries: int | None, edits: int | None) -> dict[str, Any]:
+    """The workload's size per mode: quick (a sampled slice), standard, full."""
     from rag.settings import RagSettings
 
     chunk = settings.chunk_tokens or (
-        settings.quick_chunk_tokens if quick else RagSettings().chunk_tokens)
+        settings.quick_chunk_tokens if mode == "quick" else RagSettings().chunk_tokens)
+    sizes = {
+        "quick": (settings.quick_queries, settings.quick_edits),
+        "standard": (settings.standard_queries, settings.standard_edits),
+        "full": (settings.queries, settings.edits),
+    }[mode]
     return {
-        "quick": quick,
-        "queries": queries or (settings.quick_queries if quick else settings.queries),
-        "edits": edits if edits is not None else (
-            settings.quick_edits if quick else settings.edits),
+        "mode": mode,
+        "quick": mode == "quick",
+        "queries": queries or sizes[0],
+        "edits": edits if edits is not None else sizes[1],
         "chunk_tokens": chunk,
-        "docs": settings.quick_docs if quick else None,
+        "docs": settings.quick_docs if mode == "quick" else None,
+        "sample": settings.quick_questions if mode == "quick" else None,
     }
 
 
@@ -100,7 +114,8 @@ def _run(events: list, questions: list, settings: Any, names: list[str], plan: d
             raise click.ClickException(str(exc)) from None
         try:
             return run_benchmark(events, questions, settings, rig, edits=plan["edits"],
-                                 queries=plan["queries"], docs=plan["docs"], names=names)
+                                 queries=plan["queries"], docs=plan["docs"],
+                                 sample=plan["sample"], names=names)
         finally:
             rig.store.close()
 
@@ -118,7 +133,8 @@ def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
            "machine": machine, "queries": result.queries, "kb_events": result.kb_events}
     (out / "run.json").write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
     if as_json:
-        click.echo(json.dumps(json_report(figures, result.queries, result.kb_events)))
+        click.echo(json.dumps(json_report(figures, result.queries, result.kb_events,
+                                          result.meta.get("measurements"))))
         return
     click.echo(header + "\n\n" + markdown_table(figures))
     click.echo("\nwritten: " + ", ".join(str(p) for p in [*paths, out / "run.json"]))
@@ -147,7 +163,9 @@ def _header(result: Any, plan: dict, machine: dict) -> str:
         f"{meta['duration_sim_s'] / 60:.0f} simulated minutes; chunks of "
         f"{plan['chunk_tokens']} tokens; KV budget {meta['budget_bytes'] / 2**20:.0f} MiB per "
         f"policy ({meta['distinct_prefix_bytes'] / 2**20:.0f} MiB of distinct initial "
-        f"prefixes); ran {meta['elapsed_seconds'] / 60:.1f} min."
+        f"prefixes); {meta['initial_docs']} documents, {meta['questions']} questions; "
+        f"{meta['measurements']} distinct measurements for {meta['requests']} requests; "
+        f"ran {meta['elapsed_seconds'] / 60:.1f} min."
     )
 
 

@@ -13,12 +13,13 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from tqdm import tqdm
 
-from ragwarm.bench.strategies.offline import OFFLINE_POLICIES, evaluate, summary
+from ragwarm.bench.strategies.offline import evaluate, summary
+from ragwarm.bench.strategies.policies import policy_class
+from ragwarm.bench.strategies.settings import StrategySettings
 from ragwarm.kafka.replay import admin_session, plan_range
 from ragwarm.kafka.replay_plan import PartitionPlan, Position, check_range
 from ragwarm.settings import KafkaSettings
 from schemas import QueryEvent, SchemaError, decode
-from streams.settings import StreamsSettings
 from workers.settings import WorkerSettings
 
 
@@ -74,17 +75,19 @@ def load_events(settings: KafkaSettings, topic: str, start: Position,
 def run_evaluate(topic: str, start: Position, end: Position, policy: str,
                  as_json: bool) -> None:
     """Print hit rate and estimated TTFT of `policy` on the logged queries of the range."""
-    if policy not in OFFLINE_POLICIES:
-        raise click.BadParameter(
-            f"unknown warmup policy {policy!r}; valid names: {', '.join(OFFLINE_POLICIES)}",
-            param_hint="--evaluate")
+    try:
+        policy_class(policy)  # the benchmark's own policies, by the same names
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--evaluate") from None
     try:
         check_range(start, end)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     events, rejected = load_events(KafkaSettings(), topic, start, end)
-    kv_bytes = WorkerSettings().kv_bytes
-    outcomes, cost = evaluate(events, policy, kv_bytes, StreamsSettings().kv_bytes_per_token)
+    worker = WorkerSettings()
+    kv_bytes = worker.kv_bytes
+    outcomes, cost, _ = evaluate(events, policy, StrategySettings(), kv_bytes,
+                                 block_size=worker.block_size)
     report = {"topic": topic, "from": str(start), "to": str(end), "policy": policy,
               "kv_bytes": kv_bytes, "rejected": rejected} | summary(outcomes, cost)
     if as_json:
@@ -101,10 +104,15 @@ def _text(r: dict) -> str:
         f"{r['queries']} query events of {r['topic']} [{r['from']}, {r['to']}) "
         f"({r['rejected']} other records skipped), policy {r['policy']}, "
         f"KV budget {r['kv_bytes'] / 2**20:.0f} MiB",
-        f"hit rate {r['hit_rate']:.1%}, cached prompt tokens {r['cached_token_share']:.1%}",
-        f"estimated TTFT p50 {r['est_ttft_p50_ms']} ms, p99 {r['est_ttft_p99_ms']} ms "
-        f"(logged: p50 {r['logged_ttft_p50_ms']} ms, p99 {r['logged_ttft_p99_ms']} ms)",
+        f"hit rate {_rate(r['hit_rate'])}, cached prompt tokens {_rate(r['cached_token_share'])}",
+        f"estimated TTFT p50 {r['est_ttft_p50_ms']} ms, p90 {r['est_ttft_p90_ms']} ms, "
+        f"p99 {r['est_ttft_p99_ms']} ms (logged: p50 {r['logged_ttft_p50_ms']} ms, "
+        f"p90 {r['logged_ttft_p90_ms']} ms, p99 {r['logged_ttft_p99_ms']} ms)",
         f"estimate: {cost['fixed_ms']} ms + {cost['per_token_ms']} ms per uncached prompt "
         f"token, {basis}",
     ]
     return "\n".join(lines)
+
+
+def _rate(value: float | None) -> str:
+    return "n/a (no queries)" if value is None else f"{value:.1%}"

@@ -2,33 +2,23 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ragwarm.bench.stats import percentile
 from ragwarm.bench.strategies.records import QueryRow as Row
 
 # The `--json` contract of `ragwarm bench strategies`, per policy.
 JSON_KEYS = (
-    "ttft_p50_ms", "ttft_p99_ms", "hit_rate", "post_edit_hit_rate", "stale_hits",
+    "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "hit_rate", "post_edit_hit_rate", "stale_hits",
     "kv_memory_share", "warmup_seconds",
 )
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between ranks (numpy's default)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def share(flags: Iterable[bool]) -> float:
+def share(flags: Iterable[bool]) -> float | None:
+    """The share of true flags; None (absent, not 0) when there are none."""
     flags = list(flags)
-    return sum(flags) / len(flags) if flags else 0.0
+    return round(sum(flags) / len(flags), 4) if flags else None
 
 
 def mean(values: Iterable[float]) -> float:
@@ -36,9 +26,16 @@ def mean(values: Iterable[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def reduction(value: float, baseline: float) -> float:
+def pct(values: Sequence[float], q: float) -> float | None:
+    """`percentile` rounded for the report; None when there are no values."""
+    return round(percentile(values, q), 2) if values else None
+
+
+def reduction(value: float | None, baseline: float | None) -> float | None:
     """How much lower `value` is than `baseline`, as a share (0.65 = 65% lower)."""
-    return 1.0 - value / baseline if baseline > 0 else 0.0
+    if value is None or baseline is None or baseline <= 0:
+        return None
+    return round(1.0 - value / baseline, 4)
 
 
 def policy_figures(rows: Sequence[Row], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -48,21 +45,22 @@ def policy_figures(rows: Sequence[Row], extra: Mapping[str, Any]) -> dict[str, A
     again = [r.ttft_ms for r in rows if r.repeat]
     prompt = sum(r.prompt_tokens for r in rows)
     return {
-        "ttft_p50_ms": round(percentile(ttfts, 50), 2),
-        "ttft_p99_ms": round(percentile(ttfts, 99), 2),
-        "hit_rate": round(share(r.hit for r in rows), 4),
-        "post_edit_hit_rate": round(share(r.hit for r in post), 4),
+        "ttft_p50_ms": pct(ttfts, 50),
+        "ttft_p90_ms": pct(ttfts, 90),
+        "ttft_p99_ms": pct(ttfts, 99),
+        "hit_rate": share(r.hit for r in rows),
+        "post_edit_hit_rate": share(r.hit for r in post),
         "stale_hits": sum(r.stale for r in rows),
         "kv_memory_share": round(mean(r.mem_share for r in rows), 4),
         "warmup_seconds": round(float(extra.get("warmup_seconds", 0.0)), 2),
         "queries": len(rows),
         "repeat_queries": len(again),
-        "repeat_ttft_p50_ms": round(percentile(again, 50), 2) if again else None,
-        "repeat_ttft_p99_ms": round(percentile(again, 99), 2) if again else None,
+        "repeat_ttft_p50_ms": pct(again, 50),
+        "repeat_ttft_p99_ms": pct(again, 99),
         "post_edit_queries": len(post),
-        "partial_hit_rate": round(share(r.partial for r in rows), 4),
+        "partial_hit_rate": share(r.partial for r in rows),
         "cached_token_share": round(sum(r.cached_tokens for r in rows) / prompt, 4)
-        if prompt else 0.0,
+        if prompt else None,
         "pinned_memory_share": round(mean(r.pinned_share for r in rows), 4),
         "outdated_partial_reuse": sum(r.outdated_partial for r in rows),
     }
@@ -77,20 +75,24 @@ def summarize(
     base = out.get("none")
     for figures in out.values():
         if base is not None:
-            figures["p50_reduction"] = round(
-                reduction(figures["ttft_p50_ms"], base["ttft_p50_ms"]), 4)
-            figures["p99_reduction"] = round(
-                reduction(figures["ttft_p99_ms"], base["ttft_p99_ms"]), 4)
+            for q in (50, 90, 99):
+                key = f"ttft_p{q}_ms"
+                figures[f"p{q}_reduction"] = reduction(figures[key], base[key])
     return out
 
 
-def json_report(figures: Mapping[str, Mapping[str, Any]], queries: int, kb_events: int) -> dict:
-    """Exactly the object `--json` prints."""
-    return {
+def json_report(figures: Mapping[str, Mapping[str, Any]], queries: int, kb_events: int,
+                measurements: int | None = None) -> dict:
+    """Exactly the object `--json` prints; `measurements`: distinct TTFT measurements made
+    (policies whose request was the same computation share one)."""
+    report = {
         "policies": {name: {k: f[k] for k in JSON_KEYS} for name, f in figures.items()},
         "queries": queries,
         "kb_events": kb_events,
     }
+    if measurements is not None:
+        report["measurements"] = measurements
+    return report
 
 
 def hit_rate_series(rows: Sequence[Row], window: int) -> list[tuple[float, float]]:

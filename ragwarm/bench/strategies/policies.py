@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from schemas import KbChange, QueryEvent, WarmupCommand
+from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand
 from streams.logic import command_id
 
 if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run starts
@@ -15,8 +15,24 @@ if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run star
     from rag.trace import Question
     from ragwarm.bench.strategies.settings import StrategySettings
     from ragwarm.bench.strategies.worker import SimWorker
-    from ragwarm.rag_port import RagService
     from streams.ports import WarmPrefix
+
+
+class PolicyRag(Protocol):
+    """What policies ask of the RAG layer: the streams app's port, and the state of the
+    documents at the start. The real store in the benchmark, a query log offline."""
+
+    def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None: ...
+
+    def prefix_for_refs(self, refs: Sequence[ChunkRef], tenant: str) -> WarmPrefix | None: ...
+
+    def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool: ...
+
+    def search(self, question: str, tenant: str | None, k: int) -> list[dict]: ...
+
+    def doc_states(self, tenant: str) -> dict[str, dict]:
+        """doc id -> `DocState` (as JSON) of every document of the start."""
+        ...
 
 
 @dataclass
@@ -24,7 +40,7 @@ class PolicyContext:
     """What a policy may use: its worker, the shared RAG layer, settings and past traffic."""
 
     worker: SimWorker
-    rag: RagService
+    rag: PolicyRag
     settings: StrategySettings
     clock: Callable[[], float]
     past: Sequence[Question]  # yesterday's distinct questions, most asked first

@@ -15,6 +15,7 @@ from ragwarm.bench.strategies.records import QueryRow
 COLUMNS = (
     ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
     ("p50_reduction", "p50 vs none", "{:+.0%}"),
+    ("ttft_p90_ms", "TTFT p90 ms", "{:.0f}"),
     ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
     ("p99_reduction", "p99 vs none", "{:+.0%}"),
     ("repeat_ttft_p99_ms", "p99 repeats ms", "{:.0f}"),

@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,26 +26,17 @@ from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
 from rag.trace import Question, TraceEvent
 from ragwarm.bench.strategies import workload as wl
-from ragwarm.bench.strategies.policies import Policy, PolicyContext, policy_class, policy_names
+from ragwarm.bench.strategies.lanes import Lane, SimClock, StoreRag, open_lane
+from ragwarm.bench.strategies.policies import policy_class, policy_names
 from ragwarm.bench.strategies.records import QueryRow, Span, reuse_check
 from ragwarm.bench.strategies.settings import StrategySettings
-from ragwarm.bench.strategies.worker import Served, SimWorker, make_cache
+from ragwarm.bench.strategies.worker import Measurements, Served, make_cache
 from ragwarm.rag_port import RagService
 from schemas import KbChange, QueryEvent
 from schemas.prefix import PromptChain, prefix_chain
 from workers.engines.torch_engine import TorchEngine
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
 from workers.settings import WorkerSettings
-
-
-class SimClock:
-    """Simulated seconds since the start of the run; caches and policies read it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -59,12 +51,6 @@ class Rig:
     prompts: PromptBuilder
     rag: RagService
     tenant: str
-
-
-@dataclass
-class Lane:
-    policy: Policy
-    worker: SimWorker
 
 
 @dataclass
@@ -135,6 +121,7 @@ class Runner:
         self.kb_times: list[float] = []
         self.deps: dict[str, set[str]] = {}
         self.pending: set[str] = set()
+        self.measured: Counter[str] = Counter()
 
     # -- setup ---------------------------------------------------------------------
 
@@ -144,13 +131,14 @@ class Runner:
         self.rig.indexer.index_documents([e.to_change(self.rig.tenant) for e in initial])
         return time.perf_counter() - started
 
-    def survey(self, live: Sequence[Question]) -> tuple[set[str], int]:
-        """Docs the live questions depend on, and the bytes of their distinct prefixes."""
+    def survey(self, live: Sequence[Question]) -> tuple[dict[str, frozenset[str]], int]:
+        """Docs each live question depends on (named or retrieved at the start), and the
+        bytes of their distinct prefixes."""
         retrievals = self.rig.retriever.retrieve_many([q.question for q in live], self.rig.tenant)
         prefixes: dict[str, int] = {}
-        docs: set[str] = set()
+        deps: dict[str, frozenset[str]] = {}
         for q, r in zip(live, retrievals, strict=True):
-            docs |= set(q.answer_docs) | set(r.doc_ids)
+            deps[q.qid] = q.answer_docs | frozenset(r.doc_ids)
             tokens = self.rig.prompts.build_prefix(r.chunks)
             prefix_hash = self.prefix_chain(tokens).prefix_hash
             if prefix_hash is not None:
@@ -158,7 +146,7 @@ class Runner:
         base = self.rig.base
         block = base.block_size
         total = sum(n // block * block * base.kv_bytes_per_token for n in prefixes.values())
-        return docs, total
+        return deps, total
 
     def prefix_chain(self, prefix_ids: Sequence[int]) -> PromptChain:
         """The prefix's chain as workers and the streams app compute it."""
@@ -168,17 +156,14 @@ class Runner:
 
     def open_lanes(self, budget: Budget, past: Sequence[Question],
                    log: Sequence[tuple[float, Question]] = ()) -> None:
+        rag = StoreRag(self.rig.rag)
         for name in self.names:
-            cls = policy_class(name)
             cache = make_cache(budget, self.clock, self.rig.worker_settings.block_size)
             base = self.rig.base
             engine = TorchEngine(base.model, base.tokenizer, model_id=base.model_id,
                                  settings=self.rig.worker_settings, cache=cache)
-            worker = SimWorker(engine, self.clock, worker_id=f"sim-{name}",
-                               cache_requests=cls.cache_requests,
-                               ttft_runs=self.settings.ttft_runs)
-            ctx = PolicyContext(worker, self.rig.rag, self.settings, self.clock, past)
-            self.lanes[name] = Lane(cls(ctx), worker)
+            self.lanes[name] = open_lane(policy_class(name), engine, self.clock, rag,
+                                         self.settings, past, ttft_runs=self.settings.ttft_runs)
         self.replay_log(log)
         self.clock.now = 0.0
         for lane in tqdm(self.lanes.values(), desc="policy start", disable=self._quiet()):
@@ -244,12 +229,15 @@ class Runner:
         # Rotate who goes first, so no policy always runs right after the same neighbour.
         turn = step.index % len(self.names)
         names = self.names[turn:] + self.names[:turn]
+        shared = Measurements()
         for name in names:
             lane = self.lanes[name]
             served = lane.worker.serve(query.prompt.token_ids, self.rig.tenant,
-                                       query.prompt.chunk_refs)
+                                       query.prompt.chunk_refs, shared)
             self.rows.append(self.row(name, lane, query, served, post_edit, repeat))
             lane.policy.served(self.event(query, served, name))
+        self.measured["measurements"] += len(shared)
+        self.measured["shared_requests"] += shared.reused
 
     def prepare(self, step: wl.QueryStep) -> Prepared:
         retrieval = self.rig.retriever.retrieve(step.question.question, self.rig.tenant)
@@ -295,6 +283,13 @@ class Runner:
 
     # -- results -------------------------------------------------------------------
 
+    def measure_counts(self) -> dict[str, int]:
+        """Distinct TTFT measurements (each `ttft_runs` engine runs), requests served, those
+        that reused another policy's measurement, and their deployed runs (not timed)."""
+        reruns = sum(lane.worker.reruns for lane in self.lanes.values())
+        return {"measurements": self.measured["measurements"], "requests": len(self.rows),
+                "shared_requests": self.measured["shared_requests"], "untimed_runs": reruns}
+
     def policy_figures(self) -> dict[str, dict[str, Any]]:
         out = {}
         for name, lane in self.lanes.items():
@@ -316,38 +311,50 @@ def run_benchmark(
     edits: int | None,
     queries: int,
     docs: int | None = None,
+    sample: int | None = None,
     names: Sequence[str] | None = None,
     progress: bool | None = None,
 ) -> RunResult:
-    """Index, build the workload, run every policy; the figures come from `RunResult.rows`."""
+    """Index, build the workload, run every policy; the figures come from `RunResult.rows`.
+
+    With `sample`, that many questions are drawn first and the initial state is cut to
+    their documents plus distractors up to `docs`, so a large KB indexes a slice only.
+    """
     started = time.perf_counter()
     initial, rest = wl.split_trace(events)
     initial_seq = initial[-1].seq if initial else -1
-    initial = wl.kb_slice(initial, questions, docs, random.Random(settings.seed))
+    rng = random.Random(settings.seed)
+    if sample is not None:
+        edited = {e.doc_id for e in wl.content_changes(initial, rest)}
+        questions = wl.sample_questions(questions, edited, sample, docs or len(initial), rng)
+    initial = wl.kb_slice(initial, questions, docs, rng)
     runner = Runner(rig, settings, names or policy_names(), progress)
     index_s = runner.index_initial(initial)
-    relevant, prefix_bytes = runner.survey([q for q in questions if q.live_at(initial_seq)])
-    chosen = wl.relevant_edits(rest, relevant, edits)
+    deps, prefix_bytes = runner.survey([q for q in questions if q.live_at(initial_seq)])
+    relevant = set().union(*deps.values()) if deps else set()
+    chosen = wl.relevant_edits(rest, relevant, edits, initial)
     budget_bytes = int(settings.memory_share * prefix_bytes)
     budget = Budget(max_bytes=budget_bytes, max_entries=DEFAULT_MAX_ENTRIES,
                     warm_bytes=budget_bytes)
-    steps, log = _workload(settings, questions, chosen, initial_seq, queries)
+    steps, log = _workload(settings, questions, chosen, initial_seq, queries, deps)
     runner.open_lanes(budget, wl.by_popularity([q for _, q in log]), log)
     runner.run(steps)
     n_queries = sum(isinstance(s, wl.QueryStep) for s in steps)
     meta = {
         "budget_bytes": budget_bytes, "distinct_prefix_bytes": prefix_bytes,
-        "initial_docs": len(initial), "index_seconds": round(index_s, 1),
+        "initial_docs": len(initial), "questions": len(questions),
+        "content_edits": len(wl.content_changes(initial, chosen)),
+        "index_seconds": round(index_s, 1),
         "elapsed_seconds": round(time.perf_counter() - started, 1),
         "duration_sim_s": round(steps[-1].at, 1) if steps else 0.0,
-    }
+    } | runner.measure_counts()
     return RunResult(runner.rows, runner.policy_figures(), runner.kb_times, n_queries,
                      len(chosen), meta)
 
 
 def _workload(
     settings: StrategySettings, questions: Sequence[Question], edits: Sequence[TraceEvent],
-    initial_seq: int, queries: int,
+    initial_seq: int, queries: int, deps: Mapping[str, frozenset[str]] | None = None,
 ) -> tuple[list[wl.Step], list[tuple[float, Question]]]:
     """Today's timeline, and yesterday's log: as many draws as `history_queries`, on the
     same arrival process, ending one mean gap before today's first query."""
@@ -356,7 +363,7 @@ def _workload(
     arrivals = wl.arrivals(queries, rng, settings.mean_gap_s, settings.burst_prob,
                            settings.burst_size, settings.burst_gap_s)
     steps = wl.timeline(arrivals, edits, questions, weights, initial_seq, rng,
-                        settings.edits_from)
+                        settings.edits_from, deps)
     yesterday = random.Random(settings.seed + 1)
     log = wl.past_log(questions, weights, initial_seq, settings.history_queries, yesterday)
     times = wl.arrivals(len(log), yesterday, settings.mean_gap_s, settings.burst_prob,

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from streams.settings import StreamsSettings
+
 
 class StrategySettings(BaseSettings):
-    """The workload, the shared KV budget and each policy's knobs; `--quick` overrides a few."""
+    """The workload, the shared KV budget and the simple policies' knobs; the streams
+    policies read the streams app's own settings (`RAGWARM_STREAMS_*`)."""
 
     model_config = SettingsConfigDict(env_prefix="RAGWARM_STRATEGIES_", extra="ignore")
 
@@ -16,15 +19,29 @@ class StrategySettings(BaseSettings):
     edits: int | None = Field(
         default=None,
         ge=0,
-        description="KB changes replayed after the initial state: the first N that touch a "
-        "document the questions depend on; unset replays every change (full mode).",
+        description="KB changes replayed after the initial state: those that touch a document "
+        "the questions depend on, up to the N-th that changes content; unset replays every "
+        "change (full mode).",
     )
     quick_queries: int = Field(default=72, ge=1, description="Queries with --quick.")
-    quick_edits: int = Field(default=10, ge=0, description="Relevant KB changes with --quick.")
+    quick_edits: int = Field(
+        default=10, ge=0, description="Relevant content-changing KB changes with --quick."
+    )
+    quick_questions: int = Field(
+        default=40, ge=1,
+        description="Questions sampled first with --quick (up to half about edited documents); "
+        "only their documents and distractors are indexed.",
+    )
     quick_docs: int = Field(
         default=50, ge=1,
-        description="Documents of the initial state with --quick: those the questions name, "
-        "then a seeded sample of the others.",
+        description="Documents of the initial state with --quick: those the sampled questions "
+        "name, then a seeded sample of the others.",
+    )
+    standard_queries: int = Field(
+        default=240, ge=240, description="Queries with --standard (whole initial state)."
+    )
+    standard_edits: int = Field(
+        default=30, ge=30, description="Content-changing KB changes with --standard."
     )
     quick_chunk_tokens: int = Field(
         default=64, ge=16, description="Chunk size with --quick (shorter prompts, same shape)."
@@ -53,16 +70,10 @@ class StrategySettings(BaseSettings):
         description="KV budget of every policy, as a share of the bytes of the distinct "
         "top-3 prefixes of the live questions at the start.",
     )
-    prefix_ttl_s: float = Field(default=1800.0, gt=0, description="TTL of a warmed prefix.")
-    hot_share: float = Field(
-        default=0.18, gt=0, le=0.5, description="hot-tokens: share of KV memory for hot prefixes."
-    )
-    hot_window_s: float = Field(default=600.0, gt=0, description="hot-tokens: hopping window.")
-    hot_step_s: float = Field(default=60.0, gt=0, description="hot-tokens: window step.")
-    hot_tick_s: float = Field(default=30.0, gt=0, description="hot-tokens: re-plan period.")
-    hot_min_count: float = Field(default=2.0, description="hot-tokens: queries to count as hot.")
-    rewarm_questions: int = Field(
-        default=4, ge=0, description="event-rag: questions re-retrieved per invalidated prefix."
+    streams: StreamsSettings = Field(
+        default_factory=StreamsSettings,
+        description="The streams app's own settings (RAGWARM_STREAMS_*: TTL, hot-token "
+        "windows, shares, re-warms), read once and used by every policy that warms.",
     )
     scheduled_share: float = Field(
         default=0.18, gt=0, le=1, description="scheduled: share of KV memory for the warm set."

@@ -17,13 +17,12 @@ from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
 from streams import handlers as h
 from streams.hot import HotTracker
 from streams.ports import WarmPrefix
-from streams.records import DocLink, DocState, PrefixOp
+from streams.records import DocLink, PrefixOp
 from streams.routes import route_for
-from streams.settings import StreamsSettings
 
 if TYPE_CHECKING:
     from rag.index import IndexResult
-    from ragwarm.rag_port import RagService
+    from ragwarm.bench.strategies.policies import PolicyRag
 
 Item = PrefixOp | DocLink | WorkerEvent | KbChange | QueryEvent
 
@@ -43,7 +42,7 @@ class IndexedOnce:
     """The RAG port of one policy: the runner indexes each change once for every policy,
     so `index` hands back that result instead of writing the shared store again."""
 
-    def __init__(self, rag: RagService) -> None:
+    def __init__(self, rag: PolicyRag) -> None:
         self.rag = rag
         self.result: IndexResult | None = None
 
@@ -92,21 +91,13 @@ class StreamsPolicy(Policy):
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
-        s = ctx.settings
-        settings = StreamsSettings(
-            prefix_ttl_s=s.prefix_ttl_s,
-            hot_window_s=s.hot_window_s,
-            hot_step_s=s.hot_step_s,
-            hot_tick_s=s.hot_tick_s,
-            hot_share=s.hot_share,
-            hot_min_count=s.hot_min_count,
-            rewarm_questions=s.rewarm_questions,
-            track_queries=self.track_queries,
-            hot_tokens=self.hot,
-            kv_bytes_per_token=ctx.worker.engine.kv_bytes_per_token,
-            worker_stale_s=float("inf"),  # one worker, heartbeating on every step
-            tenant=s.tenant,
-        )
+        settings = ctx.settings.streams.model_copy(update={
+            "track_queries": self.track_queries,
+            "hot_tokens": self.hot,
+            "kv_bytes_per_token": ctx.worker.engine.kv_bytes_per_token,
+            "worker_stale_s": float("inf"),  # one worker, heartbeating on every step
+            "tenant": ctx.settings.tenant,
+        })
         self.queue: deque[Item] = deque()
         self.port = IndexedOnce(ctx.rag)
         self.pipeline = h.Pipeline(
@@ -118,7 +109,7 @@ class StreamsPolicy(Policy):
             clock=ctx.clock,
         )
         if self.kb_events:
-            self.pipeline.tables.docs.update(_doc_table(ctx))
+            self.pipeline.tables.docs.update(ctx.rag.doc_states(ctx.tenant))
         self.next_hot = self.next_sweep = 0.0
         ctx.worker.listeners.append(self.queue.append)  # worker.events
 
@@ -170,31 +161,13 @@ class StreamsPolicy(Policy):
             run_sync(route_for(item).handle(p, item))
 
 
-def _doc_table(ctx: PolicyContext) -> dict[str, dict]:
-    """The `docs` table as the KB-change agent leaves it after the initial state."""
-    store, tenant = ctx.rag.store, ctx.tenant
-    chunks: dict[str, dict[str, str]] = {}
-    for stored in store.all_chunks(tenant):
-        chunks.setdefault(stored.chunk.doc_id, {})[stored.chunk.chunk_id] = (
-            stored.chunk.content_hash
-        )
-    return {
-        r.doc_id: DocState(
-            version=r.version, tenant=tenant, chunks=chunks.get(r.doc_id, {}), deleted=r.deleted
-        ).model_dump(mode="json")
-        for r in store.doc_records(tenant)
-        if r.version is not None  # a first write still under way has no version yet
-    }
-
-
 class EventRag(StreamsPolicy):
     """`event-rag`: the prefixes queries use are kept warm (TTL) and linked to their chunks;
     a KB change invalidates the ones it made stale, re-retrieves the questions behind them
-    and prefills the new top-3 prefixes, and extends the TTL of the others."""
+    and prefills the new top-3 prefixes, and extends the TTL of the others. On top of the
+    worker's own request caching, as deployed (warmup only adds to it)."""
 
     name: ClassVar[str] = "event-rag"
-    # The app decides what is cached: every entry is a prefix it tracks and can re-warm.
-    cache_requests: ClassVar[bool] = False
     kb_events: ClassVar[bool] = True
     track_queries: ClassVar[bool] = True
 
@@ -209,10 +182,11 @@ class HotTokens(StreamsPolicy):
 
 
 class Hybrid(StreamsPolicy):
-    """`hybrid`: event-rag plus hot-tokens (the streams app with every input)."""
+    """`hybrid`: event-rag plus hot-tokens (the streams app with every input) on top of the
+    worker's request caching, so it serves every hit `reactive` does; a ready worker gets
+    the hot set, then the tracked prefixes most used, expired or not (what `history` warms)."""
 
     name: ClassVar[str] = "hybrid"
-    cache_requests: ClassVar[bool] = False
     kb_events: ClassVar[bool] = True
     track_queries: ClassVar[bool] = True
     hot: ClassVar[bool] = True

@@ -6,13 +6,13 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
 from workers.cache import ChunkKey, PrefixCache
-from workers.engines.base import GenerationResult
-from workers.engines.torch_engine import TorchEngine
+from workers.engines.base import GenerationResult, PrefixEngine
 from workers.memory import MEMORY_THRESHOLD, Budget
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
@@ -41,12 +41,33 @@ class Served:
     ttft_s: float
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One measurement of a query: its deployed result and its lower-median TTFT."""
+
+    cached: int
+    result: GenerationResult
+    ttft_s: float
+
+
+class Measurements(dict[int, Measured]):
+    """The measurements made for one query, by number of cached tokens (the prompt is the
+    same for every policy): a request that is the same computation reuses one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reused = 0
+
+    def record(self, cached: int, result: GenerationResult, ttft_s: float) -> None:
+        self.setdefault(cached, Measured(cached, result, ttft_s))
+
+
 class SimWorker:
     """A worker as deployed (runtime, commands, reactive caching), on the simulated clock."""
 
     def __init__(
         self,
-        engine: TorchEngine,
+        engine: PrefixEngine[Any],
         clock: Callable[[], float],
         *,
         worker_id: str,
@@ -70,31 +91,74 @@ class SimWorker:
         self.listeners: list[Callable[[WorkerEvent], None]] = []
         self.warm_seconds = 0.0
         self.outcomes: Counter[str] = Counter()
+        self.reruns = 0  # deployed runs whose TTFT was not needed (a shared measurement)
         self._drain()
 
     @property
     def cache(self) -> PrefixCache:
         return self.engine.cache
 
-    def serve(self, token_ids: Sequence[int], tenant: str, refs: Sequence[ChunkRef]) -> Served:
+    def serve(self, token_ids: Sequence[int], tenant: str, refs: Sequence[ChunkRef],
+              shared: Measurements | None = None) -> Served:
         """Answer with one token (TTFT measured by the engine); with request caching the
         engine also stores the prompt's blocks from the request's own KV.
 
         The request runs `ttft_runs` times on the same cache state: trials first, which store
         nothing (their lookups only touch the entry the request touches next), then the
-        request as deployed. Its TTFT is the lower median of the runs.
+        request as deployed. Its TTFT is the lower median of the runs. A request that is the
+        same computation as one another policy's worker measured for this query (same prompt
+        ids, same cached tokens) reuses that measurement: it runs once, as deployed, for its
+        effect on this cache (not at all when it has none), and no trial runs.
         """
         keys = [(r.chunk_id, r.content_hash) for r in refs]
+        cached = self.expected_cached(token_ids, tenant)
+        known = shared.get(cached) if shared is not None else None
+        if shared is not None and known is not None:
+            result = self._deployed(token_ids, tenant, keys, known)
+            if result.cached_tokens == cached:  # the prediction held: same computation
+                shared.reused += 1
+                return self._served(result, known.ttft_s)
+            # Never seen so far (peek matches as the engine's lookup does): the run already
+            # changed this cache, so its one timing is all this request gets.
+            self.reruns -= 1
+            shared.record(result.cached_tokens, result, result.ttft_s)
+            return self._served(result, result.ttft_s)
         trials = [self._trial_ttft(token_ids, tenant) for _ in range(self.ttft_runs - 1)]
+        result = self._deployed(token_ids, tenant, keys, None)
+        ttft = statistics.median_low([*trials, result.ttft_s])
+        if shared is not None:
+            shared.record(result.cached_tokens, result, ttft)
+        return self._served(result, ttft)
+
+    def expected_cached(self, token_ids: Sequence[int], tenant: str) -> int:
+        """Prompt tokens the engine will take from the cache, as far as the bookkeeping
+        tells (peek: touches nothing); `serve` checks it against what the engine did."""
+        hashes = self.engine.block_hashes(token_ids, tenant=tenant)
+        entry, matched = self.cache.peek(hashes)
+        if entry is None:
+            return 0
+        return min(matched * self.engine.block_size, len(token_ids) - 1)
+
+    def _deployed(self, token_ids: Sequence[int], tenant: str, keys: list[ChunkKey],
+                  known: Measured | None) -> GenerationResult:
+        """The request as deployed; skipped when a measurement exists and running it would
+        change nothing here (no request caching, nothing cached to touch)."""
+        if known is not None and not self.runtime.cache_requests and known.cached == 0:
+            return replace(known.result, prefix_hash=None, stored=None)
         result = self.runtime.generate(
             token_ids, tenant=tenant, max_tokens=1, temperature=0.0,
             arrived=time.perf_counter(), emit=lambda step: True, chunk_refs=keys,
         )
         if result is None:
             raise RuntimeError("the runtime stopped a generation nobody cancelled")
+        if known is not None:
+            self.reruns += 1
+        return result
+
+    def _served(self, result: GenerationResult, ttft_s: float) -> Served:
         used = self.refs.get(result.prefix_hash or "", frozenset())
         self._drain()
-        return Served(result, used, statistics.median_low([*trials, result.ttft_s]))
+        return Served(result, used, ttft_s)
 
     def _trial_ttft(self, token_ids: Sequence[int], tenant: str) -> float:
         for step in self.engine.generate(token_ids, max_tokens=1, tenant=tenant):

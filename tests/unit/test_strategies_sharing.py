@@ -1,0 +1,69 @@
+"""Policies whose request is the same computation share one TTFT measurement."""
+
+from __future__ import annotations
+
+from ragwarm.bench.strategies.cost import CostEngine, CostModel
+from ragwarm.bench.strategies.lanes import SimClock
+from ragwarm.bench.strategies.worker import Measurements, SimWorker, make_cache
+from workers.memory import Budget
+
+PROMPT = list(range(100))  # 6 full blocks of 16 and 4 tokens
+
+
+class CountingEngine(CostEngine):
+    """A cost engine whose every run takes a little longer, so runs are told apart."""
+
+    runs = 0
+
+    def _generate(self, request):
+        type(self).runs += 1
+        for step in super()._generate(request):
+            result = step.result
+            if result is not None:
+                bumped = result.ttft_s + CountingEngine.runs / 1e6
+                step = type(step)(step.index, step.token_id, step.text,
+                                  type(result)(**{**result.__dict__, "ttft_s": bumped}))
+            yield step
+
+
+def worker(clock: SimClock, name: str, *, caching: bool = True) -> SimWorker:
+    cache = make_cache(Budget(10**9, 1000, 10**9), clock, 16)
+    engine = CountingEngine(CostModel(100.0, 1.0), cache, model_id="m", kv_bytes_per_token=1)
+    return SimWorker(engine, clock, worker_id=name, cache_requests=caching, ttft_runs=3)
+
+
+def test_same_cached_tokens_share_one_measurement_and_others_measure_their_own():
+    clock = SimClock()
+    warm_a, warm_b, cold = worker(clock, "a"), worker(clock, "b"), worker(clock, "c")
+    for w in (warm_a, warm_b):  # both already served this prompt: a full-prompt hit
+        w.serve(PROMPT, "t", [])
+    CountingEngine.runs = 0
+    shared = Measurements()
+    first = warm_a.serve(PROMPT, "t", [], shared)
+    assert CountingEngine.runs == 3  # two trials, then the request as deployed
+    second = warm_b.serve(PROMPT, "t", [], shared)
+    assert CountingEngine.runs == 4  # run once, as deployed, for its cache; not timed
+    assert second.ttft_s == first.ttft_s and second.result.cached_tokens == 96
+    third = cold.serve(PROMPT, "t", [], shared)
+    assert CountingEngine.runs == 7 and third.result.cached_tokens == 0  # its own measurement
+    assert len(shared) == 2 and shared.reused == 1 and warm_b.reruns == 1
+
+
+def test_a_request_with_no_effect_reuses_without_running():
+    clock = SimClock()
+    caching, plain = worker(clock, "a"), worker(clock, "none", caching=False)
+    shared = Measurements()
+    first = caching.serve(PROMPT, "t", [], shared)
+    CountingEngine.runs = 0
+    again = plain.serve(PROMPT, "t", [], shared)
+    assert CountingEngine.runs == 0  # nothing to store, nothing cached to touch
+    assert again.ttft_s == first.ttft_s and again.result.prefix_hash is None
+    assert len(plain.cache) == 0
+
+
+def test_the_lower_median_of_the_runs_is_reported():
+    clock = SimClock()
+    CountingEngine.runs = 0
+    served = worker(clock, "a").serve(PROMPT, "t", [], Measurements())
+    base = CostModel(100.0, 1.0).ttft_ms(100, 0) / 1000
+    assert served.ttft_s == base + 2 / 1e6  # runs 1, 2, 3: the median one
