@@ -217,6 +217,7 @@ class WorkerEvent(WorkerEventV1):
         "heartbeat",
         "stopped",
         "released",
+        "refused",
         "expired",
     ]
     epoch: int | None = Field(default=None, ge=0)

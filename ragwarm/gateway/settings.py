@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class GatewaySettings(BaseSettings):
     """The gateway: where it listens, which API key belongs to which tenant, request bounds."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_GATEWAY_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_GATEWAY_", extra="forbid")
 
     host: str = Field(default="127.0.0.1", description="Interface the gateway listens on.")
     port: int = Field(default=8088, ge=1, le=65535, description="Port of the gateway.")

@@ -12,7 +12,7 @@ class StrategySettings(BaseSettings):
     """The workload, the shared KV budget and the simple policies' knobs; the streams
     policies read the streams app's own settings (`RAGWARM_STREAMS_*`)."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_STRATEGIES_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_STRATEGIES_", extra="forbid")
 
     seed: int = Field(default=7, description="Seed of the query workload (popularity, arrivals).")
     queries: int = Field(default=600, ge=1, description="Queries in the workload (full mode).")
