@@ -217,7 +217,6 @@ def test_the_streams_app_waits_for_a_broker_started_20_s_later(tmp_path):
         RAGWARM_KAFKA_JARS_DIR=str(shared.jars_dir.parent),
     )
     app = StreamsApp(f"127.0.0.1:{port}", "late.", "late", tmp_path)
-    app.proc.env.update({k: env[k] for k in ("RAGWARM_HOME",)})
     app.proc.start()
     try:
         time.sleep(20)
