@@ -234,3 +234,42 @@ def test_the_streams_app_waits_for_a_broker_started_20_s_later(tmp_path):
     finally:
         app.stop()
         subprocess.run([str(RAGWARM), "kafka", "stop"], env=env, timeout=120)
+
+
+# --- the index directory unavailable for a while ---------------------------------------------
+
+
+def test_an_update_during_a_store_outage_is_indexed_once_the_store_is_back(
+    kafka_bootstrap, kafka_producer, namespace, streams_factory, tmp_path
+):
+    """Before: the store's write error dead-lettered the KB change and acked it: the update
+    was lost for good. The directory is moved away (as root, permissions would not stop
+    the writes) and back: SQLite then fails every write with 'readonly database'."""
+    docs = list(initial_docs().values())[:1]
+    send_docs(kafka_producer, namespace + KB_CHANGES, docs)
+    app = streams_factory(namespace, "outage").start()
+    wait_for(lambda: app.counters().get("kb_events", 0) >= 1, 240, "the first document")
+    store = tmp_path / "qdrant-outage"
+    away = store.with_name("qdrant-outage.away")
+    text = (
+        "Outage runbook. The flux capacitor of the deployment pipeline needs 1.21 gigawatts "
+        "before a sync wave may start; without it every sync stays pending."
+    )
+    update = KbChange(op="upsert", doc_id="outage.md", version=1, text=text)
+    store.rename(away)
+    try:
+        send_docs(kafka_producer, namespace + KB_CHANGES, [update])
+        wait_for(lambda: app.counters().get("retries", 0) >= 2, 60, "the write retried")
+        time.sleep(10)
+    finally:
+        away.rename(store)
+    wait_for(lambda: app.counters().get("kb_events", 0) >= 2, 120, "the update indexed")
+    counters = app.counters()
+    assert counters.get("dead_letters", 0) == 0
+    assert letters(kafka_bootstrap, namespace + DEADLETTER) == []
+    rows = httpx.post(
+        app.url + "/ragwarm/retrieve",
+        json={"question": "How much power does the flux capacitor need?"},
+        timeout=60,
+    ).json()["chunks"]
+    assert rows[0]["doc_id"] == "outage.md"
