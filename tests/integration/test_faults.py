@@ -269,7 +269,7 @@ def test_an_update_during_a_store_outage_is_indexed_once_the_store_is_back(
     assert letters(kafka_bootstrap, namespace + DEADLETTER) == []
     rows = httpx.post(
         app.url + "/ragwarm/retrieve",
-        json={"question": "How much power does the flux capacitor need?"},
+        json={"question": "How much power does the flux capacitor need?", "tenant": "default"},
         timeout=60,
     ).json()["chunks"]
     assert rows[0]["doc_id"] == "outage.md"
