@@ -273,3 +273,49 @@ def test_an_update_during_a_store_outage_is_indexed_once_the_store_is_back(
         timeout=60,
     ).json()["chunks"]
     assert rows[0]["doc_id"] == "outage.md"
+
+
+# --- re-driving dead letters ---------------------------------------------------------------
+
+
+def _ragwarm(namespace: str, bootstrap: str, *args: str) -> str:
+    env = {**os.environ, "RAGWARM_KAFKA_BOOTSTRAP": bootstrap,
+           "RAGWARM_KAFKA_TOPIC_PREFIX": namespace}
+    done = subprocess.run(
+        [sys.executable, "-m", "ragwarm.cli", "deadletter", *args],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_transient_dead_letter_is_redriven_once_the_cause_is_fixed(
+    kafka_bootstrap, kafka_producer, namespace, streams_factory, tmp_path
+):
+    """With no retry budget the outage dead-letters the update; `ragwarm deadletter
+    redrive --reason transient` sends it to kb.changes again once the store is back."""
+    env = {"RAGWARM_STREAMS_RETRY_ATTEMPTS": "0"}
+    app = streams_factory(namespace, "redrive", env).start()
+    wait_ready(app)
+    store = tmp_path / "qdrant-redrive"
+    away = store.with_name("qdrant-redrive.away")
+    update = KbChange(op="upsert", doc_id="runbook.md", version=1,
+                      text="Runbook. Rotate the signing keys of the gateway every ninety days.")
+    store.rename(away)
+    try:
+        send_docs(kafka_producer, namespace + KB_CHANGES, [update])
+        wait_for(lambda: app.counters().get("dead_letters", 0) >= 1, 120, "the dead letter")
+    finally:
+        away.rename(store)
+    assert app.counters()["transient_dead_letters"] == 1
+    listed = _ragwarm(namespace, kafka_bootstrap, "list", "--reason", "transient")
+    assert "retries exhausted" in listed and namespace + KB_CHANGES in listed
+    assert "would be sent" in _ragwarm(namespace, kafka_bootstrap, "redrive", "--dry-run")
+    time.sleep(2)
+    assert app.counters().get("kb_events", 0) == 0
+    assert "sent 1 of 1" in _ragwarm(
+        namespace, kafka_bootstrap, "redrive", "--reason", "transient"
+    )
+    wait_for(lambda: app.counters().get("kb_events", 0) >= 1, 120, "the re-driven update")
+    docs = app.get("/ragwarm/docs")["docs"]
+    assert docs["runbook.md"]["version"] == 1
