@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "status": "ragwarm.stack.local:status",
     "demo": "ragwarm.stack.demo:demo",
     "config": "ragwarm.cli.config:config",
+    "deadletter": "ragwarm.cli.deadletter:deadletter",
 }
 
 

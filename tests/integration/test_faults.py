@@ -217,7 +217,6 @@ def test_the_streams_app_waits_for_a_broker_started_20_s_later(tmp_path):
         RAGWARM_KAFKA_JARS_DIR=str(shared.jars_dir.parent),
     )
     app = StreamsApp(f"127.0.0.1:{port}", "late.", "late", tmp_path)
-    app.proc.env.update({k: env[k] for k in ("RAGWARM_HOME",)})
     app.proc.start()
     try:
         time.sleep(20)
@@ -235,3 +234,88 @@ def test_the_streams_app_waits_for_a_broker_started_20_s_later(tmp_path):
     finally:
         app.stop()
         subprocess.run([str(RAGWARM), "kafka", "stop"], env=env, timeout=120)
+
+
+# --- the index directory unavailable for a while ---------------------------------------------
+
+
+def test_an_update_during_a_store_outage_is_indexed_once_the_store_is_back(
+    kafka_bootstrap, kafka_producer, namespace, streams_factory, tmp_path
+):
+    """Before: the store's write error dead-lettered the KB change and acked it: the update
+    was lost for good. The directory is moved away (as root, permissions would not stop
+    the writes) and back: SQLite then fails every write with 'readonly database'."""
+    docs = list(initial_docs().values())[:1]
+    send_docs(kafka_producer, namespace + KB_CHANGES, docs)
+    app = streams_factory(namespace, "outage").start()
+    wait_for(lambda: app.counters().get("kb_events", 0) >= 1, 240, "the first document")
+    store = tmp_path / "qdrant-outage"
+    away = store.with_name("qdrant-outage.away")
+    text = (
+        "Outage runbook. The flux capacitor of the deployment pipeline needs 1.21 gigawatts "
+        "before a sync wave may start; without it every sync stays pending."
+    )
+    update = KbChange(op="upsert", doc_id="outage.md", version=1, text=text)
+    store.rename(away)
+    try:
+        send_docs(kafka_producer, namespace + KB_CHANGES, [update])
+        wait_for(lambda: app.counters().get("retries", 0) >= 2, 60, "the write retried")
+        time.sleep(10)
+    finally:
+        away.rename(store)
+    wait_for(lambda: app.counters().get("kb_events", 0) >= 2, 120, "the update indexed")
+    counters = app.counters()
+    assert counters.get("dead_letters", 0) == 0
+    assert letters(kafka_bootstrap, namespace + DEADLETTER) == []
+    rows = httpx.post(
+        app.url + "/ragwarm/retrieve",
+        json={"question": "How much power does the flux capacitor need?", "tenant": "default"},
+        timeout=60,
+    ).json()["chunks"]
+    assert rows[0]["doc_id"] == "outage.md"
+
+
+# --- re-driving dead letters ---------------------------------------------------------------
+
+
+def _ragwarm(namespace: str, bootstrap: str, *args: str) -> str:
+    env = {**os.environ, "RAGWARM_KAFKA_BOOTSTRAP": bootstrap,
+           "RAGWARM_KAFKA_TOPIC_PREFIX": namespace}
+    done = subprocess.run(
+        [sys.executable, "-m", "ragwarm.cli", "deadletter", *args],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_transient_dead_letter_is_redriven_once_the_cause_is_fixed(
+    kafka_bootstrap, kafka_producer, namespace, streams_factory, tmp_path
+):
+    """With no retry budget the outage dead-letters the update; `ragwarm deadletter
+    redrive --reason transient` sends it to kb.changes again once the store is back."""
+    env = {"RAGWARM_STREAMS_RETRY_ATTEMPTS": "0"}
+    app = streams_factory(namespace, "redrive", env).start()
+    wait_ready(app)
+    store = tmp_path / "qdrant-redrive"
+    away = store.with_name("qdrant-redrive.away")
+    update = KbChange(op="upsert", doc_id="runbook.md", version=1,
+                      text="Runbook. Rotate the signing keys of the gateway every ninety days.")
+    store.rename(away)
+    try:
+        send_docs(kafka_producer, namespace + KB_CHANGES, [update])
+        wait_for(lambda: app.counters().get("dead_letters", 0) >= 1, 120, "the dead letter")
+    finally:
+        away.rename(store)
+    assert app.counters()["transient_dead_letters"] == 1
+    listed = _ragwarm(namespace, kafka_bootstrap, "list", "--reason", "transient")
+    assert "retries exhausted" in listed and namespace + KB_CHANGES in listed
+    assert "would be sent" in _ragwarm(namespace, kafka_bootstrap, "redrive", "--dry-run")
+    time.sleep(2)
+    assert app.counters().get("kb_events", 0) == 0
+    assert "sent 1 of 1" in _ragwarm(
+        namespace, kafka_bootstrap, "redrive", "--reason", "transient"
+    )
+    wait_for(lambda: app.counters().get("kb_events", 0) >= 1, 120, "the re-driven update")
+    docs = app.get("/ragwarm/docs")["docs"]
+    assert docs["runbook.md"]["version"] == 1
