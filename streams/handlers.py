@@ -132,7 +132,7 @@ def warm_op(
 async def on_kb_change(p: Pipeline, change: KbChange) -> None:
     prior_raw = p.tables.docs.get(change.doc_id)
     prior = DocState.model_validate(prior_raw) if prior_raw else None
-    if logic.is_stale(change, prior):
+    if change.is_stale(prior.version if prior else None):
         p.stats["stale_events"] += 1
         return
     new_chunks = await p.blocking(p.rag.index, change)

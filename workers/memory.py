@@ -81,11 +81,3 @@ def accepts_warmup(used_bytes: int, total_bytes: int, threshold: float = MEMORY_
     if total_bytes <= 0:
         return False
     return used_bytes / total_bytes <= threshold
-
-
-def cold_weight(used: int | float, total: int | float) -> float:
-    """Router weight of a cold worker, 1 - (used/total)^2, clamped to [0, 1]."""
-    if total <= 0:
-        return 0.0
-    ratio = min(max(used / total, 0.0), 1.0)
-    return 1.0 - ratio * ratio

@@ -28,7 +28,7 @@ from ragwarm.bench.strategies import workload as wl
 from ragwarm.bench.strategies.policies import Policy, PolicyContext, policy_class, policy_names
 from ragwarm.bench.strategies.records import QueryRow, Span, reuse_check
 from ragwarm.bench.strategies.settings import StrategySettings
-from ragwarm.bench.strategies.worker import Served, SimWorker, make_cache
+from ragwarm.bench.strategies.worker import SimAnswer, SimWorker, make_cache
 from ragwarm.rag_port import RagService
 from schemas import KbChange, QueryEvent
 from schemas.prefix import PromptChain, prefix_chain
@@ -258,7 +258,7 @@ class Runner:
         chain = self.prefix_chain(prompt.prefix_ids)
         return Prepared(step, prompt, spans, chain, retrieval.doc_ids)
 
-    def row(self, name: str, lane: Lane, q: Prepared, served: Served, post_edit: bool,
+    def row(self, name: str, lane: Lane, q: Prepared, served: SimAnswer, post_edit: bool,
             repeat: bool) -> QueryRow:
         result, cache = served.result, lane.worker.cache
         block = lane.worker.engine.block_size
@@ -275,7 +275,7 @@ class Runner:
             mem_share=cache.bytes_used / total, pinned_share=cache.pinned_bytes / total,
         )
 
-    def event(self, q: Prepared, served: Served, name: str) -> QueryEvent:
+    def event(self, q: Prepared, served: SimAnswer, name: str) -> QueryEvent:
         """The record the RAG client would publish on `rag.queries` for this answer."""
         r = served.result
         return QueryEvent(

@@ -32,7 +32,7 @@ class _Events:
 
 
 @dataclass(frozen=True)
-class Served:
+class SimAnswer:
     """One answered query on this worker: the engine's result, the entry used, and the TTFT
     reported for it (the median of its runs; always one the engine measured)."""
 
@@ -76,7 +76,7 @@ class SimWorker:
     def cache(self) -> PrefixCache:
         return self.engine.cache
 
-    def serve(self, token_ids: Sequence[int], tenant: str, refs: Sequence[ChunkRef]) -> Served:
+    def serve(self, token_ids: Sequence[int], tenant: str, refs: Sequence[ChunkRef]) -> SimAnswer:
         """Answer with one token (TTFT measured by the engine); with request caching the
         engine also stores the prompt's blocks from the request's own KV.
 
@@ -94,7 +94,7 @@ class SimWorker:
             raise RuntimeError("the runtime stopped a generation nobody cancelled")
         used = self.refs.get(result.prefix_hash or "", frozenset())
         self._drain()
-        return Served(result, used, statistics.median_low([*trials, result.ttft_s]))
+        return SimAnswer(result, used, statistics.median_low([*trials, result.ttft_s]))
 
     def _trial_ttft(self, token_ids: Sequence[int], tenant: str) -> float:
         for step in self.engine.generate(token_ids, max_tokens=1, tenant=tenant):
