@@ -14,7 +14,7 @@ from schemas import KbChange, QueryEvent, WorkerEvent, decode
 from streams import handlers as h
 from streams.records import DocLink, PrefixOp
 
-Handler = Callable[[h.Pipeline, Any], Awaitable[None]]
+Handler = Callable[[h.HandlerDeps, Any], Awaitable[None]]
 
 
 @dataclass(frozen=True)

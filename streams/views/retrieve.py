@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from faust.web import Request, Response, View
 
-from streams.handlers import Pipeline
+from streams.handlers import HandlerDeps
 from streams.views.bodies import BadRequest, Page, RetrieveBody, parse_body
 
 
-def pages(p: Pipeline) -> dict[str, Page]:
+def pages(p: HandlerDeps) -> dict[str, Page]:
     class Retrieve(View):
         """POST {"question": str, "tenant": str?, "k": int?} -> top-k chunks with text."""
 

@@ -61,12 +61,12 @@ class Outbox:
         self.commands.append(cmd)
 
 
-def pipeline(port: Port, now: float = 100.0, **settings) -> tuple[h.Pipeline, Outbox]:
+def pipeline(port: Port, now: float = 100.0, **settings) -> tuple[h.HandlerDeps, Outbox]:
     out = Outbox()
     tables = h.StreamTables(docs={}, doc_prefixes={}, prefixes={}, workers={})
     worker = WorkerState(worker_id="w1", ready=True, mem_total=1000, last_seen=now)
     tables.workers["w1"] = worker.model_dump(mode="json")
-    p = h.Pipeline(
+    p = h.HandlerDeps(
         tables=tables,
         out=out,
         rag=port,

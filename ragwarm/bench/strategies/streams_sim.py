@@ -1,6 +1,6 @@
 """event-rag, hot-tokens and hybrid: the streams app's own handlers on the simulated clock.
 
-Each policy runs `streams.handlers` (the code behind the Faust agents) on a `Pipeline`
+Each policy runs `streams.handlers` (the code behind the Faust agents) on a `HandlerDeps`
 whose tables are dicts, whose topics are one in-order queue, whose commands reach the
 policy's worker at once, and whose clock is the benchmark's. A policy differs from the
 deployed app only in which inputs it is fed.
@@ -109,7 +109,7 @@ class StreamsPolicy(Policy):
         )
         self.queue: deque[Item] = deque()
         self.port = IndexedOnce(ctx.rag)
-        self.pipeline = h.Pipeline(
+        self.pipeline = h.HandlerDeps(
             tables=h.StreamTables(docs={}, doc_prefixes={}, prefixes={}, workers={}),
             out=SimOutbox(self.queue, self),
             rag=self.port,
