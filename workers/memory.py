@@ -17,8 +17,6 @@ LARGE_WARM_SHARE = 0.50
 BURST_BUFFER_SHARE = 0.10
 # Seed router config: memory_threshold 0.7, "stop warming above it".
 MEMORY_THRESHOLD = 0.7
-# Seed strategy table: dynamic hot-token warmup uses 15–20% of KV memory.
-HOT_TOKEN_SHARE = 0.20
 DEFAULT_MAX_ENTRIES = 4096
 
 
