@@ -13,8 +13,7 @@ import logging
 import faust
 
 from schemas import WarmupCommand, encode
-from streams import faults
-from streams import handlers as h
+from streams import faults, handlers
 from streams.handlers import HandlerDeps
 from streams.records import DocLink, PrefixOp
 from streams.routes import ROUTES, Route
@@ -124,16 +123,16 @@ def _timers(app: faust.App, p: HandlerDeps) -> None:
     def timer(interval: float, name: str, fn) -> None:
         app.timer(interval, name=name)(faults.guarded(name, fn, count))
 
-    timer(p.settings.hot_tick_s, "ragwarm.hot-tick", lambda: h.plan_hot(p))
+    timer(p.settings.hot_tick_s, "ragwarm.hot-tick", lambda: handlers.plan_hot(p))
     timer(p.settings.sweep_s, "ragwarm.prefix-sweep", lambda: _sweep(p))
-    timer(p.settings.resend_s, "ragwarm.prefill-resend", lambda: h.resend_prefills(p))
+    timer(p.settings.resend_s, "ragwarm.prefill-resend", lambda: handlers.resend_prefills(p))
     if p.settings.warm_cron:
         name = "ragwarm.scheduled-warmup"
         app.crontab(p.settings.warm_cron)(faults.guarded(name, lambda: _scheduled(p), count))
 
 
 async def _sweep(p: HandlerDeps) -> None:
-    forgotten = await h.sweep_prefixes(p)
+    forgotten = await handlers.sweep_prefixes(p)
     if forgotten:
         log.info("sweep: %d expired prefixes to forget", forgotten)
 
