@@ -77,9 +77,6 @@ class Embedder:
         self.computed += len(texts)
         return np.asarray(vectors, dtype=np.float32)
 
-    def embed_one(self, text: str) -> np.ndarray:
-        return self.embed([text], progress=False)[0]
-
     @contextlib.contextmanager
     def _autocast(self) -> Iterator[None]:
         if self.precision != "bfloat16":

@@ -48,9 +48,9 @@ def diff_refs(old: Sequence[ChunkRef], new: Sequence[ChunkRef]) -> ChunkDiff:
     )
 
 
-def is_stale(record: DocRecord | None, version: int) -> bool:
-    """An older version never overwrites a newer one; an equal version re-applies."""
-    return record is not None and record.version is not None and version < record.version
+def stored_version(record: DocRecord | None) -> int | None:
+    """The version a change is compared with (`KbChange.is_stale`); None if none is stored."""
+    return record.version if record is not None else None
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,10 @@ class _Plan:
     diff: ChunkDiff
     embedded: int = 0
 
+    @property
+    def stale(self) -> bool:
+        return self.change.is_stale(stored_version(self.record))
+
 
 class Indexer:
     """Applies `KbChange`s to a `ChunkStore`: chunk, diff against the stored chunks, embed
@@ -148,17 +152,17 @@ class Indexer:
 
     def _index_batch(self, changes: list[KbChange]) -> list[IndexResult]:
         plans = [self._plan(c) for c in changes]
-        live = [p for p in plans if not is_stale(p.record, p.change.version)]
+        live = [p for p in plans if not p.stale]
         vectors = self._vectors(live)
         return [
-            _stale_result(p) if is_stale(p.record, p.change.version) else self._apply(p, vectors)
+            _stale_result(p) if p.stale else self._apply(p, vectors)
             for p in plans
         ]
 
     def _plan(self, change: KbChange) -> _Plan:
         record = self.store.doc_record(change.doc_id, change.tenant)
         old = self.store.current_chunks(change.doc_id, change.tenant)
-        if is_stale(record, change.version):
+        if change.is_stale(stored_version(record)):
             return _Plan(change, record, old, [], ChunkDiff())
         new = self.chunk(change.doc_id, change.text or "") if change.op == "upsert" else []
         diff = diff_refs([s.chunk.ref for s in old], [c.ref for c in new])

@@ -98,14 +98,14 @@ class RagService:
         hits = self.retriever.retrieve(question, tenant, k).hits
         return [
             {
-                "chunk_id": h.chunk.chunk_id,
-                "content_hash": h.chunk.content_hash,
-                "doc_id": h.chunk.doc_id,
-                "text": h.chunk.text,
-                "score": h.score,
-                "version": h.version,
+                "chunk_id": hit.chunk.chunk_id,
+                "content_hash": hit.chunk.content_hash,
+                "doc_id": hit.chunk.doc_id,
+                "text": hit.chunk.text,
+                "score": hit.score,
+                "version": hit.version,
             }
-            for h in hits
+            for hit in hits
         ]
 
     def indexed_versions(self) -> dict[tuple[str, str], int | None]:

@@ -72,6 +72,14 @@ class KbChange(Event):
             raise ValueError(f"text: larger than {MAX_TEXT_BYTES} bytes")
         return self
 
+    def is_stale(self, current_version: int | None) -> bool:
+        """Whether this change is older than the document's current version.
+
+        An older change never overwrites a newer one, so replays are safe; an equal version
+        re-applies (idempotent). None: nothing is stored yet (or a first write never finished).
+        """
+        return current_version is not None and self.version < current_version
+
 
 class QueryEvent(Event):
     """One answered RAG query: what was retrieved, which prefix it used, how fast it was."""

@@ -13,9 +13,8 @@ import logging
 import faust
 
 from schemas import WarmupCommand, encode
-from streams import faults
-from streams import handlers as h
-from streams.handlers import Pipeline
+from streams import faults, handlers
+from streams.handlers import HandlerDeps
 from streams.records import DocLink, PrefixOp
 from streams.routes import ROUTES, Route
 from streams.topics import Topics
@@ -47,7 +46,7 @@ class RecordRunner:
     """Runs one route's handler on each record: decode, wait for the index if needed,
     handle with retries, dead-letter what cannot be handled."""
 
-    def __init__(self, p: Pipeline, topics: Topics, route: Route) -> None:
+    def __init__(self, p: HandlerDeps, topics: Topics, route: Route) -> None:
         self.p, self.topics, self.route = p, topics, route
         s = p.settings
         self.backoff = faults.Backoff(s.retry_initial_s, s.retry_max_s, s.retry_attempts)
@@ -101,7 +100,7 @@ class RecordRunner:
         )
 
 
-def register_agents(app: faust.App, topics: Topics, p: Pipeline) -> None:
+def register_agents(app: faust.App, topics: Topics, p: HandlerDeps) -> None:
     for route in ROUTES:
         _agent(app, getattr(topics, route.topic), RecordRunner(p, topics, route))
     _timers(app, p)
@@ -115,7 +114,7 @@ def _agent(app: faust.App, topic: faust.TopicT, runner: RecordRunner) -> None:
     app.agent(topic, name=runner.route.agent)(agent)
 
 
-def _timers(app: faust.App, p: Pipeline) -> None:
+def _timers(app: faust.App, p: HandlerDeps) -> None:
     """Every timer runs guarded: an exception is logged and counted, never stops the app."""
 
     def count() -> None:
@@ -124,21 +123,21 @@ def _timers(app: faust.App, p: Pipeline) -> None:
     def timer(interval: float, name: str, fn) -> None:
         app.timer(interval, name=name)(faults.guarded(name, fn, count))
 
-    timer(p.settings.hot_tick_s, "ragwarm.hot-tick", lambda: h.plan_hot(p))
+    timer(p.settings.hot_tick_s, "ragwarm.hot-tick", lambda: handlers.plan_hot(p))
     timer(p.settings.sweep_s, "ragwarm.prefix-sweep", lambda: _sweep(p))
-    timer(p.settings.resend_s, "ragwarm.prefill-resend", lambda: h.resend_prefills(p))
+    timer(p.settings.resend_s, "ragwarm.prefill-resend", lambda: handlers.resend_prefills(p))
     if p.settings.warm_cron:
         name = "ragwarm.scheduled-warmup"
         app.crontab(p.settings.warm_cron)(faults.guarded(name, lambda: _scheduled(p), count))
 
 
-async def _sweep(p: Pipeline) -> None:
-    forgotten = await h.sweep_prefixes(p)
+async def _sweep(p: HandlerDeps) -> None:
+    forgotten = await handlers.sweep_prefixes(p)
     if forgotten:
         log.info("sweep: %d expired prefixes to forget", forgotten)
 
 
-async def _scheduled(p: Pipeline) -> None:
+async def _scheduled(p: HandlerDeps) -> None:
     log.info("scheduled warmup of %d hot prefixes", len(p.tracker.hot))
     for op in list(p.tracker.hot.values()):
         await p.out.op(op.model_copy(update={"reason": "scheduled"}))

@@ -74,7 +74,7 @@ class Readiness:
 
 
 @dataclass
-class Pipeline:
+class HandlerDeps:
     """Everything the handlers share: tables, outbox, the RAG port, clock and counters."""
 
     tables: StreamTables
@@ -130,10 +130,10 @@ def warm_op(
 # --- kb.changes (key doc_id) -----------------------------------------------------------------
 
 
-async def on_kb_change(p: Pipeline, change: KbChange) -> None:
+async def on_kb_change(p: HandlerDeps, change: KbChange) -> None:
     prior_raw = p.tables.docs.get(change.doc_id)
     prior = DocState.model_validate(prior_raw) if prior_raw else None
-    if logic.is_stale(change, prior):
+    if change.is_stale(prior.version if prior else None):
         p.stats["stale_events"] += 1
         return
     new_chunks = await p.blocking(p.rag.index, change)
@@ -153,7 +153,7 @@ async def on_kb_change(p: Pipeline, change: KbChange) -> None:
 # --- ragwarm.prefix-ops (key prefix hash) ----------------------------------------------------
 
 
-async def on_prefix_op(p: Pipeline, op: PrefixOp) -> None:
+async def on_prefix_op(p: HandlerDeps, op: PrefixOp) -> None:
     if op.op in ("warm", "warm_on") and not await p.blocking(
         p.rag.refs_current, op.chunk_refs, op.tenant
     ):
@@ -168,7 +168,7 @@ async def on_prefix_op(p: Pipeline, op: PrefixOp) -> None:
     await apply_plan(p, plan, op)
 
 
-async def apply_plan(p: Pipeline, plan: logic.PrefixPlan, op: PrefixOp) -> None:
+async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> None:
     for cmd in plan.commands:
         await p.out.command(logic.with_expiry(cmd, p.clock(), p.settings.command_expiry_s))
     if plan.state is None:
@@ -189,7 +189,7 @@ async def apply_plan(p: Pipeline, plan: logic.PrefixPlan, op: PrefixOp) -> None:
 # --- ragwarm.doc-links (key doc_id) ----------------------------------------------------------
 
 
-async def on_doc_link(p: Pipeline, link: DocLink) -> None:
+async def on_doc_link(p: HandlerDeps, link: DocLink) -> None:
     current = p.tables.docs.get(link.doc_id)
     doc = DocState.model_validate(current) if current else None
     links, stale = logic.plan_doc_link(p.tables.doc_prefixes.get(link.doc_id) or {}, link, doc)
@@ -201,7 +201,7 @@ async def on_doc_link(p: Pipeline, link: DocLink) -> None:
 # --- worker.events (global table) ------------------------------------------------------------
 
 
-async def on_worker_event(p: Pipeline, event: WorkerEvent) -> None:
+async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
     secret = p.settings.worker_events_secret
     if secret is not None and not authentic(event, secret.get_secret_value().encode()):
         # A forged heartbeat would otherwise set the URL clients are routed to.
@@ -227,7 +227,7 @@ async def on_worker_event(p: Pipeline, event: WorkerEvent) -> None:
         await warm_new_worker(p, event)
 
 
-async def warm_new_worker(p: Pipeline, event: WorkerEvent) -> None:
+async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     """A worker that (re)started holds nothing: send it the hot set, re-plan the hot set
     with its memory added, then the tracked prefixes most used while they fit its free
     memory beside the hot set (they are unpinned: later warmups may evict them)."""
@@ -263,7 +263,7 @@ async def warm_new_worker(p: Pipeline, event: WorkerEvent) -> None:
         )
 
 
-async def sweep_prefixes(p: Pipeline) -> int:
+async def sweep_prefixes(p: HandlerDeps) -> int:
     """Ask for the prefixes expired `forget_after_s` ago that nobody holds to be dropped.
 
     A timer runs this over the local table; the `forget` op goes through prefix-ops, so the
@@ -289,7 +289,7 @@ async def sweep_prefixes(p: Pipeline) -> int:
     return sent
 
 
-async def resend_prefills(p: Pipeline) -> int:
+async def resend_prefills(p: HandlerDeps) -> int:
     """Ask again for prefills no ready worker confirmed within `PREFILL_WAIT_S` (lost,
     refused, expired, or their worker died): the owning partition rechecks and sends the
     prefill to another worker if it can. Runs on a timer; returns how many it asked for."""
@@ -314,7 +314,7 @@ async def resend_prefills(p: Pipeline) -> int:
 # --- rag.queries (key tenant) ----------------------------------------------------------------
 
 
-async def on_query(p: Pipeline, query: QueryEvent) -> None:
+async def on_query(p: HandlerDeps, query: QueryEvent) -> None:
     payload = HotPayload(
         tenant=query.tenant,
         question=query.question,
@@ -329,7 +329,7 @@ async def on_query(p: Pipeline, query: QueryEvent) -> None:
             await p.out.op(op)
 
 
-async def query_warm_op(p: Pipeline, query: QueryEvent) -> PrefixOp | None:
+async def query_warm_op(p: HandlerDeps, query: QueryEvent) -> PrefixOp | None:
     """Keep the prefix an answered query used warm (TTL) and linked to its chunks, so an
     edit to them re-warms what the question retrieves then. None when nothing would change:
     the prefix is known, held by a worker, far from expiry and already lists the question."""
@@ -358,7 +358,7 @@ async def query_warm_op(p: Pipeline, query: QueryEvent) -> PrefixOp | None:
     )
 
 
-async def plan_hot(p: Pipeline) -> None:
+async def plan_hot(p: HandlerDeps) -> None:
     """Warm the hottest prefixes that fit the hot-token share; release those that cooled."""
     if not p.settings.hot_tokens:
         return
@@ -366,7 +366,7 @@ async def plan_hot(p: Pipeline) -> None:
         await _plan_hot(p)
 
 
-async def _plan_hot(p: Pipeline) -> None:
+async def _plan_hot(p: HandlerDeps) -> None:
     ranked = p.tracker.ranked(p.clock())
     ready = [w for w in p.live_workers() if w.ready]
     budget = int(p.settings.hot_share * sum(w.mem_total for w in ready))
@@ -397,7 +397,7 @@ async def _plan_hot(p: Pipeline) -> None:
         )
 
 
-async def hot_warm_op(p: Pipeline, prefix_hash: str, payload: HotPayload) -> PrefixOp | None:
+async def hot_warm_op(p: HandlerDeps, prefix_hash: str, payload: HotPayload) -> PrefixOp | None:
     prefix = await p.blocking(p.rag.prefix_for_refs, list(payload.chunk_refs), payload.tenant)
     if prefix is None or prefix.prefix_hash != prefix_hash:
         # The query's chunks changed since it was asked: warm what it would retrieve now.

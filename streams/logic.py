@@ -43,11 +43,6 @@ class KbPlan:
     ops: list[PrefixOp] = field(default_factory=list)
 
 
-def is_stale(change: KbChange, prior: DocState | None) -> bool:
-    """An event older than the stored version changes nothing, so replays are safe."""
-    return prior is not None and change.version < prior.version
-
-
 def plan_kb_change(
     change: KbChange,
     prior: DocState | None,
@@ -61,7 +56,7 @@ def plan_kb_change(
     `dependents` is prefix hash -> the refs of this document's chunks it depends on.
     A prefix with any ref no longer current is invalidated; the others get a longer TTL.
     """
-    if is_stale(change, prior):
+    if change.is_stale(prior.version if prior else None):
         return KbPlan(stale=True)
     state = DocState(
         version=change.version,

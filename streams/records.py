@@ -73,6 +73,11 @@ class PrefixOp(_Record):
     way, so each table is only read and written by the partition that owns its key.
     """
 
+    # The app's verbs about a prefix; what workers receive is a WarmupCommand:
+    # warm/warm_on (on one worker)/resend (an unconfirmed prefill, again) -> `prefill`,
+    # cool (unpin) -> `release`, invalidate/extend_ttl -> the same, forget (stop
+    # tracking) -> no command. Kept apart from the command verbs: these records sit in a
+    # changelogged topic.
     op: Literal["invalidate", "extend_ttl", "warm", "cool", "warm_on", "forget", "resend"]
     prefix_hash: str
     tenant: str = "default"

@@ -17,7 +17,7 @@ from typing import Any
 
 from schemas import KbChange, SchemaError, decode
 from streams.faults import Backoff
-from streams.handlers import Pipeline
+from streams.handlers import HandlerDeps
 from streams.records import DocState
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def _better(change: KbChange, current: KbChange | None, target: int) -> bool:
     return current.version > target and change.version < current.version
 
 
-async def recover_index(p: Pipeline, read: ReadChanges) -> int:
+async def recover_index(p: HandlerDeps, read: ReadChanges) -> int:
     """Re-index what the index lacks; returns how many documents were re-indexed."""
     docs = {k: DocState.model_validate(v) for k, v in list(p.tables.docs.items()) if v}
     indexed = await p.blocking(p.rag.indexed_versions)
@@ -82,7 +82,7 @@ async def recover_index(p: Pipeline, read: ReadChanges) -> int:
     return len(chosen)
 
 
-async def recover_until_done(p: Pipeline, read: ReadChanges, backoff: Backoff) -> None:
+async def recover_until_done(p: HandlerDeps, read: ReadChanges, backoff: Backoff) -> None:
     """Run the recovery until it succeeds (the store or broker may be down for a while),
     then open KB changes and the ready probe."""
     delay = backoff.initial_s
@@ -99,7 +99,7 @@ async def recover_until_done(p: Pipeline, read: ReadChanges, backoff: Backoff) -
     p.readiness.recovered()
 
 
-def register_recovery(app: Any, p: Pipeline, read: ReadChanges) -> None:
+def register_recovery(app: Any, p: HandlerDeps, read: ReadChanges) -> None:
     """Hold KB changes and readiness until the index matches the recovered tables. Faust
     starts app tasks once table recovery is complete, so the task sees the whole tables."""
     p.readiness.wait_for_recovery()

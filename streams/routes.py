@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas import KbChange, QueryEvent, WorkerEvent, decode
-from streams import handlers as h
+from streams import handlers
 from streams.records import DocLink, PrefixOp
 
-Handler = Callable[[h.Pipeline, Any], Awaitable[None]]
+Handler = Callable[[handlers.HandlerDeps, Any], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -41,16 +41,16 @@ def _record(model: Any) -> Callable[[bytes], Any]:
 
 ROUTES: tuple[Route, ...] = (
     Route(
-        KbChange, "kb_changes", "ragwarm.kb-changes", _event(KbChange), h.on_kb_change,
+        KbChange, "kb_changes", "ragwarm.kb-changes", _event(KbChange), handlers.on_kb_change,
         after_index_recovery=True,
     ),
-    Route(PrefixOp, "prefix_ops", "ragwarm.prefix-ops", _record(PrefixOp), h.on_prefix_op),
-    Route(DocLink, "doc_links", "ragwarm.doc-links", _record(DocLink), h.on_doc_link),
+    Route(PrefixOp, "prefix_ops", "ragwarm.prefix-ops", _record(PrefixOp), handlers.on_prefix_op),
+    Route(DocLink, "doc_links", "ragwarm.doc-links", _record(DocLink), handlers.on_doc_link),
     Route(
         WorkerEvent, "worker_events", "ragwarm.worker-events", _event(WorkerEvent),
-        h.on_worker_event,
+        handlers.on_worker_event,
     ),
-    Route(QueryEvent, "queries", "ragwarm.token-frequency", _event(QueryEvent), h.on_query),
+    Route(QueryEvent, "queries", "ragwarm.token-frequency", _event(QueryEvent), handlers.on_query),
 )
 
 BY_TYPE: dict[type, Route] = {r.record: r for r in ROUTES}

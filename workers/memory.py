@@ -17,8 +17,6 @@ LARGE_WARM_SHARE = 0.50
 BURST_BUFFER_SHARE = 0.10
 # Seed router config: memory_threshold 0.7, "stop warming above it".
 MEMORY_THRESHOLD = 0.7
-# Seed strategy table: dynamic hot-token warmup uses 15–20% of KV memory.
-HOT_TOKEN_SHARE = 0.20
 DEFAULT_MAX_ENTRIES = 4096
 
 
@@ -81,11 +79,3 @@ def accepts_warmup(used_bytes: int, total_bytes: int, threshold: float = MEMORY_
     if total_bytes <= 0:
         return False
     return used_bytes / total_bytes <= threshold
-
-
-def cold_weight(used: int | float, total: int | float) -> float:
-    """Router weight of a cold worker, 1 - (used/total)^2, clamped to [0, 1]."""
-    if total <= 0:
-        return 0.0
-    ratio = min(max(used / total, 0.0), 1.0)
-    return 1.0 - ratio * ratio

@@ -21,7 +21,7 @@ class StreamsApp:
     app: Any
     topics: Any
     tables: Any  # streams.tables.Tables: the changelog-backed tables
-    pipeline: Any  # streams.handlers.Pipeline
+    deps: Any  # streams.handlers.HandlerDeps: what every handler and view shares
 
 
 def broker_options(kafka: KafkaSettings) -> Any:
@@ -47,7 +47,7 @@ def with_events_secret(settings: StreamsSettings) -> StreamsSettings:
     return settings.model_copy(update={"worker_events_secret": secret}) if secret else settings
 
 
-def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> StreamsApp:
+def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> StreamsApp:
     """The Faust app with its topics, tables, agents and views around `rag_port`."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -55,7 +55,7 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
     from streams.agents import KafkaOutbox, register_agents
     from streams.app import create_app
     from streams.auth import install_auth
-    from streams.handlers import Pipeline, StreamTables
+    from streams.handlers import HandlerDeps, StreamTables
     from streams.hot import HotTracker
     from streams.recovery import KbChangesReader, register_recovery
     from streams.tables import define_tables
@@ -67,7 +67,7 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
     app = create_app(streams, broker_options(kafka), data_dir)
     topics = define_topics(app, streams.partitions, kafka.topic_prefix)
     tables = define_tables(app, streams.partitions)
-    pipeline = Pipeline(
+    deps = HandlerDeps(
         tables=StreamTables(**vars(tables)),
         out=KafkaOutbox(topics),
         rag=rag_port,
@@ -75,12 +75,12 @@ def build_pipeline(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> 
         tracker=HotTracker(streams.hot_window_s, streams.hot_step_s, streams.hot_capacity),
         executor=ThreadPoolExecutor(1, thread_name_prefix="ragwarm-store"),
     )
-    register_agents(app, topics, pipeline)
-    register_views(app, pipeline)
+    register_agents(app, topics, deps)
+    register_views(app, deps)
     reader = KbChangesReader(kafka.servers, kafka.client_options(), kafka.topic(KB_CHANGES))
-    register_recovery(app, pipeline, reader)
+    register_recovery(app, deps, reader)
     install_auth(app, keyring(streams.api_key, streams.tenant_keys))
-    return StreamsApp(app, topics, tables, pipeline)
+    return StreamsApp(app, topics, tables, deps)
 
 
 def wait_for_broker(kafka: KafkaSettings, wait_s: float) -> None:
@@ -116,7 +116,7 @@ def ensure_topics(streams_app: StreamsApp, kafka: KafkaSettings) -> None:
     from ragwarm.kafka.admin import create_topics
     from schemas.topics import TopicSpec, prefixed
 
-    partitions = streams_app.pipeline.settings.partitions
+    partitions = streams_app.deps.settings.partitions
     specs = prefixed(kafka.topic_prefix)
     for table in vars(streams_app.tables).values():
         specs.append(
@@ -147,7 +147,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
     kafka = KafkaSettings()
     # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
     rag = RagService.open(ModelSettings())
-    built = build_pipeline(settings, kafka, rag)
+    built = build_app(settings, kafka, rag)
     wait_for_broker(kafka, settings.broker_wait_s)
     ensure_topics(built, kafka)
     click.echo(

@@ -100,7 +100,10 @@ class Answer:
 
 
 # --- retrieval backends ----------------------------------------------------------------
-class Retrieval(Protocol):
+class RetrievalBackend(Protocol):
+    """Where the client gets a question's top-k chunks (not `rag.retrieve.Retrieval`, the
+    result of one search)."""
+
     def retrieve(self, question: str, tenant: str, k: int) -> list[RetrievedChunk]: ...
 
     def close(self) -> None: ...
@@ -141,8 +144,8 @@ class QdrantRetrieval:
 
     def retrieve(self, question: str, tenant: str, k: int) -> list[RetrievedChunk]:
         hits = self.retriever.retrieve(question, tenant, k).hits
-        return [RetrievedChunk(h.chunk.chunk_id, h.chunk.content_hash, h.chunk.doc_id,
-                               h.chunk.text, h.score, h.version) for h in hits]
+        return [RetrievedChunk(hit.chunk.chunk_id, hit.chunk.content_hash, hit.chunk.doc_id,
+                               hit.chunk.text, hit.score, hit.version) for hit in hits]
 
     def close(self) -> None:
         self.retriever.store.close()
@@ -194,7 +197,7 @@ class RagClient:
     """
 
     def __init__(self, settings: ClientSettings, prompts: PromptBuilder, model_salt: str,
-                 streams: httpx.Client, retrieval: Retrieval | None = None,
+                 streams: httpx.Client, retrieval: RetrievalBackend | None = None,
                  emitter: QueryEmitter | None = None,
                  transport: httpx.BaseTransport | None = None, block_size: int = BLOCK_SIZE,
                  top_k: int = 3):

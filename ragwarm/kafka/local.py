@@ -460,14 +460,3 @@ class LocalKafka:
             else:
                 lease.unlink(missing_ok=True)
         return live
-
-
-@contextmanager
-def kafka_broker(
-    home: HomeSettings | None = None,
-    kafka: KafkaSettings | None = None,
-    say: Say = _stderr,
-) -> Iterator[str]:
-    """Yield bootstrap servers of a running broker; stop it at exit if we started it."""
-    with LocalKafka(home or HomeSettings(), kafka or KafkaSettings(), say=say) as bootstrap:
-        yield bootstrap

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from streams.handlers import Pipeline
+from streams.handlers import HandlerDeps
 from streams.views import health, retrieve, route, state
 from streams.views.bodies import Page
 
 
-def pages(p: Pipeline) -> dict[str, Page]:
+def pages(p: HandlerDeps) -> dict[str, Page]:
     """Every view of the app by path."""
     return {**health.pages(p), **state.pages(p), **route.pages(p), **retrieve.pages(p)}
 
 
-def register_views(app, p: Pipeline) -> None:
+def register_views(app, p: HandlerDeps) -> None:
     for path, page in pages(p).items():
         register(app, path, page)
 

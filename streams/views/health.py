@@ -6,7 +6,7 @@ from __future__ import annotations
 from faust.web import Request, Response
 
 from schemas.prefix import PromptParams
-from streams.handlers import Pipeline
+from streams.handlers import HandlerDeps
 from streams.views.bodies import Page
 
 
@@ -18,7 +18,7 @@ def health_body(app_id: str, params: PromptParams) -> dict:
     }
 
 
-def pages(p: Pipeline) -> dict[str, Page]:
+def pages(p: HandlerDeps) -> dict[str, Page]:
     async def health(web, request: Request) -> Response:
         return web.json(health_body(p.settings.app_id, p.rag.prompt_params()))
 

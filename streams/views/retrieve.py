@@ -5,11 +5,11 @@ from __future__ import annotations
 from faust.web import Request, Response, View
 
 from streams.auth import Busy, Forbidden, Gate, request_tenant
-from streams.handlers import Pipeline
+from streams.handlers import HandlerDeps
 from streams.views.bodies import BadRequest, Page, RetrieveBody, parse_body
 
 
-def pages(p: Pipeline) -> dict[str, Page]:
+def pages(p: HandlerDeps) -> dict[str, Page]:
     gate = Gate(p.settings.retrieve_concurrency, p.settings.retrieve_wait_s)
 
     class Retrieve(View):

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from faust.web import Request, Response, View
 
-from streams.handlers import Pipeline
+from streams.handlers import HandlerDeps
 from streams.logic import choose_worker
 from streams.records import WorkerState
 from streams.views.bodies import BadRequest, Page, RouteBody, parse_body
@@ -30,7 +30,7 @@ def route_answer(workers: Sequence[WorkerState], hashes: Sequence[str]) -> dict:
     }
 
 
-def pages(p: Pipeline) -> dict[str, Page]:
+def pages(p: HandlerDeps) -> dict[str, Page]:
     class Route(View):
         """POST {"block_hashes": [...]} -> the worker to send that prompt to."""
 

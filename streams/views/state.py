@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from faust.web import Request, Response
 
-from streams.handlers import Pipeline
+from streams.handlers import HandlerDeps
 from streams.logic import holders_of
 from streams.records import PrefixState
 from streams.views.bodies import Page
@@ -12,7 +12,7 @@ from streams.views.bodies import Page
 TOP = 20
 
 
-def stats_body(p: Pipeline) -> dict:
+def stats_body(p: HandlerDeps) -> dict:
     return {
         "counters": dict(p.stats),
         "docs": len(p.tables.docs),
@@ -22,7 +22,7 @@ def stats_body(p: Pipeline) -> dict:
     }
 
 
-def workers_body(p: Pipeline) -> dict:
+def workers_body(p: HandlerDeps) -> dict:
     rows = [
         w.model_dump(mode="json") | {"mem_ratio": w.mem_ratio, "entries_warm": len(w.prefixes)}
         for w in p.live_workers()
@@ -30,7 +30,7 @@ def workers_body(p: Pipeline) -> dict:
     return {"workers": rows}
 
 
-def hot_body(p: Pipeline) -> dict:
+def hot_body(p: HandlerDeps) -> dict:
     now = p.clock()
     hot = [
         {"prefix_hash": op.prefix_hash, "tenant": op.tenant, "question": op.question,
@@ -48,7 +48,7 @@ def hot_body(p: Pipeline) -> dict:
     return {"hot": hot, "top_prefixes": top_prefixes, "top_questions": top_questions}
 
 
-def docs_body(p: Pipeline) -> dict:
+def docs_body(p: HandlerDeps) -> dict:
     """Every document's version and chunk hashes (what replays must rebuild)."""
     return {
         "docs": dict(p.tables.docs.items()),
@@ -56,7 +56,7 @@ def docs_body(p: Pipeline) -> dict:
     }
 
 
-def prefix_body(p: Pipeline, prefix_hash: str) -> dict:
+def prefix_body(p: HandlerDeps, prefix_hash: str) -> dict:
     raw = p.tables.prefixes.get(prefix_hash)
     state = PrefixState.model_validate(raw) if raw else None
     return {
@@ -66,7 +66,7 @@ def prefix_body(p: Pipeline, prefix_hash: str) -> dict:
     }
 
 
-def pages(p: Pipeline) -> dict[str, Page]:
+def pages(p: HandlerDeps) -> dict[str, Page]:
     async def stats(web, request: Request) -> Response:
         return web.json(stats_body(p))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag.index import diff_refs, is_stale
+from rag.index import diff_refs, stored_version
 from rag.store import DocRecord
-from schemas import ChunkRef
+from schemas import ChunkRef, KbChange
 
 
 def _ref(ordinal: int, h: str) -> ChunkRef:
@@ -32,13 +32,20 @@ def test_identical_sets_are_all_unchanged() -> None:
     assert diff.unchanged == tuple(refs) and not diff.stale and not diff.fresh
 
 
+def _change(version: int) -> KbChange:
+    return KbChange(op="delete", doc_id="d", version=version)
+
+
 def test_older_versions_are_stale_equal_ones_are_not() -> None:
     record = DocRecord("d", "default", 5, deleted=False)
-    assert is_stale(record, 4)
-    assert not is_stale(record, 5) and not is_stale(record, 6) and not is_stale(None, 0)
-    assert is_stale(DocRecord("d", "default", 5, deleted=True), 3)
+    assert _change(4).is_stale(stored_version(record))
+    assert not _change(5).is_stale(stored_version(record))
+    assert not _change(6).is_stale(stored_version(record))
+    assert not _change(0).is_stale(stored_version(None))
+    assert _change(3).is_stale(stored_version(DocRecord("d", "default", 5, deleted=True)))
     # A first write that was interrupted left no version: anything may apply.
-    assert not is_stale(DocRecord("d", "default", None, deleted=False, slots=4), 0)
+    assert not _change(0).is_stale(
+        stored_version(DocRecord("d", "default", None, deleted=False, slots=4)))
 
 
 _refsets = st.dictionaries(st.integers(0, 12), st.sampled_from("abcdef"), max_size=10).map(

@@ -1,4 +1,4 @@
-"""Unit tests for memory tiers, budgets and router weights."""
+"""Unit tests for memory tiers, budgets and the warmup threshold."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from workers.memory import (
     Budget,
     GiB,
     accepts_warmup,
-    cold_weight,
     memory_tier,
     plan_budget,
     warm_share,
@@ -59,10 +58,3 @@ def test_budget_rejects_negative() -> None:
 def test_accepts_warmup_threshold() -> None:
     assert accepts_warmup(70, 100) and not accepts_warmup(71, 100)
     assert accepts_warmup(50, 100, threshold=0.5) and not accepts_warmup(1, 0)
-
-
-def test_cold_weight() -> None:
-    assert cold_weight(0, 100) == 1.0
-    assert cold_weight(50, 100) == 0.75
-    assert cold_weight(100, 100) == 0.0
-    assert cold_weight(150, 100) == 0.0 and cold_weight(1, 0) == 0.0

@@ -13,8 +13,7 @@ from pydantic import BaseModel
 
 from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import KbChange, SchemaError, WarmupCommand, WorkerEvent, decode, encode
-from streams import faults
-from streams import handlers as h
+from streams import faults, handlers
 from streams.logic import apply_worker_event, epoch_order, needs_resend, plan_prefix_op
 from streams.records import DocLink, PrefixOp, PrefixState, WorkerState
 from streams.routes import BY_TYPE, ROUTES, route_for
@@ -129,8 +128,8 @@ def test_plan_hot_survives_a_hot_prefix_forgotten_meanwhile(monkeypatch):
     p.tracker.hot["gone"] = PrefixOp(op="warm", prefix_hash="gone")
     p.tracker.forget("gone")  # an invalidation while the plan awaited the store
     # The plan still says "gone" cooled down: releasing it must not raise KeyError.
-    monkeypatch.setattr(h.logic, "plan_hot_set", lambda *a, **k: ([], ["gone"]))
-    run_sync(h.plan_hot(p))
+    monkeypatch.setattr(handlers.logic, "plan_hot_set", lambda *a, **k: ([], ["gone"]))
+    run_sync(handlers.plan_hot(p))
     assert out.ops == []
 
 
@@ -139,8 +138,8 @@ def test_plan_hot_survives_a_hot_prefix_forgotten_meanwhile(monkeypatch):
 
 def test_every_record_type_has_one_route():
     assert len(BY_TYPE) == len(ROUTES) == 5
-    assert route_for(PrefixOp(op="warm", prefix_hash=P1)).handle is h.on_prefix_op
-    assert route_for(DocLink(doc_id="d", prefix_hash=P1)).handle is h.on_doc_link
+    assert route_for(PrefixOp(op="warm", prefix_hash=P1)).handle is handlers.on_prefix_op
+    assert route_for(DocLink(doc_id="d", prefix_hash=P1)).handle is handlers.on_doc_link
     with pytest.raises(TypeError, match="known"):
         route_for(object())
 
@@ -192,9 +191,9 @@ def test_restart_rewarms_tracked_prefixes():
     state = PrefixState(tenant="default", chunk_refs=REFS, token_ids=[1] * 32, expires_at=1e9)
     p.tables.prefixes[P1] = state.model_dump(mode="json")
     ready = WorkerEvent(worker_id="w1", kind="ready", epoch=2, mem_total_bytes=10**9)
-    run_sync(h.on_worker_event(p, ready))
+    run_sync(handlers.on_worker_event(p, ready))
     assert [o.op for o in out.ops] == ["warm_on"]
-    run_sync(h.on_prefix_op(p, out.ops[0]))
+    run_sync(handlers.on_prefix_op(p, out.ops[0]))
     assert [c.op for c in out.commands] == ["prefill"]
     assert p.stats["worker_restarts"] == 1
 
@@ -202,7 +201,7 @@ def test_restart_rewarms_tracked_prefixes():
 def test_leftover_events_of_an_old_boot_are_ignored():
     p, _ = pipeline(Port({}))
     p.tables.workers["w1"] = WorkerState(worker_id="w1", epoch=9).model_dump(mode="json")
-    run_sync(h.on_worker_event(p, WorkerEvent(worker_id="w1", kind="stopped", epoch=3)))
+    run_sync(handlers.on_worker_event(p, WorkerEvent(worker_id="w1", kind="stopped", epoch=3)))
     assert p.stats["stale_epoch_events"] == 1
     assert WorkerState.model_validate(p.tables.workers["w1"]).epoch == 9
 
@@ -218,8 +217,8 @@ def _warm_state(**kw) -> PrefixState:
 def test_prefills_carry_an_expiry_and_invalidations_do_not():
     p, out = pipeline(Port({("default", "d.md#0"): "1" * 64}), command_expiry_s=60.0)
     op = PrefixOp(op="warm", prefix_hash=P1, chunk_refs=REFS, token_ids=[1] * 32)
-    run_sync(h.on_prefix_op(p, op))
-    run_sync(h.on_prefix_op(p, PrefixOp(op="invalidate", prefix_hash=P1)))
+    run_sync(handlers.on_prefix_op(p, op))
+    run_sync(handlers.on_prefix_op(p, PrefixOp(op="invalidate", prefix_hash=P1)))
     prefill, invalidate = out.commands
     assert prefill.expires_at == datetime.fromtimestamp(160.0, UTC)
     assert invalidate.expires_at is None
@@ -251,7 +250,7 @@ def test_resend_timer_asks_once_per_unconfirmed_prefill():
     p, out = pipeline(Port({}), prefill_resends=1)
     p.tables.prefixes[P1] = _warm_state(prefill_at=60.0).model_dump(mode="json")
     p.tables.prefixes["b" * 64] = _warm_state(prefill_at=60.0, resends=1).model_dump(mode="json")
-    assert run_sync(h.resend_prefills(p)) == 1
+    assert run_sync(handlers.resend_prefills(p)) == 1
     assert [(o.op, o.prefix_hash) for o in out.ops] == [("resend", P1)]
 
 

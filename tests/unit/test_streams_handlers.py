@@ -9,7 +9,7 @@ import pytest
 
 from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef, QueryEvent, WarmupCommand, WorkerEvent
-from streams import handlers as h
+from streams import handlers
 from streams.hot import HotTracker
 from streams.ports import WarmPrefix
 from streams.records import DocLink, PrefixOp, PrefixState, WorkerState
@@ -61,12 +61,12 @@ class Outbox:
         self.commands.append(cmd)
 
 
-def pipeline(port: Port, now: float = 100.0, **settings) -> tuple[h.Pipeline, Outbox]:
+def pipeline(port: Port, now: float = 100.0, **settings) -> tuple[handlers.HandlerDeps, Outbox]:
     out = Outbox()
-    tables = h.StreamTables(docs={}, doc_prefixes={}, prefixes={}, workers={})
+    tables = handlers.StreamTables(docs={}, doc_prefixes={}, prefixes={}, workers={})
     worker = WorkerState(worker_id="w1", ready=True, mem_total=1000, last_seen=now)
     tables.workers["w1"] = worker.model_dump(mode="json")
-    p = h.Pipeline(
+    p = handlers.HandlerDeps(
         tables=tables,
         out=out,
         rag=port,
@@ -91,7 +91,7 @@ def query(question: str = "why?", tenant: str = "default") -> QueryEvent:
 def test_a_new_query_prefix_is_registered_with_its_tokens():
     port = Port({("default", "d.md#0"): "1" * 64})
     p, out = pipeline(port)
-    run_sync(h.on_query(p, query()))
+    run_sync(handlers.on_query(p, query()))
     [op] = out.ops
     assert (op.op, op.prefix_hash, op.question, op.reason) == ("warm", P1, "why?", "query")
     assert op.token_ids == [7] * 32 and op.chunk_refs == REFS
@@ -109,23 +109,23 @@ def test_a_known_fresh_held_prefix_asked_again_sends_nothing():
     ).model_dump(mode="json")
     held = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=[P1], last_seen=100)
     p.tables.workers["w1"] = held.model_dump(mode="json")
-    run_sync(h.on_query(p, query()))
+    run_sync(handlers.on_query(p, query()))
     assert out.ops == [] and port.calls == []
     # A new question on it is recorded (without tokens: the state has them).
-    run_sync(h.on_query(p, query("how?")))
+    run_sync(handlers.on_query(p, query("how?")))
     [op] = out.ops
     assert op.question == "how?" and op.token_ids == [] and port.calls == []
 
 
 def test_query_tracking_can_be_switched_off():
     p, out = pipeline(Port({("default", "d.md#0"): "1" * 64}), track_queries=False)
-    run_sync(h.on_query(p, query()))
+    run_sync(handlers.on_query(p, query()))
     assert out.ops == [] and p.stats["queries"] == 1
 
 
 def test_a_query_whose_chunks_changed_since_is_not_registered():
     p, out = pipeline(Port({("default", "d.md#0"): "2" * 64}))
-    run_sync(h.on_query(p, query()))
+    run_sync(handlers.on_query(p, query()))
     assert out.ops == []
 
 
@@ -141,11 +141,10 @@ def test_freshness_is_checked_in_the_ops_tenant():
         token_ids=[7] * 32,
         question="why?",
     )
-    run_sync(h.on_prefix_op(p, op))
+    run_sync(handlers.on_prefix_op(p, op))
     assert [c.op for c in out.commands] == ["prefill"] and out.commands[0].tenant == "acme"
-    run_sync(
-        h.on_prefix_op(p, op.model_copy(update={"tenant": "default", "prefix_hash": "b" * 64}))
-    )
+    other = op.model_copy(update={"tenant": "default", "prefix_hash": "b" * 64})
+    run_sync(handlers.on_prefix_op(p, other))
     assert p.stats["stale_warm_skipped"] == 1
 
 
@@ -169,7 +168,7 @@ def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_most_in_use():
             updated_at=used_at,
         ).model_dump(mode="json")  # "2" expired at now=100
     ready = WorkerEvent(worker_id="w2", kind="ready", mem_total_bytes=10_000)
-    run_sync(h.on_worker_event(p, ready))
+    run_sync(handlers.on_worker_event(p, ready))
     # Expired ones too (an empty worker has room); the most recently used ("3") goes last,
     # so the worker's LRU keeps it longest.
     assert [(o.op, o.prefix_hash, o.target_worker) for o in out.ops] == [
@@ -179,7 +178,7 @@ def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_most_in_use():
     ]
     # Only what fits the worker's free memory is sent (32 tokens x 10 bytes each).
     out.ops.clear()
-    run_sync(h.on_worker_event(p, ready.model_copy(update={"mem_used_bytes": 9_500})))
+    run_sync(handlers.on_worker_event(p, ready.model_copy(update={"mem_used_bytes": 9_500})))
     assert [o.prefix_hash for o in out.ops] == ["3" * 64]
 
 
@@ -191,7 +190,7 @@ def test_a_ready_worker_gets_tracked_prefixes_in_the_room_the_hot_set_leaves():
             tenant="default", chunk_refs=REFS, token_ids=[7] * 32, expires_at=150.0,
         ).model_dump(mode="json")
     # No hot prefix yet: both fit (640 bytes), though the hot share is half of 700.
-    run_sync(h.on_worker_event(p, WorkerEvent(worker_id="w2", kind="ready",
+    run_sync(handlers.on_worker_event(p, WorkerEvent(worker_id="w2", kind="ready",
                                               mem_total_bytes=700)))
     assert sorted(o.prefix_hash for o in out.ops) == ["1" * 64, "2" * 64]
 
@@ -200,14 +199,14 @@ def test_a_hot_prefix_no_worker_holds_is_warmed_again_on_the_next_plan():
     port = Port({("default", "d.md#0"): "1" * 64})
     p, out = pipeline(port, hot_min_count=1.0, track_queries=False, kv_bytes_per_token=1)
     for _ in range(2):
-        run_sync(h.on_query(p, query()))
-    run_sync(h.plan_hot(p))
+        run_sync(handlers.on_query(p, query()))
+    run_sync(handlers.plan_hot(p))
     assert [(o.op, o.pin) for o in out.ops] == [("warm", True)]
-    run_sync(h.plan_hot(p))  # nobody reported it held: asked again
+    run_sync(handlers.plan_hot(p))  # nobody reported it held: asked again
     assert len(out.ops) == 2
     held = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=[P1], last_seen=100)
     p.tables.workers["w1"] = held.model_dump(mode="json")
-    run_sync(h.plan_hot(p))  # held now: nothing more
+    run_sync(handlers.plan_hot(p))  # held now: nothing more
     assert len(out.ops) == 2
 
 
@@ -227,14 +226,14 @@ def test_the_sweep_forgets_long_expired_prefixes_nobody_holds_and_unlinks_them()
     p.tables.doc_prefixes["d.md"] = {name * 64: [r.model_dump() for r in REFS] for name in cases}
     holder = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=["4" * 64])
     p.tables.workers["w1"] = holder.model_dump(mode="json")  # not live: still a holder
-    assert run_sync(h.sweep_prefixes(p)) == 1
+    assert run_sync(handlers.sweep_prefixes(p)) == 1
     [op] = out.ops
     assert (op.op, op.prefix_hash) == ("forget", "1" * 64)
     # The owning partition drops it and unlinks it from its document.
-    run_sync(h.on_prefix_op(p, op))
+    run_sync(handlers.on_prefix_op(p, op))
     assert sorted(p.tables.prefixes) == [n * 64 for n in "234"]
     [unlink] = out.links
-    run_sync(h.on_doc_link(p, unlink))
+    run_sync(handlers.on_doc_link(p, unlink))
     assert sorted(p.tables.doc_prefixes["d.md"]) == [n * 64 for n in "234"]
     assert p.stats["forgotten"] == 1 and out.commands == []
 
@@ -245,9 +244,9 @@ def test_a_prefix_used_again_after_the_sweep_chose_it_is_kept():
     p.tables.prefixes[P1] = PrefixState(
         tenant="default", chunk_refs=REFS, token_ids=[7] * 32, expires_at=50.0
     ).model_dump(mode="json")
-    run_sync(h.sweep_prefixes(p))
+    run_sync(handlers.sweep_prefixes(p))
     [forget] = out.ops
-    run_sync(h.on_query(p, query()))  # asked again before the forget op is handled
-    run_sync(h.on_prefix_op(p, out.ops[1]))
-    run_sync(h.on_prefix_op(p, forget))
+    run_sync(handlers.on_query(p, query()))  # asked again before the forget op is handled
+    run_sync(handlers.on_prefix_op(p, out.ops[1]))
+    run_sync(handlers.on_prefix_op(p, forget))
     assert P1 in p.tables.prefixes and p.stats["forgotten"] == 0

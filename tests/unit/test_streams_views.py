@@ -78,3 +78,9 @@ def test_the_health_body_publishes_the_prompt_parameters_and_their_digest():
     body = health_body("app", params)
     assert body["prompt"]["digest"] == params.digest()
     assert PromptParams.model_validate(body["prompt"]["params"]) == params
+
+
+def test_with_no_holder_the_route_takes_the_coldest_worker():
+    busy = worker("a", []).model_copy(update={"mem_used": 90})
+    idle = worker("b", []).model_copy(update={"mem_used": 10})
+    assert route_answer([busy, idle], ["h1"])["worker_id"] == "b"

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import WorkerEvent, decode, encode
 from schemas.signing import authentic, sign
-from streams import handlers as h
+from streams import handlers
 from streams.logic import choose_worker
 from streams.records import WorkerState
 from tests.unit.test_streams_handlers import Port, pipeline
@@ -22,7 +22,7 @@ def heartbeat(worker_id: str, url: str, prefixes: list[str]) -> WorkerEvent:
                        warm_prefixes=prefixes)  # fmt: skip
 
 
-def route(p: h.Pipeline) -> str | None:
+def route(p: handlers.HandlerDeps) -> str | None:
     live = [WorkerState.model_validate(v) for v in p.tables.workers.values()]
     chosen = choose_worker([w for w in live if w.ready and w.url], [P1], threshold=1.0)
     return next((w.url for w in live if w.worker_id == chosen), None)
@@ -30,20 +30,20 @@ def route(p: h.Pipeline) -> str | None:
 
 def test_a_forged_unsigned_heartbeat_changes_no_route() -> None:
     p, _ = pipeline(Port({}), worker_events_secret="workers-only")
-    run_sync(h.on_worker_event(p, sign(heartbeat("w1", "http://w1:8000", []), SECRET)))
+    run_sync(handlers.on_worker_event(p, sign(heartbeat("w1", "http://w1:8000", []), SECRET)))
     before = dict(p.tables.workers)
     assert route(p) == "http://w1:8000"
     forged = heartbeat("w1", "http://evil:8000", [P1])
-    run_sync(h.on_worker_event(p, forged))  # unsigned
-    run_sync(h.on_worker_event(p, sign(forged, b"guessed")))  # wrong secret
-    run_sync(h.on_worker_event(p, heartbeat("evil", "http://evil:8000", [P1])))
+    run_sync(handlers.on_worker_event(p, forged))  # unsigned
+    run_sync(handlers.on_worker_event(p, sign(forged, b"guessed")))  # wrong secret
+    run_sync(handlers.on_worker_event(p, heartbeat("evil", "http://evil:8000", [P1])))
     assert p.tables.workers == before and route(p) == "http://w1:8000"
     assert p.stats["unauthenticated_events"] == 3
 
 
 def test_without_a_secret_the_app_trusts_events_as_before() -> None:
     p, _ = pipeline(Port({}))
-    run_sync(h.on_worker_event(p, heartbeat("w2", "http://w2:8000", [P1])))
+    run_sync(handlers.on_worker_event(p, heartbeat("w2", "http://w2:8000", [P1])))
     assert "w2" in p.tables.workers
 
 

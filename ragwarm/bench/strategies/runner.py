@@ -30,7 +30,7 @@ from ragwarm.bench.strategies.lanes import Lane, SimClock, StoreRag, open_lane
 from ragwarm.bench.strategies.policies import policy_class, policy_names
 from ragwarm.bench.strategies.records import QueryRow, Span, reuse_check
 from ragwarm.bench.strategies.settings import StrategySettings
-from ragwarm.bench.strategies.worker import Measurements, Served, make_cache
+from ragwarm.bench.strategies.worker import Measurements, SimAnswer, make_cache
 from ragwarm.rag_port import RagService
 from schemas import KbChange, QueryEvent
 from schemas.prefix import PromptChain, prefix_chain
@@ -246,7 +246,7 @@ class Runner:
         chain = self.prefix_chain(prompt.prefix_ids)
         return Prepared(step, prompt, spans, chain, retrieval.doc_ids)
 
-    def row(self, name: str, lane: Lane, q: Prepared, served: Served, post_edit: bool,
+    def row(self, name: str, lane: Lane, q: Prepared, served: SimAnswer, post_edit: bool,
             repeat: bool) -> QueryRow:
         result, cache = served.result, lane.worker.cache
         block = lane.worker.engine.block_size
@@ -263,7 +263,7 @@ class Runner:
             mem_share=cache.bytes_used / total, pinned_share=cache.pinned_bytes / total,
         )
 
-    def event(self, q: Prepared, served: Served, name: str) -> QueryEvent:
+    def event(self, q: Prepared, served: SimAnswer, name: str) -> QueryEvent:
         """The record the RAG client would publish on `rag.queries` for this answer."""
         r = served.result
         return QueryEvent(

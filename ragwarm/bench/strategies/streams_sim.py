@@ -1,6 +1,6 @@
 """event-rag, hot-tokens and hybrid: the streams app's own handlers on the simulated clock.
 
-Each policy runs `streams.handlers` (the code behind the Faust agents) on a `Pipeline`
+Each policy runs `streams.handlers` (the code behind the Faust agents) on a `HandlerDeps`
 whose tables are dicts, whose topics are one in-order queue, whose commands reach the
 policy's worker at once, and whose clock is the benchmark's. A policy differs from the
 deployed app only in which inputs it is fed.
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ragwarm.bench.strategies.policies import Policy, PolicyContext
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
-from streams import handlers as h
+from streams import handlers
 from streams.hot import HotTracker
 from streams.ports import WarmPrefix
 from streams.records import DocLink, PrefixOp
@@ -100,8 +100,8 @@ class StreamsPolicy(Policy):
         })
         self.queue: deque[Item] = deque()
         self.port = IndexedOnce(ctx.rag)
-        self.pipeline = h.Pipeline(
-            tables=h.StreamTables(docs={}, doc_prefixes={}, prefixes={}, workers={}),
+        self.pipeline = handlers.HandlerDeps(
+            tables=handlers.StreamTables(docs={}, doc_prefixes={}, prefixes={}, workers={}),
             out=SimOutbox(self.queue, self),
             rag=self.port,
             settings=settings,
@@ -130,11 +130,11 @@ class StreamsPolicy(Policy):
     def tick(self, now: float) -> None:
         self.feed(self.ctx.worker.runtime.status_event("heartbeat"))
         if now >= self.next_hot:
-            run_sync(h.plan_hot(self.pipeline))  # the app's hot-tick timer
+            run_sync(handlers.plan_hot(self.pipeline))  # the app's hot-tick timer
             self.next_hot = now + self.pipeline.settings.hot_tick_s
             self.drain()
         if now >= self.next_sweep:
-            run_sync(h.sweep_prefixes(self.pipeline))  # the app's prefix-sweep timer
+            run_sync(handlers.sweep_prefixes(self.pipeline))  # the app's prefix-sweep timer
             self.next_sweep = now + self.pipeline.settings.sweep_s
             self.drain()
 

@@ -32,7 +32,7 @@ class _Events:
 
 
 @dataclass(frozen=True)
-class Served:
+class SimAnswer:
     """One answered query on this worker: the engine's result, the entry used, and the TTFT
     reported for it (the median of its runs; always one the engine measured)."""
 
@@ -99,7 +99,7 @@ class SimWorker:
         return self.engine.cache
 
     def serve(self, token_ids: Sequence[int], tenant: str, refs: Sequence[ChunkRef],
-              shared: Measurements | None = None) -> Served:
+              shared: Measurements | None = None) -> SimAnswer:
         """Answer with one token (TTFT measured by the engine); with request caching the
         engine also stores the prompt's blocks from the request's own KV.
 
@@ -155,10 +155,10 @@ class SimWorker:
             self.reruns += 1
         return result
 
-    def _served(self, result: GenerationResult, ttft_s: float) -> Served:
+    def _served(self, result: GenerationResult, ttft_s: float) -> SimAnswer:
         used = self.refs.get(result.prefix_hash or "", frozenset())
         self._drain()
-        return Served(result, used, ttft_s)
+        return SimAnswer(result, used, ttft_s)
 
     def _trial_ttft(self, token_ids: Sequence[int], tenant: str) -> float:
         for step in self.engine.generate(token_ids, max_tokens=1, tenant=tenant):
