@@ -94,7 +94,7 @@ class RagService:
             for r in refs
         )
 
-    def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
+    def search(self, question: str, tenant: str, k: int) -> list[dict]:
         hits = self.retriever.retrieve(question, tenant, k).hits
         return [
             {

@@ -149,7 +149,6 @@ class WorkerEventV1(Event):
         "heartbeat",
         "stopped",
         "released",
-        "refused",
     ]
     url: Annotated[str, StringConstraints(max_length=2048)] | None = None
     tenant: Id | None = None
@@ -165,11 +164,6 @@ class WorkerEventV1(Event):
     pinned_bytes: int = Field(default=0, ge=0)
     entries: int = Field(default=0, ge=0)
     warm_prefixes: list[Hash] = Field(default_factory=list, max_length=65_536)
-    # Why a command was refused (kind "refused"): before any compute, for its sender.
-    reason: Annotated[str, StringConstraints(max_length=1024)] | None = None
-    # HMAC-SHA256 (hex) of this record with `signature` null, under the workers' shared
-    # secret (schemas.signing); the streams app ignores unsigned events when it has one.
-    signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
 class DeadLetterV1(Event):
@@ -209,7 +203,9 @@ class WorkerEvent(WorkerEventV1):
 
     v2: `epoch` identifies the worker's boot (its start time in microseconds, so a later
     boot has a larger one): a new epoch means the cache was lost, an older one is a
-    leftover of a previous process. `expired` reports a command skipped for its age.
+    leftover of a previous process. `expired` reports a command skipped for its age,
+    `refused` one that failed the worker's checks (with its `reason`); `signature`
+    authenticates the record.
     """
 
     VERSION: ClassVar[int] = 2
@@ -227,8 +223,14 @@ class WorkerEvent(WorkerEventV1):
         "released",
         "refused",
         "expired",
+        "refused",
     ]
     epoch: int | None = Field(default=None, ge=0)
+    # Why a command was refused (kind "refused"): before any compute, for its sender.
+    reason: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    # HMAC-SHA256 (hex) of this record with `signature` null, under the workers' shared
+    # secret (schemas.signing); the streams app ignores unsigned events when it has one.
+    signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
 class DeadLetter(DeadLetterV1):

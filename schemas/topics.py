@@ -43,6 +43,12 @@ def kb_key(tenant: str, doc_id: str) -> bytes:
     return (doc_id if tenant == "default" else f"{tenant}\x1f{doc_id}").encode("utf-8")
 
 
+def split_kb_key(key: str) -> tuple[str, str]:
+    """(tenant, doc_id) of a `kb_key` read as text; a key without U+001F is the default's."""
+    tenant, sep, doc_id = key.partition("\x1f")
+    return (tenant, doc_id) if sep else ("default", key)
+
+
 def prefixed(prefix: str) -> list[TopicSpec]:
     """The topic specs with every name prefixed (one namespace per test run or deployment)."""
     return [

@@ -13,6 +13,7 @@ import logging
 import faust
 
 from schemas import WarmupCommand, encode
+from schemas.topics import kb_key
 from streams import faults, handlers
 from streams.handlers import HandlerDeps
 from streams.records import DocLink, PrefixOp
@@ -35,7 +36,7 @@ class KafkaOutbox:
 
     async def link(self, link: DocLink) -> None:
         await self.topics.doc_links.send(
-            key=link.doc_id.encode(), value=link.model_dump_json().encode()
+            key=kb_key(link.tenant, link.doc_id), value=link.model_dump_json().encode()
         )
 
     async def command(self, cmd: WarmupCommand) -> None:

@@ -22,7 +22,7 @@ from schemas.signing import authentic
 from streams import logic
 from streams.hot import HotPayload, HotTracker
 from streams.ports import RagPort, WarmPrefix
-from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState
+from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState, doc_key
 from streams.settings import StreamsSettings
 
 Table = MutableMapping[str, Any]
@@ -46,8 +46,8 @@ class Outbox(Protocol):
 class StreamTables:
     """The app's state; Faust changelog tables in the app, dicts in the benchmark."""
 
-    docs: Table  # doc_id -> DocState
-    doc_prefixes: Table  # doc_id -> {prefix hash: [chunk refs]}
+    docs: Table  # doc_key(tenant, doc_id) -> DocState
+    doc_prefixes: Table  # doc_key(tenant, doc_id) -> {prefix hash: [chunk refs]}
     prefixes: Table  # prefix hash -> PrefixState
     workers: Table  # worker id -> WorkerState (read by every partition)
 
@@ -127,11 +127,12 @@ def warm_op(
     )
 
 
-# --- kb.changes (key doc_id) -----------------------------------------------------------------
+# --- kb.changes (key tenant + doc_id) -----------------------------------------------------
 
 
 async def on_kb_change(p: HandlerDeps, change: KbChange) -> None:
-    prior_raw = p.tables.docs.get(change.doc_id)
+    key = doc_key(change.tenant, change.doc_id)
+    prior_raw = p.tables.docs.get(key)
     prior = DocState.model_validate(prior_raw) if prior_raw else None
     if change.is_stale(prior.version if prior else None):
         p.stats["stale_events"] += 1
@@ -140,11 +141,11 @@ async def on_kb_change(p: HandlerDeps, change: KbChange) -> None:
     if new_chunks is None:  # the store holds a newer version than our table (a replay)
         p.stats["stale_events"] += 1
         return
-    links = p.tables.doc_prefixes.get(change.doc_id) or {}
+    links = p.tables.doc_prefixes.get(key) or {}
     dependents = {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
     plan = logic.plan_kb_change(change, prior, new_chunks, dependents, p.clock())
     assert plan.state is not None  # not stale, so the plan carries the new state
-    p.tables.docs[change.doc_id] = plan.state.model_dump(mode="json")
+    p.tables.docs[key] = plan.state.model_dump(mode="json")
     p.stats["kb_events"] += 1
     for op in plan.ops:
         await p.out.op(op)
@@ -186,14 +187,15 @@ async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> No
             await p.out.op(warm_op(prefix, op.tenant, question, op, pin=plan.rewarm_pin))
 
 
-# --- ragwarm.doc-links (key doc_id) ----------------------------------------------------------
+# --- ragwarm.doc-links (key tenant + doc_id) ----------------------------------------------
 
 
 async def on_doc_link(p: HandlerDeps, link: DocLink) -> None:
-    current = p.tables.docs.get(link.doc_id)
+    key = doc_key(link.tenant, link.doc_id)
+    current = p.tables.docs.get(key)
     doc = DocState.model_validate(current) if current else None
-    links, stale = logic.plan_doc_link(p.tables.doc_prefixes.get(link.doc_id) or {}, link, doc)
-    p.tables.doc_prefixes[link.doc_id] = links
+    links, stale = logic.plan_doc_link(p.tables.doc_prefixes.get(key) or {}, link, doc)
+    p.tables.doc_prefixes[key] = links
     if stale is not None:
         await p.out.op(stale)
 

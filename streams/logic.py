@@ -31,7 +31,7 @@ def command_id() -> str:
     return uuid.uuid4().hex
 
 
-# --- KB changes (keyed by doc_id) ---------------------------------------------------------
+# --- KB changes (keyed by tenant + doc_id) -------------------------------------------------
 
 
 @dataclass
@@ -118,6 +118,7 @@ def plan_doc_link(
     op = PrefixOp(
         op="invalidate",
         prefix_hash=link.prefix_hash,
+        tenant=link.tenant,
         chunk_refs=link.chunk_refs,
         reason=f"{link.doc_id} changed before the prefix was linked",
     )
@@ -172,7 +173,7 @@ def _invalidate(op, state, workers, now, ttl_s) -> PrefixPlan:
     )
     plan = PrefixPlan(commands=[cmd], counters={"invalidations": 1})
     if state is not None:
-        plan.links = _links(op.prefix_hash, state.chunk_refs, link=False)
+        plan.links = _links(op.prefix_hash, state.chunk_refs, state.tenant, link=False)
         if _warm_now(op.prefix_hash, state, workers):
             plan.rewarm_questions = list(state.questions)
             plan.rewarm_pin = state.hot
@@ -237,7 +238,7 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
     )
     plan = PrefixPlan(state=new_state)
     if state is None:
-        plan.links = _links(op.prefix_hash, op.chunk_refs, link=True)
+        plan.links = _links(op.prefix_hash, op.chunk_refs, op.tenant, link=True)
     if target is not None and target in holders or target is None and holders:
         # Already warm where it is wanted. A prefix still in use must not expire under its
         # users: past half its TTL, the holders' copies get the new expiry too.
@@ -355,7 +356,7 @@ def _forget(op, state, workers, now, ttl_s) -> PrefixPlan:
         return PrefixPlan(state=state)
     return PrefixPlan(
         state=None,
-        links=_links(op.prefix_hash, state.chunk_refs, link=False),
+        links=_links(op.prefix_hash, state.chunk_refs, state.tenant, link=False),
         counters={"forgotten": 1},
     )
 
@@ -367,12 +368,14 @@ def _merge_questions(questions: Sequence[str], question: str | None) -> list[str
     return merged[:MAX_QUESTIONS_PER_PREFIX]
 
 
-def _links(prefix_hash: str, refs: Iterable[ChunkRef], *, link: bool) -> list[DocLink]:
+def _links(
+    prefix_hash: str, refs: Iterable[ChunkRef], tenant: str, *, link: bool
+) -> list[DocLink]:
     by_doc: dict[str, list[ChunkRef]] = {}
     for ref in refs:
         by_doc.setdefault(ref.doc_id, []).append(ref)
     return [
-        DocLink(doc_id=d, prefix_hash=prefix_hash, chunk_refs=r, link=link)
+        DocLink(doc_id=d, tenant=tenant, prefix_hash=prefix_hash, chunk_refs=r, link=link)
         for d, r in sorted(by_doc.items())
     ]
 

@@ -32,8 +32,9 @@ class RagPort(Protocol):
     def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
         """Whether every ref's content hash is still the current one of its chunk."""
 
-    def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
-        """Top-k chunks with text and score, for clients that reach the store through us."""
+    def search(self, question: str, tenant: str, k: int) -> list[dict]:
+        """Top-k chunks of `tenant` with text and score, for clients that reach the store
+        through us (always one tenant: a retrieval never mixes tenants)."""
 
     def indexed_versions(self) -> dict[tuple[str, str], int | None]:
         """(tenant, doc_id) -> the version the index holds (index recovery compares it

@@ -10,14 +10,22 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import ChunkRef
+from schemas.topics import kb_key
 
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def doc_key(tenant: str, doc_id: str) -> str:
+    """Key of a document in the `docs` and `doc_prefixes` tables: its `kb.changes` key, so
+    two tenants' documents of the same doc_id never share state, the tables stay
+    co-partitioned with kb.changes, and the default tenant keeps its older keys."""
+    return kb_key(tenant, doc_id).decode("utf-8")
+
+
 class DocState(_Record):
-    """The current chunk hashes of one document (table `docs`, key doc_id)."""
+    """The current chunk hashes of one document (table `docs`, key `doc_key`)."""
 
     version: int
     tenant: str = "default"
@@ -92,9 +100,11 @@ class PrefixOp(_Record):
 
 
 class DocLink(_Record):
-    """Adds or removes a prefix from a document's dependents (`ragwarm.doc-links`, key doc_id)."""
+    """Adds or removes a prefix from a document's dependents (`ragwarm.doc-links`, key
+    `doc_key`). Records from before tenants were part of the key read as the default's."""
 
     doc_id: str
+    tenant: str = "default"
     prefix_hash: str
     chunk_refs: list[ChunkRef] = Field(default_factory=list)
     link: bool = True

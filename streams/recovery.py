@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from schemas import KbChange, SchemaError, decode
+from schemas.topics import split_kb_key
 from streams.faults import Backoff
 from streams.handlers import HandlerDeps
 from streams.records import DocState
@@ -32,8 +33,9 @@ def plan_reindex(
     """The documents to re-index and the version the docs table holds for each: those the
     index lacks (a deleted one it lacks is already right) or holds at an older version."""
     need = {}
-    for doc_id, state in docs.items():
-        key = (state.tenant, doc_id)
+    for table_key, state in docs.items():
+        # The state names its tenant; the key may be one written before tenants were in it.
+        key = (state.tenant, split_kb_key(table_key)[1])
         have = indexed.get(key)  # None: never indexed, or its first write cut short
         if (not state.deleted if have is None else have < state.version):
             need[key] = state.version

@@ -9,8 +9,8 @@ import faust
 
 @dataclass
 class Tables:
-    docs: faust.Table  # doc_id -> DocState (written on kb.changes, key doc_id)
-    doc_prefixes: faust.Table  # doc_id -> {prefix hash: [chunk refs]} (ragwarm.doc-links)
+    docs: faust.Table  # doc_key -> DocState (written on kb.changes, same key)
+    doc_prefixes: faust.Table  # doc_key -> {prefix hash: [chunk refs]} (ragwarm.doc-links)
     prefixes: faust.Table  # prefix hash -> PrefixState (ragwarm.prefix-ops)
     workers: faust.GlobalTable  # worker id -> WorkerState (worker.events; read everywhere)
 

@@ -282,7 +282,11 @@ class WorkerRuntime:
     def refused_event(self, reason: str, command_id: str | None) -> WorkerEvent:
         """A `refused` event telling the sender of a command why nothing was done."""
         return WorkerEvent(
-            worker_id=self.worker_id, kind="refused", command_id=command_id, reason=reason[:1024]
+            worker_id=self.worker_id,
+            kind="refused",
+            epoch=self.epoch,
+            command_id=command_id,
+            reason=reason[:1024],
         )
 
     def send(self, event: WorkerEvent) -> None:

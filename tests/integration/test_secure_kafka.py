@@ -111,17 +111,20 @@ def test_pipeline_runs_end_to_end_over_sasl_ssl(
     for doc in docs.values():
         producer.send(PREFIX + KB_CHANGES, key=doc.doc_id.encode(), value=encode(doc))
     producer.flush()
-    env = {**secure_kafka.client_env, "RAGWARM_STREAMS_HOT_MIN_COUNT": "2"}
+    # Signed worker events too: the app only acts on what the worker signed.
+    shared = {**secure_kafka.client_env, "RAGWARM_WORKER_EVENTS_SECRET": "e2e-events-secret"}
+    env = {**shared, "RAGWARM_STREAMS_HOT_MIN_COUNT": "2"}
     app = StreamsApp(secure_kafka.bootstrap, PREFIX, "e2e", tmp_path, env).start()
     worker = WorkerProc(
         tmp_path, "w1", kafka_bootstrap=secure_kafka.bootstrap, topic_prefix=PREFIX,
-        env={**secure_kafka.client_env, "RAGWARM_WORKER_HEARTBEAT_S": "1",
+        env={**shared, "RAGWARM_WORKER_HEARTBEAT_S": "1",
              "RAGWARM_WORKER_CACHE_REQUESTS": "false"},
     )  # fmt: skip
     worker.start().wait_ready()
     try:
         run_scenario(secure_kafka.bootstrap, producer, PREFIX, app, worker, docs,
                      settings.client_options())  # fmt: skip
+        assert app.counters().get("unauthenticated_events", 0) == 0
     finally:
         worker.stop()
         app.stop()
