@@ -145,6 +145,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
     """Run the streams app (a Faust worker): KB changes, token frequencies, placement."""
     from faust.worker import Worker
 
+    from ragwarm.logs import faust_logging_config
     from ragwarm.rag_port import RagService
 
     settings = with_events_secret(StreamsSettings())
@@ -161,6 +162,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
         f"views at http://{settings.web_host}:{settings.web_port}/ragwarm/stats"
     )
     try:
-        Worker(built.app, loglevel=loglevel).execute_from_commandline()
+        Worker(built.app, loglevel=loglevel,
+               logging_config=faust_logging_config()).execute_from_commandline()
     finally:
         rag.close()
