@@ -19,6 +19,20 @@ from schemas.auth import KeyRing
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def infra_dir(*parts: str) -> Path:
+    """A folder of `infra/`: the checkout's, else the copy `pip install` put under the prefix."""
+    import site
+    import sys
+
+    bases = [REPO_ROOT / "infra", Path(sys.prefix) / "share" / "ragwarm" / "infra",
+             Path(site.USER_BASE or sys.prefix) / "share" / "ragwarm" / "infra"]
+    for base in bases:
+        if base.joinpath(*parts).is_dir():
+            return base.joinpath(*parts)
+    raise FileNotFoundError(f"infra/{'/'.join(parts)} is neither in a checkout at {REPO_ROOT} "
+                            f"nor installed under {bases[1]}")
+
+
 def _default_home() -> Path:
     return Path.home() / ".cache" / "ragwarm"
 

@@ -88,6 +88,7 @@ class WorkerMetrics:
         self.events = Counter("worker_events_published", "Events sent.", ["kind"], registry=r)
         self.ready = Gauge("worker_ready", "1 when the worker serves.", ["worker_id"], registry=r)
         self._worker_id = worker_id
+        self.named = NamedMetrics(r, model_name)
         self._n_requests = 0
         self._n_hits = 0
 
@@ -106,15 +107,80 @@ class WorkerMetrics:
         self._n_requests += 1
         self._n_hits += served.cached_tokens > 0
         self.hit_rate.set(self._n_hits / self._n_requests)
+        self.named.observe(served)
 
     def cache_state(self, *, used: int, capacity: int, entries: int, pinned: int) -> None:
         self.cache_bytes.set(used)
         self.cache_capacity.set(capacity)
         self.cache_entries.set(entries)
         self.warm_prefixes.set(pinned)
+        self.named.cache_state(used, capacity, entries)
 
     def set_ready(self, ready: bool) -> None:
         self.ready.labels(worker_id=self._worker_id).set(1 if ready else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class NamedMetrics:
+    """The same figures under the names dashboards read: `ragwarm_*` with units, and vLLM's.
+
+    `ragwarm_warmup_lookups_total` counts requests whose prompt had a full block (ones a
+    cache could serve), `ragwarm_warmup_hits_total` those served with cached tokens: their
+    rate ratio is the hit rate. The `vllm:` series carry a `model_name` label like vLLM's
+    own, so the production-stack dashboards show a ragwarm worker beside vLLM servers.
+    """
+
+    def __init__(self, r: CollectorRegistry, model_name: str) -> None:
+        model = {"model_name": model_name}
+        self.ttft = Histogram("ragwarm_time_to_first_token_seconds",
+                              "Seconds from request arrival to the first token.",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.requests = Counter("ragwarm_requests_total", "Completion requests served.",
+                                registry=r)
+        self.cold_starts = Counter("ragwarm_cold_starts_total",
+                                   "Requests served while the cache held no entry.", registry=r)
+        self.lookups = Counter("ragwarm_warmup_lookups_total",
+                               "Requests with at least one full prompt block.", registry=r)
+        self.hits = Counter("ragwarm_warmup_hits_total",
+                            "Requests served with at least one cached prompt token.", registry=r)
+        self.misses = Counter("ragwarm_kv_cache_misses_total",
+                              "Requests with a full block that matched no cached prefix.",
+                              registry=r)
+        self.prompt_tokens = Counter("ragwarm_prompt_tokens_total", "Prompt tokens received.",
+                                     registry=r)
+        self.cached_tokens = Counter("ragwarm_cached_prompt_tokens_total",
+                                     "Prompt tokens served from the KV cache.", registry=r)
+        self.usage_bytes = Gauge("ragwarm_kv_cache_usage_bytes", "KV bytes held.", registry=r)
+        self.capacity_bytes = Gauge("ragwarm_kv_cache_capacity_bytes", "KV byte budget.",
+                                    registry=r)
+        self.entries = Gauge("ragwarm_kv_cache_entries", "Cached prefixes.", registry=r)
+        self.vllm_ttft = Histogram("vllm:time_to_first_token_seconds",
+                                   "Time to first token in seconds (vLLM-compatible).",
+                                   ["model_name"], buckets=TTFT_BUCKETS,
+                                   registry=r).labels(**model)
+        self.vllm_usage = Gauge("vllm:kv_cache_usage_perc",
+                                "KV-cache usage, 1 means 100 percent (vLLM-compatible).",
+                                ["model_name"], registry=r).labels(**model)
+
+    def observe(self, served: Served) -> None:
+        self.requests.inc()
+        self.ttft.observe(served.ttft_s)
+        self.vllm_ttft.observe(served.ttft_s)
+        self.prompt_tokens.inc(served.prompt_tokens)
+        self.cached_tokens.inc(served.cached_tokens)
+        if served.full_blocks > 0:
+            self.lookups.inc()
+        if served.cached_tokens > 0:
+            self.hits.inc()
+        elif served.full_blocks > 0:
+            self.misses.inc()
+        if served.cache_was_empty:
+            self.cold_starts.inc()
+
+    def cache_state(self, used: int, capacity: int, entries: int) -> None:
+        self.usage_bytes.set(used)
+        self.capacity_bytes.set(capacity)
+        self.entries.set(entries)
+        self.vllm_usage.set(used / capacity if capacity else 0.0)

@@ -29,7 +29,13 @@ COMMANDS: dict[str, str] = {
     "demo": "ragwarm.stack.demo:demo",
     "config": "ragwarm.cli.config:config",
     "deadletter": "ragwarm.cli.deadletter:deadletter",
+    "openapi": "ragwarm.cli.openapi:openapi",
 }
+
+# The extra each command needs beyond the base install (see pyproject.toml).
+EXTRAS: dict[str, str] = {"worker": "worker", "streams": "streams", "bench": "bench",
+                          "query": "client", "gateway": "client", "models": "worker",
+                          "demo": "all", "replay": "bench"}
 
 
 class LazyGroup(click.Group):
@@ -47,7 +53,13 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module, _, attr = target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except ModuleNotFoundError as exc:
+            extra = EXTRAS.get(cmd_name, "all")
+            raise click.ClickException(
+                f"`ragwarm {cmd_name}` needs {exc.name}, which this install lacks: "
+                f"pip install 'ragwarm[{extra}]'") from None
 
 
 # Commands that run whatever the environment holds: `config` lists and checks it.
@@ -61,10 +73,9 @@ def main(ctx: click.Context, verbose: bool) -> None:
     """ragwarm: keep LLM inference workers warm for RAG, driven by knowledge-base events."""
     if ctx.invoked_subcommand not in UNCHECKED:
         check_environment()
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from ragwarm.logs import configure
+
+    configure(logging.DEBUG if verbose else logging.INFO)
 
 
 def check_environment() -> None:

@@ -24,6 +24,7 @@ SETTINGS: tuple[str, ...] = (
     "ragwarm.settings:KafkaSettings",
     "ragwarm.settings:ModelSettings",
     "ragwarm.settings:StackSettings",
+    "ragwarm.logs:LogSettings",
     "ragwarm.kafka.local:LocalKafkaSettings",
     "rag.settings:RagSettings",
     "rag.settings:QdrantSettings",

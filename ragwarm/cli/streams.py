@@ -58,6 +58,9 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     from streams.handlers import HandlerDeps, StreamTables
     from streams.hot import HotTracker
     from streams.recovery import KbChangesReader, register_recovery
+    from streams.metrics import MeasuredOutbox, StreamsMetrics
+    from streams.metrics_view import register_metrics
+    from streams.schedule_view import register_schedule
     from streams.tables import define_tables
     from streams.topics import define_topics
     from streams.views import register_views
@@ -67,9 +70,10 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     app = create_app(streams, broker_options(kafka), data_dir)
     topics = define_topics(app, streams.partitions, kafka.topic_prefix)
     tables = define_tables(app, streams.partitions)
+    metrics = StreamsMetrics()
     deps = HandlerDeps(
         tables=StreamTables(**vars(tables)),
-        out=KafkaOutbox(topics),
+        out=MeasuredOutbox(KafkaOutbox(topics), metrics),
         rag=rag_port,
         settings=streams,
         tracker=HotTracker(streams.hot_window_s, streams.hot_step_s, streams.hot_capacity),
@@ -77,6 +81,8 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     )
     register_agents(app, topics, deps)
     register_views(app, deps)
+    register_metrics(app, deps, metrics)
+    register_schedule(app, deps)
     reader = KbChangesReader(kafka.servers, kafka.client_options(), kafka.topic(KB_CHANGES))
     register_recovery(app, deps, reader)
     install_auth(app, keyring(streams.api_key, streams.tenant_keys))
@@ -139,6 +145,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
     """Run the streams app (a Faust worker): KB changes, token frequencies, placement."""
     from faust.worker import Worker
 
+    from ragwarm.logs import faust_logging_config
     from ragwarm.rag_port import RagService
 
     settings = with_events_secret(StreamsSettings())
@@ -155,6 +162,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
         f"views at http://{settings.web_host}:{settings.web_port}/ragwarm/stats"
     )
     try:
-        Worker(built.app, loglevel=loglevel).execute_from_commandline()
+        Worker(built.app, loglevel=loglevel,
+               logging_config=faust_logging_config()).execute_from_commandline()
     finally:
         rag.close()

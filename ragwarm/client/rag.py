@@ -320,6 +320,14 @@ class RagClient:
             self.emitter.emit(query_event(prepared, answer))
         return answer
 
+    def ask_on(self, worker: WorkerRef, prepared: PreparedQuery,
+               max_tokens: int | None = None) -> Answer:
+        """Stream a prepared query on one given worker: no routing, no failover and no
+        QueryEvent (a baseline measured beside the pipeline must not feed it)."""
+        started = time.perf_counter()
+        result = self._stream(worker, self._completion_body(prepared, max_tokens), None)
+        return build_answer(prepared, worker, result, [], started, 0.0, 0)
+
     def _completion_body(self, prepared: PreparedQuery, max_tokens: int | None) -> dict:
         return completion_body(prepared, max_tokens or self.settings.max_tokens,
                                self.settings.temperature)

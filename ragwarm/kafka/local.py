@@ -20,10 +20,13 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ragwarm.kafka.admin import probe
+<<<<<<< HEAD
 from ragwarm.kafka.processes import is_kafka, log_tail, pid_alive, port_open
 from ragwarm.settings import REPO_ROOT, HomeSettings, KafkaSettings
+=======
+from ragwarm.settings import HomeSettings, KafkaSettings, infra_dir
+>>>>>>> ae4c2e3 (packaging: base install for KB pipelines (schemas, KbProducer, ingest, broker launcher; no torch or Faust), extras [client], [worker], [streams], [bench], [all]; make installs .[all,test]; infra/ installed under share/ragwarm and found there outside a checkout; a missing extra is named; RAGWARM_LOG_FORMAT=json (Faust too); ragwarm openapi writes worker/gateway/streams OpenAPI documents, tests keep them equal to the served routes; fresh-venv test: pip install . sends a KbChange, no torch, ragwarm kafka start from the packaged infra)
 
-INFRA_DIR = REPO_ROOT / "infra" / "kafka"
 HOST = "127.0.0.1"
 Say = Callable[[str], None]
 
@@ -192,7 +195,7 @@ class LocalKafka:
 
     def _run_maven(self, mvn: str, out: Path) -> None:
         cmd = [
-            mvn, "-B", "-f", str(INFRA_DIR / "pom.xml"),
+            mvn, "-B", "-f", str(infra_dir("kafka") / "pom.xml"),
             f"-Dmaven.repo.local={self.dir / 'm2'}", f"-Dkafka.version={self.version}",
             "dependency:copy-dependencies", f"-DoutputDirectory={out}",
         ]  # fmt: skip
@@ -224,7 +227,7 @@ class LocalKafka:
     def _jvm(self, lib: Path, heap: str) -> list[str]:
         return [
             self._java(), f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={INFRA_DIR / 'log4j2.xml'}",
+            f"-Dlog4j2.configurationFile={infra_dir('kafka') / 'log4j2.xml'}",
             f"-Dkafka.logs.dir={self.dir / 'logs'}", "-cp", f"{lib}/*",
         ]  # fmt: skip
 

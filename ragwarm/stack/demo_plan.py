@@ -9,7 +9,9 @@ from pathlib import Path
 
 from rag.trace import Question, TraceEvent, split_initial
 
-PHASES = ("cold", "warm", "after_edit")
+# Before the edits a row's phase is what the cache held when it was asked (not the order of
+# asking: a question's second ask may already be warm); after them it is `after_edit`.
+PHASES = ("cold", "partial", "warm", "after_edit")
 
 
 # --- the plan: which edits, which questions (pure) --------------------------------------------
@@ -75,6 +77,19 @@ class Row:
     prefix_hash: str | None
     prefix_tokens: int
     worker_id: str
+    # The same prompt, same moment, on a worker with plain prefix caching (the `reactive`
+    # policy: it caches what it answered, nothing warms or invalidates it).
+    reactive_ttft_ms: float | None = None
+    reactive_cached: int | None = None
+
+
+def held(cached_tokens: int, prefix_tokens: int, block_size: int = 16) -> str:
+    """What the cache held for an answer: nothing, part of the prefix, or all its full blocks."""
+    if cached_tokens <= 0:
+        return "cold"
+    if cached_tokens >= prefix_tokens // block_size * block_size:
+        return "warm"
+    return "partial"
 
 
 @dataclass(frozen=True)
@@ -85,13 +100,22 @@ class Summary:
     ttft: dict[str, float]
     cached: dict[str, int]
     after_edit: str  # what became of the question's prefix after the edits
+    first_after: Row | None = None  # the first ask after the edits: what the edit cost
 
     @property
     def ratio(self) -> float | None:
-        """After-edit TTFT over warm TTFT: about 1 when the edit was re-warmed."""
-        if "warm" not in self.ttft or "after_edit" not in self.ttft:
+        """First after-edit TTFT over warm TTFT: about 1 when the edit was re-warmed."""
+        if "warm" not in self.ttft or self.first_after is None:
             return None
-        return self.ttft["after_edit"] / self.ttft["warm"]
+        return self.first_after.ttft_ms / self.ttft["warm"]
+
+    @property
+    def reactive_ratio(self) -> float | None:
+        """The same for plain prefix caching, measured on the baseline worker."""
+        row = self.first_after
+        if "warm" not in self.ttft or row is None or row.reactive_ttft_ms is None:
+            return None
+        return row.reactive_ttft_ms / self.ttft["warm"]
 
 
 def summarize(rows: Sequence[Row]) -> list[Summary]:
@@ -104,12 +128,13 @@ def summarize(rows: Sequence[Row]) -> list[Summary]:
             if at:
                 ttft[phase] = statistics.median(r.ttft_ms for r in at)
                 cached[phase] = int(statistics.median(r.cached_tokens for r in at))
-        out.append(Summary(question, ttft, cached, after_edit_state(mine)))
+        first = next((r for r in mine if r.phase == "after_edit"), None)
+        out.append(Summary(question, ttft, cached, after_edit_state(mine), first))
     return out
 
 
 def after_edit_state(rows: Sequence[Row], block_size: int = 16) -> str:
-    before = [r for r in rows if r.phase == "warm"]
+    before = [r for r in rows if r.phase != "after_edit"]
     after = [r for r in rows if r.phase == "after_edit"]
     if not before or not after:
         return "-"
@@ -122,16 +147,23 @@ def after_edit_state(rows: Sequence[Row], block_size: int = 16) -> str:
 
 
 def table_lines(summaries: Sequence[Summary]) -> list[str]:
-    head = (f"{'question':<46} {'cold ms':>9} {'warm ms':>9} {'after-edit ms':>14} "
-            f"{'x warm':>7}  {'cached cold/warm/after':>22}  prefix after edit")
+    """Medians before the edits by what the cache held; after them, the first ask on ragwarm's
+    worker beside the same prompt on the plain-prefix-caching worker."""
+    head = (f"{'question':<40} {'cold ms':>8} {'partial':>8} {'warm ms':>8} │ "
+            f"{'1st after edit: ragwarm':>24} {'plain caching':>20} │ prefix after edit")
     lines = [head, "-" * len(head)]
     for s in summaries:
-        cells = [f"{s.ttft[p]:.1f}" if p in s.ttft else "-" for p in PHASES]
-        cached = "/".join(str(s.cached.get(p, "-")) for p in PHASES)
-        ratio = f"{s.ratio:.2f}" if s.ratio is not None else "-"
-        q = s.question if len(s.question) <= 46 else s.question[:45] + "…"
-        lines.append(f"{q:<46} {cells[0]:>9} {cells[1]:>9} {cells[2]:>14} {ratio:>7}  "
-                     f"{cached:>22}  {s.after_edit}")
+        cells = [f"{s.ttft[p]:.1f}" if p in s.ttft else "-" for p in PHASES[:3]]
+        first = s.first_after
+        ours = f"{first.ttft_ms:.1f} ({first.cached_tokens}/{first.prompt_tokens})" if first \
+            else "-"
+        plain = "-"
+        if first is not None and first.reactive_ttft_ms is not None:
+            plain = f"{first.reactive_ttft_ms:.1f} ({first.reactive_cached}/{first.prompt_tokens})"
+        q = s.question if len(s.question) <= 40 else s.question[:39] + "…"
+        lines.append(f"{q:<40} {cells[0]:>8} {cells[1]:>8} {cells[2]:>8} │ {ours:>24} "
+                     f"{plain:>20} │ {s.after_edit}")
+    lines.append("(ms: client-side TTFT; in brackets: cached/prompt tokens)")
     return lines
 
 
@@ -142,12 +174,17 @@ def write_chart(rows: Sequence[Row], edit_at_s: float | None, path: Path) -> Pat
 
     fig = Figure(figsize=(9, 4.8))
     ax = fig.add_subplot()
-    colors = {"cold": "tab:red", "warm": "tab:green", "after_edit": "tab:blue"}
+    colors = {"cold": "tab:red", "partial": "tab:orange", "warm": "tab:green",
+              "after_edit": "tab:blue"}
     for phase in PHASES:
         at = [r for r in rows if r.phase == phase]
         if at:
             ax.scatter([r.t_s for r in at], [r.ttft_ms for r in at], color=colors[phase],
                        label=phase.replace("_", " "), zorder=3)
+    plain = [r for r in rows if r.phase == "after_edit" and r.reactive_ttft_ms is not None]
+    if plain:
+        ax.scatter([r.t_s for r in plain], [r.reactive_ttft_ms for r in plain], marker="x",
+                   color="tab:gray", label="after edit, plain prefix caching", zorder=3)
     if edit_at_s is not None:
         ax.axvline(edit_at_s, color="gray", linestyle="--")
         ax.annotate("KB edits applied", (edit_at_s, 0.97), xycoords=("data", "axes fraction"),

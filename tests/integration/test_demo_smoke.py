@@ -60,9 +60,16 @@ def test_demo_rewarms_edited_questions_and_tears_everything_down(
     asked = {r["question"] for r in rows}
     assert 1 <= len(asked) <= 2
     for q in asked:
-        phases = [r["phase"] for r in rows if r["question"] == q]
-        assert phases == ["cold", "cold", "warm", "after_edit"]
-        cold, _, warm, after = [r for r in rows if r["question"] == q]
+        mine = [r for r in rows if r["question"] == q]
+        phases = [r["phase"] for r in mine]
+        # Phases say what the cache held, not the order of asking: the first ask may share the
+        # system prompt's blocks with another question (partial), the second may already be
+        # warm (its query was tracked and its prefix warmed).
+        assert len(phases) == 4 and phases[0] in ("cold", "partial") and phases[3] == "after_edit"
+        assert phases[1] in ("cold", "partial", "warm") and phases[2] == "warm"
+        cold, _, warm, after = mine
+        # Plain prefix caching was measured beside every ask, on its own worker.
+        assert all(r["reactive_ttft_ms"] > 0 and r["reactive_cached"] >= 0 for r in mine)
         # The reactive cache is off in the demo: warm hits are the hot-token agent's pins.
         assert warm["cached_tokens"] >= warm["prefix_tokens"] // 16 * 16 > cold["cached_tokens"]
         # Re-warmed after the edit: at least the whole prefix was already in the worker's cache.

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pytest
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from ragwarm.stack.procs import Proc
 from schemas import encode
@@ -61,6 +63,23 @@ def test_the_openai_sdk_gets_warm_answers_through_the_gateway(
                                     base_url, kafka_bootstrap, namespace)
     finally:
         gateway.stop()
+    streams = scrape(app.url)
+    assert streams[("ragwarm_streams_kb_events_total", ())] >= len(changes)
+    assert streams[("ragwarm_streams_messages_received_total",
+                    (("topic", namespace + KB_CHANGES),))] >= len(changes)
+    assert streams[("ragwarm_streams_queries_total", ())] >= 1
+    assert streams[("ragwarm_streams_table_entries", (("table", "docs"),))] >= 1
+    served = scrape(worker.url)
+    assert served[("ragwarm_time_to_first_token_seconds_count", ())] >= 4
+    assert served[("ragwarm_warmup_hits_total", ())] >= 1
+    assert max(v for (n, _), v in served.items() if n == "vllm:kv_cache_usage_perc") > 0
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """`/metrics` of a process as {(sample name, sorted labels): value}."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 def ask_twice_stream_and_refuse(client: OpenAI, base_url: str, bootstrap: str,

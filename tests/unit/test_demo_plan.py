@@ -9,6 +9,7 @@ from ragwarm.stack.demo_plan import (
     Row,
     after_edit_state,
     changed_chunks,
+    held,
     plan_demo,
     round_robin,
     summarize,
@@ -109,13 +110,32 @@ def test_after_edit_state_tells_unchanged_rewarmed_and_cold_apart():
 
 def test_table_has_a_line_per_question_and_marks_missing_phases():
     rows = [
-        row("a question that is much longer than the forty-six columns", "cold", 900, 0),
+        row("a question that is much longer than the forty columns of the table", "cold", 900, 0),
         row("short?", "cold", 800, 0),
         row("short?", "warm", 30, 96),
     ]
     lines = table_lines(summarize(rows))
-    assert len(lines) == 4 and "…" in lines[2]
-    assert lines[3].split()[1:4] == ["800.0", "30.0", "-"]
+    assert len(lines) == 5 and "…" in lines[2]
+    assert lines[3].split()[1:4] == ["800.0", "-", "30.0"]
+
+
+def test_a_phase_is_what_the_cache_held_not_the_order_of_asking():
+    assert held(0, 680) == "cold"
+    assert held(32, 680) == "partial"
+    assert held(672, 680) == "warm"  # every full block of the prefix
+    # The "second cold ask", 640 of 672 prompt tokens cached: its prefix was warm.
+    assert held(640, 655) == "warm"
+
+
+def test_the_first_ask_after_the_edit_stands_beside_plain_prefix_caching():
+    after = Row("q", "after_edit", 45, 96, 120, None, 9.0, "p2", 100, "w1", 900.0, 16)
+    rows = [row("q", "cold", 900, 0), row("q", "warm", 40, 112), after,
+            Row("q", "after_edit", 44, 96, 120, None, 9.5, "p2", 100, "w1", 41.0, 112)]
+    (s,) = summarize(rows)
+    assert s.first_after == after
+    assert s.ratio == 45 / 40 and s.reactive_ratio == 900 / 40
+    line = table_lines([s])[2]
+    assert "45.0 (96/120)" in line and "900.0 (16/120)" in line
 
 
 def test_chart_is_written_as_png(tmp_path):

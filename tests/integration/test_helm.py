@@ -1,0 +1,124 @@
+"""The Helm chart: `helm lint`, `helm template`, and probes that hit routes the code serves.
+
+helm is built once with `go install` from the Go module proxy into ~/.cache/ragwarm/helm
+(a few minutes on a clean machine, then cached); the test skips only where Go is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from schemas.topics import TOPICS
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "infra" / "helm" / "ragwarm"
+HELM_VERSION = "v3.22.0"
+HELM_DIR = Path.home() / ".cache" / "ragwarm" / "helm" / HELM_VERSION
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    """A helm binary: $RAGWARM_HELM, the cached build, or one built now with `go install`."""
+    given = os.environ.get("RAGWARM_HELM")
+    if given:
+        return given
+    exe = HELM_DIR / "helm"
+    if exe.exists():
+        return str(exe)
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("helm is built with `go install`; no Go toolchain on this machine")
+    env = {**os.environ, "GOBIN": str(HELM_DIR), "GOFLAGS": "-mod=mod"}
+    run = subprocess.run([go, "install", f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"],
+                         env=env, capture_output=True, text=True, timeout=1500)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return str(exe)
+
+
+def rendered(helm: str, *sets: str) -> list[dict]:
+    args = [helm, "template", "r", str(CHART), "--namespace", "prod"]
+    for s in sets:
+        args += ["--set", s]
+    run = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return [d for d in yaml.safe_load_all(run.stdout) if d]
+
+
+def served_routes() -> dict[str, set[str]]:
+    """GET/POST paths each process serves, read from the code that registers them."""
+    def grep(pattern: str, *paths: Path) -> set[str]:
+        return {m for p in paths for m in re.findall(pattern, p.read_text())}
+
+    aiohttp_route = r'web\.(?:get|post)\("([^"]+)"'
+    return {
+        "worker": grep(aiohttp_route, ROOT / "workers" / "service.py"),
+        "gateway": grep(aiohttp_route, ROOT / "ragwarm" / "gateway" / "app.py"),
+        "streams": grep(r'app\.page\("([^"]+)"\)', *(ROOT / "streams").glob("*.py")),
+    }
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def container(doc: dict) -> dict:
+    spec = doc["spec"]
+    pod = spec["jobTemplate"]["spec"]["template"] if doc["kind"] == "CronJob" else spec["template"]
+    return pod["spec"]["containers"][0]
+
+
+def check_probes(c: dict, routes: set[str], probes: tuple[str, ...]) -> None:
+    """The process listens on the `http` container port, and each probe hits one of its routes."""
+    port = {p["name"]: p["containerPort"] for p in c["ports"]}["http"]
+    args, env = c["args"], {e["name"]: e.get("value") for e in c["env"]}
+    listens = args[args.index("--port") + 1] if "--port" in args else env[
+        "RAGWARM_STREAMS_WEB_PORT"]
+    assert listens == str(port)
+    for probe in probes:
+        get = c[probe]["httpGet"]
+        assert get["port"] == "http" and get["path"] in routes, (probe, get, routes)
+
+
+def test_helm_lint(helm: str) -> None:
+    run = subprocess.run([helm, "lint", str(CHART), "--strict"], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_rendered_probes_hit_routes_and_ports_the_code_serves(helm: str) -> None:
+    docs, routes = rendered(helm), served_routes()
+    worker = by_kind(docs, "StatefulSet")[0]
+    check_probes(container(worker), routes["worker"],
+                 ("startupProbe", "readinessProbe", "livenessProbe"))
+    assert container(worker)["startupProbe"]["httpGet"]["path"] == "/health/ready"
+    assert container(worker)["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    deployments = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
+    check_probes(container(deployments["r-ragwarm-streams"]), routes["streams"],
+                 ("readinessProbe", "livenessProbe"))
+    check_probes(container(deployments["r-ragwarm-gateway"]), routes["gateway"],
+                 ("readinessProbe", "livenessProbe"))
+    cron = container(by_kind(docs, "CronJob")[0])
+    assert "/ragwarm/warmup" in cron["args"][0] and "/ragwarm/warmup" in routes["streams"]
+    monitor = by_kind(docs, "ServiceMonitor")[0]["spec"]["endpoints"][0]
+    assert monitor["path"] in routes["worker"] & routes["streams"]
+
+
+def test_strimzi_topics_are_the_schema_topics(helm: str) -> None:
+    docs = rendered(helm, "kafka.topicPrefix=prod.")
+    topics = {d["spec"]["topicName"]: d for d in by_kind(docs, "KafkaTopic")}
+    assert set(topics) == {"prod." + name for name in TOPICS}
+    for name, spec in TOPICS.items():
+        got = topics["prod." + name]
+        assert got["spec"]["partitions"] == spec.partitions
+        assert got["spec"]["config"] == spec.config
+        assert re.fullmatch(r"[a-z0-9-]+", got["metadata"]["name"])
+    assert not by_kind(rendered(helm, "strimzi.enabled=false"), "KafkaTopic")
