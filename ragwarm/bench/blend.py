@@ -278,10 +278,12 @@ def measure(
               help="How recomputed tokens are chosen (hkvd, attn, sink, sink+hkvd, sink+attn).")
 @click.option("--check-layer", default=1, show_default=True, help="Layer where tokens are scored.")
 @click.option("--threads", type=int, default=None, help="torch threads (default: settings).")
+@click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw the curve (quality and TTFT ratio per share) into this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def blend(
     events_path: Path, questions_path: Path, recompute: str, questions_limit: int | None,
-    method: str, check_layer: int, threads: int | None, as_json: bool,
+    method: str, check_layer: int, threads: int | None, chart: Path | None, as_json: bool,
 ) -> None:
     """First-token agreement, greedy agreement, KL and TTFT of chunk-KV reuse vs full prefill."""
     from ragwarm.models import ModelMissing, llm_dir
@@ -305,7 +307,35 @@ def blend(
     report = {"questions": len(cases), "method": method, "check_layer": check_layer,
               "prompt_tokens_p50": statistics.median(len(c.token_ids) for c in cases),
               "results": results}
+    if chart is not None:
+        draw_curve(report, chart)
     click.echo(json.dumps(report) if as_json else _table(report))
+
+
+def draw_curve(report: dict[str, Any], path: Path) -> None:
+    """Quality (left axis) and TTFT blend/full (right axis) against the recompute share."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["results"]
+    shares = [r["recompute_share"] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for key, label in (("first_token_agreement", "first-token agreement"),
+                       ("greedy16_exact", "16 greedy tokens identical")):
+        ax.plot(shares, [r[key] for r in rows], marker="o", label=label)
+    ax.plot(shares, [min(1.0, 100 * r["mean_kl_first_token"]) for r in rows], marker="s",
+            linestyle="--", label="mean KL × 100")
+    ratio = [r["ttft_blend_ms_p50"] / r["ttft_full_ms_p50"] for r in rows]
+    ax.plot(shares, ratio, marker="^", linestyle=":", label="TTFT blend / full (p50)")
+    ax.set(xlabel="recompute share of moved chunk tokens", ylim=(-0.02, 1.02),
+           title=f"Chunk-KV blending vs full prefill ({report['questions']} questions, "
+           f"{report['method']})")
+    ax.legend(loc="center right", fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
 
 
 def _table(report: dict[str, Any]) -> str:
