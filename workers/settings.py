@@ -13,6 +13,9 @@ from workers.blocks import BLOCK_SIZE
 from workers.eviction import make_policy
 from workers.memory import DEFAULT_MAX_ENTRIES, GiB
 
+# The names workers.engines.blend.SELECTORS accepts (kept here so settings import no torch).
+ChunkSelection = Literal["hkvd", "attn", "sink", "sink+hkvd", "sink+attn"]
+
 
 class WorkerSettings(BaseSettings):
     """One worker: which device and precision the engine runs in, and its KV-cache bounds."""
@@ -87,6 +90,23 @@ class WorkerSettings(BaseSettings):
         default=True,
         description="After a completion, cache its prompt's full blocks unpinned (reactive, "
         "like vLLM automatic prefix caching).",
+    )
+    chunk_reuse: bool = Field(
+        default=False,
+        description="Serve prompts no cached prefix covers from held chunk KV (re-rotated, a "
+        "share recomputed; `ragwarm bench blend` measures the quality). Off until the "
+        "measured bar is met.",
+    )
+    chunk_recompute_share: float = Field(
+        default=0.15,
+        ge=0.0,
+        le=1.0,
+        description="Share of moved chunk tokens recomputed when blending chunk KV.",
+    )
+    chunk_selection: ChunkSelection = Field(
+        default="sink+hkvd",
+        description="How recomputed tokens are chosen: hkvd (KV deviation), attn (question "
+        "attention), sink (each chunk's first tokens), or sink+ one of the scores.",
     )
     warm_set: Path | None = Field(
         default=None,

@@ -11,6 +11,7 @@ BENCHES: dict[str, str] = {
     "rag": "ragwarm.bench.rag:rag",
     "pipeline": "ragwarm.bench.pipeline:pipeline",
     "strategies": "ragwarm.bench.strategies.command:strategies",
+    "blend": "ragwarm.bench.blend:blend",
 }
 
 

@@ -18,7 +18,11 @@ from workers.engines.rope import inv_freq, rotate_half, shift_keys
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 KV = tuple[LayerKV, ...]
 
-SELECTORS = ("hkvd", "sink", "sink+hkvd")
+# Scored selections rank moved tokens at the check layer: `hkvd` by how far their reused KV
+# is from a full computation (CacheBlend), `attn` by the attention the question pays them
+# (ProphetKV-style); `sink` takes each moved piece's first tokens (EPIC's attention sinks).
+SCORES = ("hkvd", "attn")
+SELECTORS = ("hkvd", "attn", "sink", "sink+hkvd", "sink+attn")
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,9 @@ class BlendResult:
     recomputed: int
 
 
-def prefill(model: Any, token_ids: Sequence[int], past: KV | None = None) -> tuple[KV, torch.Tensor]:
+def prefill(
+    model: Any, token_ids: Sequence[int], past: KV | None = None
+) -> tuple[KV, torch.Tensor]:
     """KV of `token_ids` after `past` (only the new tokens' part) and the last logits."""
     cache = as_cache(model, past)
     before = 0 if past is None else int(past[0][0].shape[-2])
@@ -169,7 +175,7 @@ def _plan(
 ) -> tuple[list[int], int]:
     """(tokens chosen before any layer runs, how many more to choose by deviation)."""
     budget = _budget(selection, len(moved))
-    if selection.method == "hkvd" or budget == 0:
+    if selection.method in SCORES or budget == 0:
         return [], budget
     if selection.method == "sink":
         n_moved = sum(1 for p in pieces if p.end > n_exact)
@@ -178,20 +184,40 @@ def _plan(
     return sinks, budget - len(sinks)
 
 
-def _deviation(
-    layer: Any, h: torch.Tensor, rows: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
-    keys: torch.Tensor, values: torch.Tensor,
+def _scores(
+    method: str, layer: Any, h: torch.Tensor, rows: torch.Tensor,
+    cos_sin: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor, values: torch.Tensor,
+    n_fresh: int,
 ) -> torch.Tensor:
-    """Per row: how far the reused KV is from the KV computed over the whole prompt here."""
-    _, k, v = _qkv(layer.self_attn, layer.input_layernorm(h), cos_sin)
-    dk = (k - keys[:, :, rows]).pow(2).sum(dim=(1, 3))
-    dv = (v - values[:, :, rows]).pow(2).sum(dim=(1, 3))
+    """Per row, how much recomputing it matters, by `hkvd` or `attn` (see SELECTORS)."""
+    q, k, v = _qkv(layer.self_attn, layer.input_layernorm(h), cos_sin)
+    if method.endswith("hkvd"):
+        score = _relative_gap(k, keys[:, :, rows]) + _relative_gap(v, values[:, :, rows])
     # Computed anyway: every row keeps its better KV at this layer, chosen or not.
     keys[:, :, rows] = k
     values[:, :, rows] = v
+    if method.endswith("attn"):
+        score = _question_attention(layer.self_attn, q[:, :, -n_fresh:], rows, keys)
+    return score
+
+
+def _relative_gap(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     # Keys and values have different scales; each is weighed against its own size.
-    return (dk / k.pow(2).sum(dim=(1, 3)).clamp_min(1e-12) + dv / v.pow(2).sum(
-        dim=(1, 3)).clamp_min(1e-12))[0]
+    gap = (new - old).pow(2).sum(dim=(1, 3))
+    return (gap / new.pow(2).sum(dim=(1, 3)).clamp_min(1e-12))[0]
+
+
+def _question_attention(
+    attn: Any, q: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor
+) -> torch.Tensor:
+    """Attention the last rows (the question) pay each row, summed over heads and queries."""
+    last = int(rows[-1]) + 1
+    n_q = q.shape[2]
+    k = keys[:, :, :last].repeat_interleave(q.shape[1] // keys.shape[1], dim=1)
+    logits = (q @ k.transpose(-1, -2)) * attn.scaling
+    visible = torch.arange(last, device=rows.device) <= rows[-n_q:].unsqueeze(1)
+    probs = logits.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+    return probs.sum(dim=(0, 1, 2))[rows]
 
 
 # -- the forward over the chosen rows ------------------------------------------------------
@@ -205,21 +231,23 @@ def _selective_forward(
     fresh = [i for i in range(len(token_ids)) if i not in covered]
     if not fresh or fresh[-1] != len(token_ids) - 1:
         raise ValueError("the last prompt token must be computed (it gives the logits)")
-    chosen, by_deviation = _plan(selection, moved, pieces, n_exact)
-    # Deviation needs every candidate computed up to the check layer; the rest never runs.
-    first = sorted(set(fresh) | set(chosen) | (set(moved) if by_deviation else set()))
+    chosen, by_score = _plan(selection, moved, pieces, n_exact)
+    # Scoring needs every candidate computed up to the check layer; the rest never runs.
+    first = sorted(set(fresh) | set(chosen) | (set(moved) if by_score else set()))
     rows = torch.tensor(first, device=keys[0].device)
     inner = model.model
     h = inner.embed_tokens(torch.tensor([[token_ids[i] for i in first]], device=rows.device))
     keep_always = torch.tensor([i in set(fresh) | set(chosen) for i in first])
     for index, layer in enumerate(inner.layers):
         cos_sin = inner.rotary_emb(h, rows.unsqueeze(0))
-        if by_deviation and index == min(selection.check_layer, len(inner.layers) - 1):
-            score = _deviation(layer, h, rows, cos_sin, keys[index], values[index])
-            keep = _top_rows(score, keep_always, by_deviation)
+        if by_score and index == min(selection.check_layer, len(inner.layers) - 1):
+            score = _scores(
+                selection.method, layer, h, rows, cos_sin, keys[index], values[index], len(fresh)
+            )
+            keep = _top_rows(score, keep_always, by_score)
             h, rows = h[:, keep], rows[keep]
             cos_sin = (cos_sin[0][:, keep], cos_sin[1][:, keep])
-            by_deviation = 0
+            by_score = 0
         h = _layer(layer, h, rows, cos_sin, keys[index], values[index])
     logits = model.lm_head(inner.norm(h[:, -1:]))[0, -1]
     recomputed = len(set(rows.tolist()) & set(moved))
@@ -275,4 +303,5 @@ def _require_llama_like(model: Any) -> None:
     parts = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
     llama = attn is not None and all(hasattr(attn, p) for p in parts)
     if not llama or hasattr(attn, "q_norm") or not hasattr(inner, "rotary_emb"):
-        raise ValueError(f"chunk blending supports Llama-style decoders, not {type(model).__name__}")
+        name = type(model).__name__
+        raise ValueError(f"chunk blending supports Llama-style decoders, not {name}")

@@ -1,0 +1,355 @@
+"""`ragwarm bench blend`: chunk-reuse assembly against full prefill on real questions' prompts."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ragwarm.bench.engine import DEFAULT_EVENTS
+
+if TYPE_CHECKING:
+    import torch
+
+    from rag.retrieve import Retrieval
+    from rag.trace import Question
+    from workers.engines.blend import KV, Piece, Selection
+
+DEFAULT_QUESTIONS = DEFAULT_EVENTS.with_name("questions.jsonl")
+DEFAULT_SHARES = "0,0.05,0.1,0.15,0.25"
+GREEDY_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class Case:
+    """One question's canonical prompt, cut where its chunks start and end."""
+
+    qid: str
+    token_ids: list[int]
+    opening: int
+    chunks: list[tuple[str, list[int]]]  # (chunk key, token ids) in prompt order
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Full prefill vs blend on one prompt at one share."""
+
+    same_first: bool
+    same_greedy: bool
+    kl: float
+    full_s: float
+    blend_s: float
+    recomputed: int
+
+
+@dataclass
+class Runner:
+    """The model, the system prompt's KV and every chunk's KV computed on its own (once)."""
+
+    model: Any
+    opening_kv: KV
+    opening_ids: list[int]
+    chunk_kv: dict[str, KV] = field(default_factory=dict)
+
+    def pieces(self, case: Case) -> list[Piece]:
+        from workers.engines.blend import Piece, prefill
+
+        out, start = [], case.opening
+        for key, ids in case.chunks:
+            if key not in self.chunk_kv:
+                self.chunk_kv[key], _ = prefill(self.model, ids, self.opening_kv)
+            out.append(Piece(start=start, kv=self.chunk_kv[key], computed_at=case.opening))
+            start += len(ids)
+        return out
+
+
+# -- measuring -----------------------------------------------------------------------------
+
+
+def greedy(model: Any, kv: KV, logits: torch.Tensor, n: int) -> list[int]:
+    """The first `n` greedy tokens after a prompt whose KV and last logits are given."""
+    import torch
+
+    from workers.engines.blend import as_cache
+
+    cache, out = as_cache(model, kv), [int(torch.argmax(logits))]
+    with torch.inference_mode():
+        while len(out) < n:
+            ids = torch.tensor([[out[-1]]], device=logits.device)
+            step = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out.append(int(torch.argmax(step.logits[0, -1])))
+    return out
+
+
+def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+    """KL(p ‖ q) of the two next-token distributions, in nats."""
+    p = p_logits.double().log_softmax(-1)
+    q = q_logits.double().log_softmax(-1)
+    return max(0.0, float((p.exp() * (p - q)).sum()))
+
+
+def _timed(fn: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def full_run(model: Any, case: Case) -> tuple[torch.Tensor, list[int], float]:
+    """(first-token logits, greedy tokens, TTFT) of a cold prefill of the whole prompt."""
+    import torch
+
+    from workers.engines.blend import prefill
+
+    def first() -> tuple[Any, torch.Tensor, int]:
+        kv, logits = prefill(model, case.token_ids)
+        return kv, logits, int(torch.argmax(logits))
+
+    (kv, logits, _), ttft = _timed(first)
+    return logits, greedy(model, kv, logits, GREEDY_TOKENS), ttft
+
+
+def blend_run(
+    runner: Runner, case: Case, selection: Selection, full: tuple[torch.Tensor, list[int], float]
+) -> Outcome:
+    """One blended prefill (chunk KV warm, not timed) compared with the full one."""
+    import torch
+
+    from workers.engines.blend import blend
+
+    pieces = runner.pieces(case)
+
+    def first() -> Any:
+        result = blend(runner.model, case.token_ids, runner.opening_kv, pieces, selection)
+        int(torch.argmax(result.logits))
+        return result
+
+    result, ttft = _timed(first)
+    tokens = greedy(runner.model, result.kv, result.logits, GREEDY_TOKENS)
+    full_logits, full_tokens, full_s = full
+    return Outcome(
+        same_first=tokens[0] == full_tokens[0],
+        same_greedy=tokens == full_tokens,
+        kl=kl_divergence(full_logits, result.logits),
+        full_s=full_s,
+        blend_s=ttft,
+        recomputed=result.recomputed,
+    )
+
+
+def summarize(share: float, outcomes: Sequence[Outcome]) -> dict[str, float]:
+    n = len(outcomes) or 1
+    return {
+        "recompute_share": share,
+        "first_token_agreement": round(sum(o.same_first for o in outcomes) / n, 4),
+        "greedy16_exact": round(sum(o.same_greedy for o in outcomes) / n, 4),
+        "mean_kl_first_token": round(sum(o.kl for o in outcomes) / n, 6),
+        "ttft_full_ms_p50": _p50_ms([o.full_s for o in outcomes]),
+        "ttft_blend_ms_p50": _p50_ms([o.blend_s for o in outcomes]),
+        "recomputed_tokens_mean": round(sum(o.recomputed for o in outcomes) / n, 1),
+    }
+
+
+def _p50_ms(seconds: Sequence[float]) -> float:
+    return round(statistics.median(seconds) * 1000, 1) if seconds else 0.0
+
+
+# -- the prompts ---------------------------------------------------------------------------
+
+
+def make_case(builder: Any, qid: str, question: str, retrieval: Retrieval) -> Case:
+    """The canonical prompt of a question, with the token span of each chunk."""
+    from rag.prompt import canonical_order
+
+    prompt = builder.build(retrieval.chunks, question)
+    parts = builder.prefix_parts(retrieval.chunks)
+    encode = builder.tokenizer.encode
+    ids = [list(encode(part, add_special_tokens=False)) for part in parts]
+    if [t for p in ids for t in p] != list(prompt.prefix_ids):
+        raise click.ClickException("the prompt's parts do not tokenize to its prefix")
+    keys = [f"{c.chunk_id}@{c.content_hash}" for c in canonical_order(retrieval.chunks)]
+    return Case(qid, list(prompt.token_ids), len(ids[0]), list(zip(keys, ids[1:-1], strict=True)))
+
+
+def retrieve_cases(
+    events_path: Path, questions_path: Path, limit: int | None, tokenizer: Any
+) -> list[Case]:
+    """Index the documents the questions name (initial state) and build their prompts."""
+    from rag.index import Indexer
+    from rag.prompt import PromptBuilder
+    from rag.retrieve import Retriever
+    from rag.settings import QdrantSettings, RagSettings
+    from rag.store import ChunkStore
+    from rag.trace import TraceError, read_events, read_questions
+    from ragwarm.bench.rag import judged_questions
+    from ragwarm.bench.strategies.workload import split_trace
+    from ragwarm.models import load_embedder
+
+    try:
+        initial, _ = split_trace(list(read_events(events_path)))
+        asked = read_questions(questions_path)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from None
+    seq = initial[-1].seq if initial else -1
+    questions = (judged_questions(asked, seq) or [q for q in asked if q.live_at(seq)])[:limit]
+    named = set().union(*(q.answer_docs for q in questions)) if questions else set()
+    docs = [e for e in initial if e.doc_id in named] or list(initial)
+    settings = RagSettings()
+    embedder = load_embedder(
+        batch_size=settings.embed_batch_size, precision=settings.embed_precision,
+        threads=settings.embed_threads,
+    )
+    _progress(f"indexing {len(docs)} documents for {len(questions)} questions")
+    with tempfile.TemporaryDirectory(prefix="ragwarm-bench-blend-") as tmp, ChunkStore.open(
+        QdrantSettings(path=Path(tmp)), settings.collection, embedder.dim
+    ) as store:
+        Indexer.from_settings(store, embedder, tokenizer, settings).index_documents(
+            [e.to_change("bench") for e in docs]
+        )
+        found = Retriever(store, embedder, settings.top_k).retrieve_many(
+            [q.question for q in questions], "bench"
+        )
+    builder = PromptBuilder(tokenizer, settings.system_prompt)
+    return [_case(builder, q, r) for q, r in zip(questions, found, strict=True) if r.chunks]
+
+
+def _case(builder: Any, question: Question, retrieval: Retrieval) -> Case:
+    return make_case(builder, question.qid, question.question, retrieval)
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _shares(text: str) -> list[float]:
+    try:
+        shares = [float(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise click.BadParameter(f"not a list of numbers: {text!r}") from None
+    if not shares or any(not 0.0 <= s <= 1.0 for s in shares):
+        raise click.BadParameter("shares must lie within [0, 1]")
+    return shares
+
+
+def measure(
+    runner: Runner, cases: Sequence[Case], shares: Sequence[float], method: str, check_layer: int
+) -> list[dict[str, float]]:
+    """Per share, the summary over every case; runs interleave so noise hits both sides."""
+    from workers.engines.blend import Selection
+
+    per_share: dict[float, list[Outcome]] = {s: [] for s in shares}
+    for i, case in enumerate(cases, 1):
+        full = full_run(runner.model, case)
+        for share in shares:
+            selection = Selection(method=method, share=share, check_layer=check_layer)
+            per_share[share].append(blend_run(runner, case, selection, full))
+        last = per_share[shares[-1]][-1]
+        _progress(
+            f"[{i}/{len(cases)}] {case.qid}: {len(case.token_ids)} tokens, full "
+            f"{full[2] * 1000:.0f} ms, blend@{shares[-1]} {last.blend_s * 1000:.0f} ms, "
+            f"kl {last.kl:.4f}"
+        )
+    return [summarize(s, per_share[s]) for s in shares]
+
+
+@click.command()
+@click.option(
+    "--events", "events_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=DEFAULT_EVENTS, show_default=True, help="Trace events JSONL.",
+)
+@click.option(
+    "--questions", "questions_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=DEFAULT_QUESTIONS, show_default=True, help="Trace questions JSONL.",
+)
+@click.option("--recompute", default=DEFAULT_SHARES, show_default=True,
+              help="Comma-separated shares of moved chunk tokens to recompute.")
+@click.option("--questions-limit", type=int, default=None, help="Use only the first N questions.")
+@click.option("--method", default="sink+hkvd", show_default=True,
+              help="How recomputed tokens are chosen (hkvd, attn, sink, sink+hkvd, sink+attn).")
+@click.option("--check-layer", default=1, show_default=True, help="Layer where tokens are scored.")
+@click.option("--threads", type=int, default=None, help="torch threads (default: settings).")
+@click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw the curve (quality and TTFT ratio per share) into this PNG.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def blend(
+    events_path: Path, questions_path: Path, recompute: str, questions_limit: int | None,
+    method: str, check_layer: int, threads: int | None, chart: Path | None, as_json: bool,
+) -> None:
+    """First-token agreement, greedy agreement, KL and TTFT of chunk-KV reuse vs full prefill."""
+    from ragwarm.models import ModelMissing, llm_dir
+    from workers.engines.blend import SELECTORS, prefill
+    from workers.engines.torch_engine import load_torch_engine
+    from workers.settings import WorkerSettings
+
+    if method not in SELECTORS:
+        raise click.BadParameter(f"valid methods: {', '.join(SELECTORS)}", param_hint="--method")
+    shares = _shares(recompute)
+    try:
+        engine = load_torch_engine(llm_dir(), WorkerSettings(threads=threads))
+    except ModelMissing as exc:
+        raise click.ClickException(str(exc)) from None
+    cases = retrieve_cases(events_path, questions_path, questions_limit, engine.tokenizer)
+    if not cases:
+        raise click.ClickException("no question retrieved any chunk")
+    opening = cases[0].token_ids[: cases[0].opening]
+    runner = Runner(engine.model, prefill(engine.model, opening)[0], opening)
+    results = measure(runner, cases, shares, method, check_layer)
+    report = {"questions": len(cases), "method": method, "check_layer": check_layer,
+              "prompt_tokens_p50": statistics.median(len(c.token_ids) for c in cases),
+              "results": results}
+    if chart is not None:
+        draw_curve(report, chart)
+    click.echo(json.dumps(report) if as_json else _table(report))
+
+
+def draw_curve(report: dict[str, Any], path: Path) -> None:
+    """Quality (left axis) and TTFT blend/full (right axis) against the recompute share."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["results"]
+    shares = [r["recompute_share"] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for key, label in (("first_token_agreement", "first-token agreement"),
+                       ("greedy16_exact", "16 greedy tokens identical")):
+        ax.plot(shares, [r[key] for r in rows], marker="o", label=label)
+    ax.plot(shares, [min(1.0, 100 * r["mean_kl_first_token"]) for r in rows], marker="s",
+            linestyle="--", label="mean KL × 100")
+    ratio = [r["ttft_blend_ms_p50"] / r["ttft_full_ms_p50"] for r in rows]
+    ax.plot(shares, ratio, marker="^", linestyle=":", label="TTFT blend / full (p50)")
+    ax.set(xlabel="recompute share of moved chunk tokens", ylim=(-0.02, 1.02),
+           title=f"Chunk-KV blending vs full prefill ({report['questions']} questions, "
+           f"{report['method']})")
+    ax.legend(loc="center right", fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _table(report: dict[str, Any]) -> str:
+    lines = [
+        f"{report['questions']} questions, method {report['method']}, prompts of "
+        f"{report['prompt_tokens_p50']:.0f} tokens (p50)",
+        f"{'share':>6} {'first tok':>9} {'greedy16':>8} {'mean KL':>9} {'full ms':>8} "
+        f"{'blend ms':>8} {'ratio':>6}",
+    ]
+    for r in report["results"]:
+        ratio = r["ttft_blend_ms_p50"] / r["ttft_full_ms_p50"] if r["ttft_full_ms_p50"] else 0.0
+        lines.append(
+            f"{r['recompute_share']:>6.2f} {r['first_token_agreement']:>9.3f} "
+            f"{r['greedy16_exact']:>8.3f} {r['mean_kl_first_token']:>9.5f} "
+            f"{r['ttft_full_ms_p50']:>8.1f} {r['ttft_blend_ms_p50']:>8.1f} {ratio:>6.1%}"
+        )
+    return "\n".join(lines)

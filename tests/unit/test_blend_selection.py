@@ -1,0 +1,72 @@
+"""Choosing which moved chunk tokens to recompute: budgets, sinks and the top-scored rows."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workers.engines.blend import SELECTORS, Piece, Selection, _plan, _top_rows
+from workers.settings import ChunkSelection
+
+
+def _piece(start: int, length: int, computed_at: int = 10) -> Piece:
+    kv = ((torch.zeros(1, 1, length, 2), torch.zeros(1, 1, length, 2)),)
+    return Piece(start=start, kv=kv, computed_at=computed_at)
+
+
+def test_settings_name_the_same_selections() -> None:
+    assert set(typing.get_args(ChunkSelection)) == set(SELECTORS)
+
+
+def test_unknown_method_and_bad_share_are_refused_with_the_valid_names() -> None:
+    with pytest.raises(ValueError, match="hkvd, attn"):
+        Selection(method="random")
+    with pytest.raises(ValueError, match="share"):
+        Selection(share=1.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 80), min_size=1, max_size=4),
+    share=st.floats(0, 1),
+    method=st.sampled_from(SELECTORS),
+    sinks=st.integers(0, 16),
+)
+def test_plan_never_exceeds_the_share_and_picks_only_moved_tokens(
+    lengths: list[int], share: float, method: str, sinks: int
+) -> None:
+    pieces, start = [], 10
+    for n in lengths:
+        pieces.append(_piece(start, n))
+        start += n
+    moved = list(range(10, start))
+    chosen, by_score = _plan(Selection(method, share, sinks), moved, pieces, 10)
+    budget = min(len(moved), -(-share * len(moved) // 1))
+    assert len(chosen) + by_score == budget if method != "sink" else len(chosen) <= budget
+    assert set(chosen) <= set(moved)
+    assert len(set(chosen)) == len(chosen)
+
+
+def test_sink_takes_each_moved_piece_first_tokens() -> None:
+    pieces = [_piece(10, 20), _piece(30, 20)]
+    chosen, by_score = _plan(Selection("sink", 0.2), list(range(10, 50)), pieces, 10)
+    assert (chosen, by_score) == ([10, 11, 12, 13, 30, 31, 32, 33], 0)
+
+
+def test_sink_plus_score_leaves_the_rest_of_the_budget_to_the_score() -> None:
+    pieces = [_piece(10, 20), _piece(30, 20)]
+    chosen, by_score = _plan(Selection("sink+hkvd", 0.25, sink_tokens=2), list(range(10, 50)),
+                             pieces, 10)
+    assert chosen == [10, 11, 30, 31]
+    assert by_score == 6
+
+
+def test_top_rows_keeps_the_forced_rows_and_the_best_others_in_order() -> None:
+    score = torch.tensor([5.0, 0.1, 3.0, 9.0, 0.2])
+    forced = torch.tensor([False, True, False, False, True])
+    assert _top_rows(score, forced, 2).tolist() == [0, 1, 3, 4]
+    assert _top_rows(score, forced, 0).tolist() == [1, 4]
