@@ -18,8 +18,24 @@ SOURCES = {
 
 
 def streams_routes() -> set[tuple[str, str]]:
-    """Faust pages: a function page is a GET; a View class page has the methods it defines."""
+    """Faust pages: a function page is a GET; a View class page has the methods it defines.
+
+    Most views are registered from `streams.views.pages`; a few modules add their own
+    `app.page` (metrics, scheduled warmup): both are read.
+    """
+    from types import SimpleNamespace
+
+    from faust.web import View
+
+    from streams.settings import StreamsSettings
+    from streams.views import pages
+
     found = set()
+    for route, page in pages(SimpleNamespace(settings=StreamsSettings())).items():  # type: ignore[arg-type]
+        if isinstance(page, type) and issubclass(page, View):
+            found |= {(m, route) for m in ("get", "post") if m in vars(page)}
+        else:
+            found.add(("get", route))
     for path in (ROOT / "streams").glob("*.py"):
         text = path.read_text()
         for match in re.finditer(r'app\.page\("([^"]+)"\)\s*\n\s*(async def|class)', text):
