@@ -101,9 +101,7 @@ class BlockPool:
         """Bytes of `chain` not yet held by a pinned entry (what pinning it would add)."""
         blocks = self._blocks
         return sum(
-            n
-            for h, n in zip(chain, nbytes, strict=True)
-            if h not in blocks or blocks[h].pins == 0
+            n for h, n in zip(chain, nbytes, strict=True) if h not in blocks or blocks[h].pins == 0
         )
 
     def marked(self, ref: ChunkKey) -> set[str]:

@@ -493,8 +493,9 @@ class PrefixCache:
             self._policy.discard(old.prefix_hash)
             self._stamp[entry.prefix_hash] = next(self._stamps)
         else:
-            self.pool.hold(entry.prefix_hash, entry.tenant, entry.block_hashes, sizes,
-                           _holding(entry))
+            self.pool.hold(
+                entry.prefix_hash, entry.tenant, entry.block_hashes, sizes, _holding(entry)
+            )
             self._stamp[entry.prefix_hash] = next(self._stamps)
         self._entries[entry.prefix_hash] = entry
         self._index.add(entry)

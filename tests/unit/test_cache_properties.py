@@ -67,9 +67,14 @@ class BlockStoreMachine(RuleBasedStateMachine):
         before = (self.cache.bytes_used, self.cache.pinned_bytes, len(self.cache))
         try:
             _, evicted = self.cache.admit(
-                tenant=tenant, hashes=chain, nbytes=BLOCK_BYTES * len(chain),
-                chunk_refs=starts, chunk_starts=starts, ttl_s=ttl,
-                pin=pin and not request, kind="request" if request else "managed",
+                tenant=tenant,
+                hashes=chain,
+                nbytes=BLOCK_BYTES * len(chain),
+                chunk_refs=starts,
+                chunk_starts=starts,
+                ttl_s=ttl,
+                pin=pin and not request,
+                kind="request" if request else "managed",
             )
         except WarmupRefused:
             event("admit refused")

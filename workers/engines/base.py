@@ -297,12 +297,16 @@ class PrefixEngine(ABC, Generic[H]):
         start: float,
     ) -> PrefillResult:
         """Keep `held` for an entry the cache just admitted; what the prefill stored."""
-        self._held[entry.prefix_hash] = held
+        self._keep(entry, held)
         self.sync()  # frees what the admission evicted
         elapsed = time.perf_counter() - start
         return PrefillResult(
             entry.prefix_hash, entry.n_tokens, entry.nbytes, computed, tuple(evicted), elapsed
         )
+
+    def _keep(self, entry: CacheEntry, held: H) -> None:
+        """Hold what an admitted entry stands for (engines keeping KV per block override it)."""
+        self._held[entry.prefix_hash] = held
 
     @abstractmethod
     def _held_bytes(self, held: H) -> int:
