@@ -11,118 +11,28 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, TypeVar
 
-from workers.block_pool import BlockPool, ChunkKey, Holders, Holding, PoolStats, split_bytes
+from workers.block_pool import BlockPool, ChunkKey, PoolStats, split_bytes
 from workers.blocks import BLOCK_SIZE
+from workers.cache_cuts import Stale, doomed_blocks, first_cuts
+from workers.cache_entries import (
+    Asked,
+    CacheEntry,
+    CacheEvent,
+    ChunkIndex,
+    EventKind,
+    Kind,
+    WarmupRefused,
+    build_entry,
+    check_admission,
+    head_entry,
+    holding,
+    observable,
+)
 from workers.eviction import EvictionPolicy, make_policy
 from workers.memory import Budget
 
 __all__ = ["Budget", "CacheEntry", "CacheEvent", "ChunkKey", "PrefixCache", "WarmupRefused"]
-
-_K = TypeVar("_K")
-Kind = Literal["managed", "request"]
-EventKind = Literal["stored", "evicted", "invalidated", "ttl_extended", "cleared", "released"]
-
-
-@dataclass
-class CacheEntry:
-    """One cached prefix; the cache owns it, callers should treat it as read-only."""
-
-    prefix_hash: str
-    tenant: str
-    block_hashes: tuple[str, ...]
-    n_tokens: int
-    nbytes: int  # bytes of all its blocks, shared ones included
-    chunk_refs: frozenset[ChunkKey]
-    pinned: bool
-    created_at: float
-    last_used: float
-    expires_at: float | None
-    hits: int = 0
-    kind: Kind = "managed"
-    # Token offset where each chunk starts in the prompt, for the refs that gave one.
-    chunk_starts: Mapping[ChunkKey, int] = field(default_factory=dict)
-
-    @property
-    def n_blocks(self) -> int:
-        return len(self.block_hashes)
-
-    @property
-    def managed(self) -> bool:
-        return self.kind == "managed"
-
-    def expired(self, now: float) -> bool:
-        return self.expires_at is not None and self.expires_at <= now
-
-
-@dataclass(frozen=True)
-class CacheEvent:
-    """A change to the cache, queued for the worker to publish on `worker.events`."""
-
-    kind: EventKind
-    prefix_hash: str
-    tenant: str
-    n_tokens: int
-    nbytes: int
-    chunk_refs: frozenset[ChunkKey]
-    at: float
-    command_id: str | None = None
-    # Why: "capacity", "expired", "explicit", "chunk_changed", "prefix", "truncated"...
-    reason: str = ""
-
-
-class WarmupRefused(Exception):
-    """An admission that cannot fit the budget; `reason` says which bound refused it."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass
-class _Indexes:
-    """Reverse indexes from chunk identity to the prefix hashes of entries listing it."""
-
-    by_chunk: dict[ChunkKey, Holders] = field(default_factory=dict)
-    by_chunk_id: dict[str, Holders] = field(default_factory=dict)
-
-    def add(self, entry: CacheEntry) -> None:
-        for ref in entry.chunk_refs:
-            self.by_chunk.setdefault(ref, {})[entry.prefix_hash] = None
-            self.by_chunk_id.setdefault(ref[0], {})[entry.prefix_hash] = None
-
-    def remove(self, entry: CacheEntry) -> None:
-        for ref in entry.chunk_refs:
-            _discard(self.by_chunk, ref, entry.prefix_hash)
-            _discard(self.by_chunk_id, ref[0], entry.prefix_hash)
-
-
-def _discard(index: dict[_K, Holders], key: _K, value: str) -> None:
-    holders = index.get(key)
-    if holders is not None:
-        holders.pop(value, None)
-        if not holders:
-            del index[key]
-
-
-@dataclass(frozen=True)
-class _Stale:
-    """Which entries and blocks a set of changed chunks reaches."""
-
-    refs: frozenset[ChunkKey] = frozenset()
-    chunk_ids: frozenset[str] = frozenset()
-
-    def listed_by(self, entry: CacheEntry) -> bool:
-        return any(r in self.refs or r[0] in self.chunk_ids for r in entry.chunk_refs)
-
-    def unplaced_in(self, entry: CacheEntry) -> bool:
-        """Whether `entry` lists a changed chunk without saying where it starts."""
-        return any(
-            (r in self.refs or r[0] in self.chunk_ids) and r not in entry.chunk_starts
-            for r in entry.chunk_refs
-        )
 
 
 class PrefixCache:
@@ -153,7 +63,7 @@ class PrefixCache:
         self._entries: dict[str, CacheEntry] = {}
         self._stamp: dict[str, int] = {}
         self._stamps = itertools.count()
-        self._index = _Indexes()
+        self._index = ChunkIndex()
         self.pool = BlockPool()
         self._expiry: list[tuple[float, str]] = []
         self._events: list[CacheEvent] = []
@@ -258,7 +168,7 @@ class PrefixCache:
         event only when the pin, kind, size or chunk refs changed.
         """
         chain = tuple(hashes)
-        _check_admission(chain, nbytes, ttl_s)
+        check_admission(chain, nbytes, ttl_s)
         t = self._clock()
         self.expire(t)
         old = self._entries.get(chain[-1])
@@ -267,13 +177,23 @@ class PrefixCache:
         sizes = self._block_sizes(chain, nbytes)
         refs = frozenset(chunk_refs)
         starts = {r: s for r, s in (chunk_starts or {}).items() if r in refs}
-        entry = self._build(tenant, chain, sum(sizes), refs, starts, (pin, kind, ttl_s), t, old)
+        entry = build_entry(
+            chain,
+            tenant,
+            (sum(sizes), self.block_size),
+            refs,
+            starts,
+            Asked(pin, kind, ttl_s),
+            self.default_ttl_s,
+            t,
+            old,
+        )
         self._check_fit(chain, sizes, entry.pinned)
         victims = self._plan_eviction(chain, sizes, old)
         for victim in victims:
             self._remove(victim.prefix_hash, "evicted", command_id, "capacity", by_policy=True)
         self._place(entry, sizes, old)
-        if old is None or _observable(old) != _observable(entry):
+        if old is None or observable(old) != observable(entry):
             self._record("stored", entry, command_id, "", t)
         return entry, victims
 
@@ -285,13 +205,13 @@ class PrefixCache:
         Entries holding such a block are removed (event `invalidated`); what they held
         before it stays cached (see `_cut`). Returns the removed entries.
         """
-        return self._invalidate(_Stale(refs=frozenset(chunk_refs)), command_id)
+        return self._invalidate(Stale(refs=frozenset(chunk_refs)), command_id)
 
     def invalidate_chunks(
         self, chunk_ids: Iterable[str], *, command_id: str | None = None
     ) -> list[CacheEntry]:
         """Like `invalidate`, by chunk id whatever the content hash."""
-        return self._invalidate(_Stale(chunk_ids=frozenset(chunk_ids)), command_id)
+        return self._invalidate(Stale(chunk_ids=frozenset(chunk_ids)), command_id)
 
     def invalidate_prefix(
         self, prefix_hash: str, *, command_id: str | None = None
@@ -398,45 +318,6 @@ class PrefixCache:
         held = (self.pool.get(h) for h in chain)
         return [b.nbytes if b is not None else n for b, n in zip(held, spread, strict=True)]
 
-    def _build(
-        self,
-        tenant: str,
-        chain: tuple[str, ...],
-        nbytes: int,
-        refs: frozenset[ChunkKey],
-        starts: dict[ChunkKey, int],
-        asked: tuple[bool, Kind, float | None],
-        t: float,
-        old: CacheEntry | None,
-    ) -> CacheEntry:
-        pin, kind, ttl_s = asked
-        was_managed = old is not None and old.managed
-        if kind == "request":
-            # A request over a warm prefix uses it; it changes neither its lease nor refs.
-            expires_at = old.expires_at if old is not None and was_managed else None
-            if old is not None and was_managed:
-                refs, starts = old.chunk_refs, dict(old.chunk_starts)
-        else:
-            ttl = ttl_s if ttl_s is not None else self.default_ttl_s
-            expires_at = None if ttl is None else t + ttl
-            if old is not None and was_managed:
-                expires_at = _later(old.expires_at, expires_at)
-        return CacheEntry(
-            prefix_hash=chain[-1],
-            tenant=tenant,
-            block_hashes=chain,
-            n_tokens=len(chain) * self.block_size,
-            nbytes=nbytes,
-            chunk_refs=refs,
-            pinned=pin or (old is not None and old.pinned),
-            created_at=old.created_at if old is not None else t,
-            last_used=t,
-            expires_at=expires_at,
-            hits=old.hits if old is not None else 0,
-            kind="managed" if kind == "managed" or was_managed else "request",
-            chunk_starts=starts,
-        )
-
     def _check_fit(self, chain: tuple[str, ...], sizes: list[int], pinned: bool) -> None:
         budget = self._budget
         if budget.max_entries < 1:
@@ -488,13 +369,13 @@ class PrefixCache:
     def _place(self, entry: CacheEntry, sizes: list[int], old: CacheEntry | None) -> None:
         if old is not None:
             self._index.remove(old)
-            self.pool.change(old.block_hashes, _holding(old), _holding(entry))
+            self.pool.change(old.block_hashes, holding(old), holding(entry))
             self.pool.restore(old.prefix_hash, old.block_hashes)
             self._policy.discard(old.prefix_hash)
             self._stamp[entry.prefix_hash] = next(self._stamps)
         else:
             self.pool.hold(
-                entry.prefix_hash, entry.tenant, entry.block_hashes, sizes, _holding(entry)
+                entry.prefix_hash, entry.tenant, entry.block_hashes, sizes, holding(entry)
             )
             self._stamp[entry.prefix_hash] = next(self._stamps)
         self._entries[entry.prefix_hash] = entry
@@ -516,44 +397,20 @@ class PrefixCache:
         self, entry: CacheEntry, pinned: bool, kind: Kind, expires_at: float | None
     ) -> None:
         """Change an entry's pin, kind and expiry in place, keeping the pool's totals right."""
-        before = _holding(entry)
+        before = holding(entry)
         entry.pinned, entry.kind, entry.expires_at = pinned, kind, expires_at
-        self.pool.change(entry.block_hashes, before, _holding(entry))
+        self.pool.change(entry.block_hashes, before, holding(entry))
         if entry.pinned:
             self._policy.discard(entry.prefix_hash)
         self._track(entry)
 
     # -- removal ---------------------------------------------------------------------
 
-    def _invalidate(self, stale: _Stale, command_id: str | None) -> list[CacheEntry]:
-        doomed: set[str] = set()
-        for ref in stale.refs:
-            doomed |= self.pool.marked(ref)
-        for chunk_id in stale.chunk_ids:
-            doomed |= self.pool.marked_id(chunk_id)
+    def _invalidate(self, stale: Stale, command_id: str | None) -> list[CacheEntry]:
         listing = {k for r in stale.refs for k in self._index.by_chunk.get(r, ())}
         listing |= {k for c in stale.chunk_ids for k in self._index.by_chunk_id.get(c, ())}
-        for key in listing:
-            entry = self._entries[key]
-            if stale.unplaced_in(entry):
-                doomed.add(entry.block_hashes[self._inferred_start(entry, stale)])
+        doomed = doomed_blocks(stale, self.pool, self._entries, listing)
         return self._cut(doomed, command_id, "chunk_changed")
-
-    def _inferred_start(self, entry: CacheEntry, stale: _Stale) -> int:
-        """Where a changed chunk listed without a position starts in `entry`'s chain.
-
-        The leading blocks that some entry holds which lists no changed chunk and does not
-        extend `entry` precede it (they match a prompt without it); the rest pass through.
-        With no such entry, the whole chain is taken to pass through it.
-        """
-        extending = self.pool[entry.prefix_hash].holders
-        for index, h in enumerate(entry.block_hashes):
-            holders = self.pool[h].holders
-            if not any(
-                g not in extending and not stale.listed_by(self._entries[g]) for g in holders
-            ):
-                return index
-        return len(entry.block_hashes) - 1  # unreachable: `entry` extends itself
 
     def _cut(self, doomed: set[str], command_id: str | None, reason: str) -> list[CacheEntry]:
         """Free the `doomed` blocks and all that follow them in any chain.
@@ -561,18 +418,12 @@ class PrefixCache:
         Entries holding one are removed; where what they held before it would be freed
         too, a request entry ending there keeps it (event `stored`, reason `truncated`).
         """
-        first: dict[str, int] = {}
-        for h in doomed:
-            block = self.pool.get(h)
-            if block is None:
-                continue
-            for key in block.holders:
-                first[key] = min(first.get(key, block.index), block.index)
+        first = first_cuts(doomed, self.pool)
         leaving = set(first)
         for key, index in sorted(first.items(), key=lambda kv: self._stamp[kv[0]]):
             if index > 0:
                 self._keep_head(self._entries[key], index, leaving)
-        return self._remove_all(set(first), "invalidated", command_id, reason)
+        return self._remove_all(leaving, "invalidated", command_id, reason)
 
     def _keep_head(self, entry: CacheEntry, index: int, leaving: set[str]) -> None:
         """Keep `entry`'s first `index` blocks as a request entry unless another holds them."""
@@ -580,28 +431,14 @@ class PrefixCache:
         if self.pool[head[-1]].holders.keys() - leaving:
             return
         sizes = [self.pool[h].nbytes for h in head]
-        starts = {r: s for r, s in entry.chunk_starts.items() if s < index * self.block_size}
-        kept = CacheEntry(
-            prefix_hash=head[-1],
-            tenant=entry.tenant,
-            block_hashes=head,
-            n_tokens=index * self.block_size,
-            nbytes=sum(sizes),
-            chunk_refs=frozenset(starts),
-            pinned=False,
-            created_at=self._clock(),
-            last_used=entry.last_used,
-            expires_at=None,
-            kind="request",
-            chunk_starts=starts,
-        )
+        kept = head_entry(entry, sizes, self.block_size, self._clock())
         self._place(kept, sizes, None)
         self._record("stored", kept, None, "truncated", kept.created_at)
 
     def _detach(self, entry: CacheEntry, *, by_policy: bool) -> None:
         del self._entries[entry.prefix_hash], self._stamp[entry.prefix_hash]
         self._index.remove(entry)
-        self.pool.release(entry.prefix_hash, entry.block_hashes, _holding(entry))
+        self.pool.release(entry.prefix_hash, entry.block_hashes, holding(entry))
         self._policy.discard(entry.prefix_hash, evicted=by_policy)
 
     def _remove(
@@ -643,28 +480,3 @@ class PrefixCache:
                 reason=reason,
             )
         )
-
-
-def _holding(entry: CacheEntry) -> Holding:
-    return Holding(pinned=entry.pinned, managed=entry.managed)
-
-
-def _check_admission(chain: tuple[str, ...], nbytes: int, ttl_s: float | None) -> None:
-    if not chain:
-        raise ValueError("admit needs at least one full block hash")
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    if ttl_s is not None and ttl_s <= 0:
-        raise ValueError(f"ttl_s must be > 0 or None, got {ttl_s}")
-
-
-def _observable(entry: CacheEntry) -> tuple[bool, str, int, frozenset[ChunkKey]]:
-    """What subscribers of `stored` events see change on a refresh."""
-    return entry.pinned, entry.kind, entry.nbytes, entry.chunk_refs
-
-
-def _later(a: float | None, b: float | None) -> float | None:
-    """The later of two expiries, None meaning never."""
-    if a is None or b is None:
-        return None
-    return max(a, b)

@@ -52,14 +52,17 @@ def test_a_pinned_chain_leaves_only_unshared_room() -> None:
     assert chain(1)[-1] in cache.pool  # still held by the pinned entry
 
 
-def test_a_request_over_a_warm_prefix_keeps_its_pin_lease_and_refs() -> None:
+def test_a_request_over_a_warm_prefix_keeps_its_pin_lease_and_refs_and_adds_its_own() -> None:
     cache, clock = make_cache()
     warm, _ = cache.admit(
         tenant="t1", hashes=chain(1, 2), nbytes=20, pin=True, ttl_s=50.0, chunk_refs=[REF]
     )
     clock.t += 10
-    again, _ = cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=20, kind="request")
-    assert again.managed and again.pinned and again.chunk_refs == {REF}
+    other = ("doc#2", "bb")
+    again, _ = cache.admit(
+        tenant="t1", hashes=chain(1, 2), nbytes=20, kind="request", chunk_refs=[other]
+    )
+    assert again.managed and again.pinned and again.chunk_refs == {REF, other}
     assert again.expires_at == warm.expires_at == 1050.0
 
 
