@@ -1,113 +1,47 @@
-"""Pure KV-cache prefix bookkeeping: index, dependencies, TTL, budgets."""
+"""Pure KV-cache bookkeeping: prefix entries over a shared block pool, TTLs, budgets, events.
+
+An entry is a chain of blocks (`workers.block_pool`). Two kinds share one byte budget:
+managed entries (warmup: pinned or with a TTL, invalidated by chunk refs) and request
+entries (a request's own prompt, evicted by the policy). Blocks shared by entries count once.
+"""
 
 from __future__ import annotations
 
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from workers.block_pool import BlockPool, ChunkKey, PoolStats, split_bytes
 from workers.blocks import BLOCK_SIZE
+from workers.cache_cuts import Stale, doomed_blocks, first_cuts
+from workers.cache_entries import (
+    Asked,
+    CacheEntry,
+    CacheEvent,
+    ChunkIndex,
+    EventKind,
+    Kind,
+    WarmupRefused,
+    build_entry,
+    check_admission,
+    head_entry,
+    holding,
+    observable,
+)
 from workers.eviction import EvictionPolicy, make_policy
 from workers.memory import Budget
 
-ChunkKey = tuple[str, str]
-_K = TypeVar("_K")
-EventKind = Literal["stored", "evicted", "invalidated", "ttl_extended", "cleared", "released"]
-
-
-@dataclass
-class CacheEntry:
-    """One cached prefix; the cache owns it, callers should treat it as read-only."""
-
-    prefix_hash: str
-    tenant: str
-    block_hashes: tuple[str, ...]
-    n_tokens: int
-    nbytes: int
-    chunk_refs: frozenset[ChunkKey]
-    pinned: bool
-    created_at: float
-    last_used: float
-    expires_at: float | None
-    hits: int = 0
-
-    @property
-    def n_blocks(self) -> int:
-        return len(self.block_hashes)
-
-    def expired(self, now: float) -> bool:
-        return self.expires_at is not None and self.expires_at <= now
-
-
-@dataclass(frozen=True)
-class CacheEvent:
-    """A change to the cache, queued for the worker to publish on `worker.events`."""
-
-    kind: EventKind
-    prefix_hash: str
-    tenant: str
-    n_tokens: int
-    nbytes: int
-    chunk_refs: frozenset[ChunkKey]
-    at: float
-    command_id: str | None = None
-    # Why an entry left: "capacity", "expired", "explicit", "chunk_changed", "prefix"...
-    reason: str = ""
-
-
-class WarmupRefused(Exception):
-    """An admission that cannot fit the budget; `reason` says which bound refused it."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-# Holders are insertion-ordered dicts used as sets, so "most recently stored" is O(1).
-Holders = dict[str, None]
-
-
-@dataclass
-class _Indexes:
-    """Reverse indexes from block hash and chunk identity to prefix hashes."""
-
-    by_block: dict[str, Holders] = field(default_factory=dict)
-    by_chunk: dict[ChunkKey, Holders] = field(default_factory=dict)
-    by_chunk_id: dict[str, Holders] = field(default_factory=dict)
-
-    def add(self, entry: CacheEntry) -> None:
-        key = entry.prefix_hash
-        for h in entry.block_hashes:
-            self.by_block.setdefault(h, {})[key] = None
-        for ref in entry.chunk_refs:
-            self.by_chunk.setdefault(ref, {})[key] = None
-            self.by_chunk_id.setdefault(ref[0], {})[key] = None
-
-    def remove(self, entry: CacheEntry) -> None:
-        key = entry.prefix_hash
-        for h in entry.block_hashes:
-            _discard(self.by_block, h, key)
-        for ref in entry.chunk_refs:
-            _discard(self.by_chunk, ref, key)
-            _discard(self.by_chunk_id, ref[0], key)
-
-
-def _discard(index: dict[_K, Holders], key: _K, value: str) -> None:
-    holders = index.get(key)
-    if holders is not None:
-        holders.pop(value, None)
-        if not holders:
-            del index[key]
+__all__ = ["Budget", "CacheEntry", "CacheEvent", "ChunkKey", "PrefixCache", "WarmupRefused"]
 
 
 class PrefixCache:
-    """Index of cached prefixes with dependencies, TTLs, pins, budgets and an event queue.
+    """Prefix entries over a block pool, with dependencies, TTLs, pins, budgets and events.
 
     Hashes passed in must be chains from `block_hashes`: a block hash then identifies its
     whole leading chain, which is what makes lookup a binary search over dict probes.
+    Every block in the pool is held by at least one entry, and by every entry whose chain
+    contains it; blocks leave the pool with their last holder (`drain_freed` names them).
     """
 
     def __init__(
@@ -129,11 +63,10 @@ class PrefixCache:
         self._entries: dict[str, CacheEntry] = {}
         self._stamp: dict[str, int] = {}
         self._stamps = itertools.count()
-        self._index = _Indexes()
+        self._index = ChunkIndex()
+        self.pool = BlockPool()
         self._expiry: list[tuple[float, str]] = []
         self._events: list[CacheEvent] = []
-        self._bytes_used = 0
-        self._pinned_bytes = 0
 
     # -- read side -------------------------------------------------------------------
 
@@ -147,11 +80,16 @@ class PrefixCache:
 
     @property
     def bytes_used(self) -> int:
-        return self._bytes_used
+        """Bytes of the blocks in the pool, each counted once."""
+        return self.pool.bytes_used
 
     @property
     def pinned_bytes(self) -> int:
-        return self._pinned_bytes
+        """Bytes of the blocks held by at least one pinned entry."""
+        return self.pool.pinned_bytes
+
+    def block_stats(self) -> PoolStats:
+        return self.pool.stats()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -160,11 +98,8 @@ class PrefixCache:
         return prefix_hash in self._entries
 
     def get(self, prefix_hash: str, *, now: float | None = None) -> CacheEntry | None:
-        """The live entry stored under `prefix_hash`, without touching it."""
-        entry = self._entries.get(prefix_hash)
-        if entry is None or entry.expired(self._now(now)):
-            return None
-        return entry
+        """The entry stored under `prefix_hash`, without touching it."""
+        return self._entries.get(prefix_hash)
 
     def entries(self) -> list[CacheEntry]:
         return list(self._entries.values())
@@ -176,14 +111,15 @@ class PrefixCache:
     def lookup(
         self, hashes: Sequence[str], *, now: float | None = None
     ) -> tuple[CacheEntry | None, int]:
-        """The entry sharing the longest leading run of `hashes`, and that run's length.
+        """The longest leading run of `hashes` in the pool, whoever stored it.
 
-        Expired entries are removed first (event `evicted`, reason `expired`). The
-        returned entry is touched: `last_used`, `hits` and the eviction policy.
+        Returns an entry holding its last block (the one ending there, else the latest
+        stored) and the run's length in blocks. TTLs due are applied first; the entry is
+        touched: `last_used`, `hits` and the eviction policy.
         """
         t = self._now(now)
         self.expire(t)
-        entry, matched = self._match(hashes, t)
+        entry, matched = self._match(hashes)
         if entry is not None:
             entry.last_used = t
             entry.hits += 1
@@ -193,12 +129,20 @@ class PrefixCache:
     def peek(
         self, hashes: Sequence[str], *, now: float | None = None
     ) -> tuple[CacheEntry | None, int]:
-        """Like `lookup`, without side effects (expired entries are skipped, not removed)."""
-        return self._match(hashes, self._now(now))
+        """Like `lookup`, without side effects."""
+        return self._match(hashes)
 
     def drain_events(self) -> list[CacheEvent]:
         events, self._events = self._events, []
         return events
+
+    def watch_freed(self) -> None:
+        """Queue the hashes of freed blocks for `drain_freed` (for an engine holding KV)."""
+        self.pool.watch_freed()
+
+    def drain_freed(self) -> list[str]:
+        """Block hashes freed since the last drain; one may be back in the pool since."""
+        return self.pool.drain_freed()
 
     # -- write side ------------------------------------------------------------------
 
@@ -212,57 +156,68 @@ class PrefixCache:
         ttl_s: float | None = None,
         pin: bool = False,
         command_id: str | None = None,
+        kind: Kind = "managed",
+        chunk_starts: Mapping[ChunkKey, int] | None = None,
     ) -> tuple[CacheEntry, list[CacheEntry]]:
         """Store a prefix (or refresh the identical one), evicting by policy to fit.
 
+        `nbytes` is the KV size of the whole chain; blocks already in the pool keep theirs.
+        `kind="request"` stores a request's own prompt: unpinned, no TTL, evictable.
         Returns (entry, evicted). Nothing changes when it raises `WarmupRefused`.
-        A refresh never shortens the expiry nor unpins; it records a `stored` event
-        only when the pin, size or chunk refs changed.
+        A refresh never shortens the expiry, unpins nor demotes; it records a `stored`
+        event only when the pin, kind, size or chunk refs changed.
         """
         chain = tuple(hashes)
-        _check_admission(chain, nbytes, ttl_s)
+        check_admission(chain, nbytes, ttl_s)
         t = self._clock()
         self.expire(t)
         old = self._entries.get(chain[-1])
         if old is not None and old.tenant != tenant:
             raise ValueError(f"prefix {chain[-1]} belongs to tenant {old.tenant!r}, not {tenant!r}")
-        pinned = pin or (old is not None and old.pinned)
-        self._check_fit(nbytes, pinned, old)
-        victims = self._plan_eviction(nbytes, old)
+        sizes = self._block_sizes(chain, nbytes)
+        refs = frozenset(chunk_refs)
+        starts = {r: s for r, s in (chunk_starts or {}).items() if r in refs}
+        entry = build_entry(
+            chain,
+            tenant,
+            (sum(sizes), self.block_size),
+            refs,
+            starts,
+            Asked(pin, kind, ttl_s),
+            self.default_ttl_s,
+            t,
+            old,
+        )
+        self._check_fit(chain, sizes, entry.pinned)
+        victims = self._plan_eviction(chain, sizes, old)
         for victim in victims:
             self._remove(victim.prefix_hash, "evicted", command_id, "capacity", by_policy=True)
-        entry = self._build(tenant, chain, nbytes, frozenset(chunk_refs), pinned, ttl_s, t, old)
-        if old is not None:
-            self._detach(old, by_policy=False)
-        self._attach(entry)
-        if old is None or _observable(old) != _observable(entry):
+        self._place(entry, sizes, old)
+        if old is None or observable(old) != observable(entry):
             self._record("stored", entry, command_id, "", t)
         return entry, victims
 
     def invalidate(
         self, chunk_refs: Iterable[ChunkKey], *, command_id: str | None = None
     ) -> list[CacheEntry]:
-        """Remove every entry built from any of `chunk_refs` (idempotent)."""
-        keys: set[str] = set()
-        for ref in chunk_refs:
-            keys.update(self._index.by_chunk.get(ref, ()))
-        return self._remove_all(keys, "invalidated", command_id, "chunk_changed")
+        """Free every block whose chain passes through any of `chunk_refs` (idempotent).
+
+        Entries holding such a block are removed (event `invalidated`); what they held
+        before it stays cached (see `_cut`). Returns the removed entries.
+        """
+        return self._invalidate(Stale(refs=frozenset(chunk_refs)), command_id)
 
     def invalidate_chunks(
         self, chunk_ids: Iterable[str], *, command_id: str | None = None
     ) -> list[CacheEntry]:
-        """Remove every entry built from any of `chunk_ids`, whatever the content hash."""
-        keys: set[str] = set()
-        for chunk_id in chunk_ids:
-            keys.update(self._index.by_chunk_id.get(chunk_id, ()))
-        return self._remove_all(keys, "invalidated", command_id, "chunk_changed")
+        """Like `invalidate`, by chunk id whatever the content hash."""
+        return self._invalidate(Stale(chunk_ids=frozenset(chunk_ids)), command_id)
 
     def invalidate_prefix(
         self, prefix_hash: str, *, command_id: str | None = None
     ) -> list[CacheEntry]:
-        """Remove the entries whose chain contains `prefix_hash` (it and its extensions)."""
-        keys = set(self._index.by_block.get(prefix_hash, ()))
-        return self._remove_all(keys, "invalidated", command_id, "prefix")
+        """Free block `prefix_hash` and everything after it in any chain."""
+        return self._cut({prefix_hash}, command_id, "prefix")
 
     def extend_ttl(
         self,
@@ -272,7 +227,10 @@ class PrefixCache:
         now: float | None = None,
         command_id: str | None = None,
     ) -> CacheEntry | None:
-        """Push the expiry to at least now + ttl_s; None when the entry is gone."""
+        """Push the expiry to at least now + ttl_s; None when the entry is gone.
+
+        A request entry (an expired warm prefix among them) becomes managed again.
+        """
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
         t = self._now(now)
@@ -280,7 +238,9 @@ class PrefixCache:
         entry = self._entries.get(prefix_hash)
         if entry is None:
             return None
-        if entry.expires_at is not None and entry.expires_at < t + ttl_s:
+        if not entry.managed:
+            self._rehold(entry, entry.pinned, "managed", t + ttl_s)
+        elif entry.expires_at is not None and entry.expires_at < t + ttl_s:
             entry.expires_at = t + ttl_s
             heapq.heappush(self._expiry, (entry.expires_at, prefix_hash))
         self._record("ttl_extended", entry, command_id, "", t)
@@ -292,11 +252,7 @@ class PrefixCache:
         if entry is None:
             return None
         if entry.pinned:
-            entry.pinned = False
-            self._pinned_bytes -= entry.nbytes
-            self._policy.add(
-                prefix_hash, nbytes=entry.nbytes, n_tokens=entry.n_tokens, hits=entry.hits
-            )
+            self._rehold(entry, False, entry.kind, entry.expires_at)
         self._record("released", entry, command_id, "", self._clock())
         return entry
 
@@ -308,72 +264,81 @@ class PrefixCache:
         return self._remove_all(keys, "evicted", command_id, "explicit")
 
     def expire(self, now: float | None = None) -> list[CacheEntry]:
-        """Remove entries whose TTL has passed, pinned ones included (the TTL is their lease)."""
+        """Managed entries past their TTL become request entries: unpinned and evictable.
+
+        Their KV stays and keeps serving until the policy needs the room (event
+        `released`, reason `expired`). Returns the entries demoted.
+        """
         t = self._now(now)
-        removed: list[CacheEntry] = []
+        demoted: list[CacheEntry] = []
         while self._expiry and self._expiry[0][0] <= t:
             at, key = heapq.heappop(self._expiry)
             entry = self._entries.get(key)
             # Stale heap items (extended or removed entries) are skipped lazily.
-            if entry is not None and entry.expires_at == at:
-                removed.append(self._remove(key, "evicted", None, "expired", at=t))
-        return removed
+            if entry is not None and entry.managed and entry.expires_at == at:
+                self._rehold(entry, False, "request", None)
+                self._record("released", entry, None, "expired", t)
+                demoted.append(entry)
+        return demoted
 
     def clear(self, *, command_id: str | None = None) -> list[CacheEntry]:
         """Remove everything, one `cleared` event per entry."""
         return self._remove_all(set(self._entries), "cleared", command_id, "cleared")
 
-    # -- internals -------------------------------------------------------------------
+    # -- lookup ----------------------------------------------------------------------
 
     def _now(self, now: float | None) -> float:
         return self._clock() if now is None else now
 
-    def _match(self, hashes: Sequence[str], t: float) -> tuple[CacheEntry | None, int]:
-        # Chains make "some live entry holds hashes[k-1]" monotone in k: binary search.
+    def _match(self, hashes: Sequence[str]) -> tuple[CacheEntry | None, int]:
+        # Chains make "hashes[k-1] is in the pool" monotone in k: binary search.
         lo, hi = 0, len(hashes)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self._any_live(hashes[mid - 1], t):
+            if hashes[mid - 1] in self.pool:
                 lo = mid
             else:
                 hi = mid - 1
         if lo == 0:
             return None, 0
-        return self._best_holder(hashes[lo - 1], t), lo
+        return self._best_holder(hashes[lo - 1]), lo
 
-    def _any_live(self, block_hash: str, t: float) -> bool:
-        holders = self._index.by_block.get(block_hash, ())
-        return any(not self._entries[k].expired(t) for k in holders)
-
-    def _best_holder(self, block_hash: str, t: float) -> CacheEntry:
+    def _best_holder(self, block_hash: str) -> CacheEntry:
         # The entry ending exactly there, else the most recently stored holder: O(1) even
         # when thousands of entries share a system prompt, and deterministic.
         exact = self._entries.get(block_hash)
-        if exact is not None and not exact.expired(t):
+        if exact is not None:
             return exact
-        holders = reversed(self._index.by_block[block_hash])
-        return next(e for e in map(self._entries.__getitem__, holders) if not e.expired(t))
+        return self._entries[next(reversed(self.pool[block_hash].holders))]
 
-    def _check_fit(self, nbytes: int, pinned: bool, old: CacheEntry | None) -> None:
+    # -- admission -------------------------------------------------------------------
+
+    def _block_sizes(self, chain: tuple[str, ...], nbytes: int) -> list[int]:
+        spread = split_bytes(nbytes, len(chain))
+        held = (self.pool.get(h) for h in chain)
+        return [b.nbytes if b is not None else n for b, n in zip(held, spread, strict=True)]
+
+    def _check_fit(self, chain: tuple[str, ...], sizes: list[int], pinned: bool) -> None:
         budget = self._budget
         if budget.max_entries < 1:
             raise WarmupRefused("the cache budget allows no entries (max_entries=0)")
-        if nbytes > budget.max_bytes:
-            raise WarmupRefused(f"entry of {nbytes} bytes exceeds max_bytes={budget.max_bytes}")
+        total = sum(sizes)
+        if total > budget.max_bytes:
+            raise WarmupRefused(f"entry of {total} bytes exceeds max_bytes={budget.max_bytes}")
         if pinned:
-            already = old.nbytes if old is not None and old.pinned else 0
-            after = self._pinned_bytes - already + nbytes
+            after = self.pool.pinned_bytes + self.pool.unpinned_bytes(chain, sizes)
             if after > budget.warm_bytes:
                 raise WarmupRefused(
                     f"pinned bytes would reach {after}, over warm_bytes={budget.warm_bytes}"
                 )
 
-    def _plan_eviction(self, nbytes: int, old: CacheEntry | None) -> list[CacheEntry]:
-        need_bytes = self._bytes_used + nbytes - self._budget.max_bytes
-        need_entries = len(self._entries) + 1 - self._budget.max_entries
-        if old is not None:
-            need_bytes -= old.nbytes
-            need_entries -= 1
+    def _plan_eviction(
+        self, chain: tuple[str, ...], sizes: list[int], old: CacheEntry | None
+    ) -> list[CacheEntry]:
+        need_bytes = self.pool.bytes_used + self.pool.new_bytes(chain, sizes)
+        need_bytes -= self._budget.max_bytes
+        need_entries = len(self._entries) + (old is None) - self._budget.max_entries
+        keep, left = set(chain), dict[str, int]()
         victims: list[CacheEntry] = []
         for key in self._policy.order():
             if need_bytes <= 0 and need_entries <= 0:
@@ -382,7 +347,7 @@ class PrefixCache:
                 continue
             victim = self._entries[key]
             victims.append(victim)
-            need_bytes -= victim.nbytes
+            need_bytes -= self._bytes_freed_by(victim, left, keep)
             need_entries -= 1
         if need_bytes > 0 or need_entries > 0:
             raise WarmupRefused(
@@ -391,54 +356,89 @@ class PrefixCache:
             )
         return victims
 
-    def _build(
-        self,
-        tenant: str,
-        chain: tuple[str, ...],
-        nbytes: int,
-        refs: frozenset[ChunkKey],
-        pinned: bool,
-        ttl_s: float | None,
-        t: float,
-        old: CacheEntry | None,
-    ) -> CacheEntry:
-        ttl = ttl_s if ttl_s is not None else self.default_ttl_s
-        expires_at = None if ttl is None else t + ttl
-        if old is not None:
-            expires_at = _later(old.expires_at, expires_at)
-        return CacheEntry(
-            prefix_hash=chain[-1],
-            tenant=tenant,
-            block_hashes=chain,
-            n_tokens=len(chain) * self.block_size,
-            nbytes=nbytes,
-            chunk_refs=refs,
-            pinned=pinned,
-            created_at=old.created_at if old is not None else t,
-            last_used=t,
-            expires_at=expires_at,
-            hits=old.hits if old is not None else 0,
-        )
+    def _bytes_freed_by(self, victim: CacheEntry, left: dict[str, int], keep: set[str]) -> int:
+        """Bytes evicting `victim` frees after the victims before it (`left` counts holders)."""
+        freed = 0
+        for h in victim.block_hashes:
+            block = self.pool[h]
+            left[h] = left.get(h, block.refs) - 1
+            if left[h] == 0 and h not in keep:
+                freed += block.nbytes
+        return freed
 
-    def _attach(self, entry: CacheEntry) -> None:
-        key = entry.prefix_hash
-        self._entries[key] = entry
-        self._stamp[key] = next(self._stamps)
-        self._index.add(entry)
-        self._bytes_used += entry.nbytes
-        if entry.pinned:
-            self._pinned_bytes += entry.nbytes
+    def _place(self, entry: CacheEntry, sizes: list[int], old: CacheEntry | None) -> None:
+        if old is not None:
+            self._index.remove(old)
+            self.pool.change(old.block_hashes, holding(old), holding(entry))
+            self.pool.restore(old.prefix_hash, old.block_hashes)
+            self._policy.discard(old.prefix_hash)
+            self._stamp[entry.prefix_hash] = next(self._stamps)
         else:
-            self._policy.add(key, nbytes=entry.nbytes, n_tokens=entry.n_tokens, hits=entry.hits)
+            self.pool.hold(
+                entry.prefix_hash, entry.tenant, entry.block_hashes, sizes, holding(entry)
+            )
+            self._stamp[entry.prefix_hash] = next(self._stamps)
+        self._entries[entry.prefix_hash] = entry
+        self._index.add(entry)
+        for ref, start in entry.chunk_starts.items():
+            self.pool.mark(entry.block_hashes, ref, start // self.block_size)
+        self._track(entry)
+
+    def _track(self, entry: CacheEntry) -> None:
+        """Give the entry to the policy (unpinned) and the expiry heap (with a TTL)."""
+        if not entry.pinned and entry.prefix_hash not in self._policy:
+            self._policy.add(
+                entry.prefix_hash, nbytes=entry.nbytes, n_tokens=entry.n_tokens, hits=entry.hits
+            )
         if entry.expires_at is not None:
-            heapq.heappush(self._expiry, (entry.expires_at, key))
+            heapq.heappush(self._expiry, (entry.expires_at, entry.prefix_hash))
+
+    def _rehold(
+        self, entry: CacheEntry, pinned: bool, kind: Kind, expires_at: float | None
+    ) -> None:
+        """Change an entry's pin, kind and expiry in place, keeping the pool's totals right."""
+        before = holding(entry)
+        entry.pinned, entry.kind, entry.expires_at = pinned, kind, expires_at
+        self.pool.change(entry.block_hashes, before, holding(entry))
+        if entry.pinned:
+            self._policy.discard(entry.prefix_hash)
+        self._track(entry)
+
+    # -- removal ---------------------------------------------------------------------
+
+    def _invalidate(self, stale: Stale, command_id: str | None) -> list[CacheEntry]:
+        listing = {k for r in stale.refs for k in self._index.by_chunk.get(r, ())}
+        listing |= {k for c in stale.chunk_ids for k in self._index.by_chunk_id.get(c, ())}
+        doomed = doomed_blocks(stale, self.pool, self._entries, listing)
+        return self._cut(doomed, command_id, "chunk_changed")
+
+    def _cut(self, doomed: set[str], command_id: str | None, reason: str) -> list[CacheEntry]:
+        """Free the `doomed` blocks and all that follow them in any chain.
+
+        Entries holding one are removed; where what they held before it would be freed
+        too, a request entry ending there keeps it (event `stored`, reason `truncated`).
+        """
+        first = first_cuts(doomed, self.pool)
+        leaving = set(first)
+        for key, index in sorted(first.items(), key=lambda kv: self._stamp[kv[0]]):
+            if index > 0:
+                self._keep_head(self._entries[key], index, leaving)
+        return self._remove_all(leaving, "invalidated", command_id, reason)
+
+    def _keep_head(self, entry: CacheEntry, index: int, leaving: set[str]) -> None:
+        """Keep `entry`'s first `index` blocks as a request entry unless another holds them."""
+        head = entry.block_hashes[:index]
+        if self.pool[head[-1]].holders.keys() - leaving:
+            return
+        sizes = [self.pool[h].nbytes for h in head]
+        kept = head_entry(entry, sizes, self.block_size, self._clock())
+        self._place(kept, sizes, None)
+        self._record("stored", kept, None, "truncated", kept.created_at)
 
     def _detach(self, entry: CacheEntry, *, by_policy: bool) -> None:
         del self._entries[entry.prefix_hash], self._stamp[entry.prefix_hash]
         self._index.remove(entry)
-        self._bytes_used -= entry.nbytes
-        if entry.pinned:
-            self._pinned_bytes -= entry.nbytes
+        self.pool.release(entry.prefix_hash, entry.block_hashes, holding(entry))
         self._policy.discard(entry.prefix_hash, evicted=by_policy)
 
     def _remove(
@@ -480,24 +480,3 @@ class PrefixCache:
                 reason=reason,
             )
         )
-
-
-def _check_admission(chain: tuple[str, ...], nbytes: int, ttl_s: float | None) -> None:
-    if not chain:
-        raise ValueError("admit needs at least one full block hash")
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    if ttl_s is not None and ttl_s <= 0:
-        raise ValueError(f"ttl_s must be > 0 or None, got {ttl_s}")
-
-
-def _observable(entry: CacheEntry) -> tuple[bool, int, frozenset[ChunkKey]]:
-    """What subscribers of `stored` events see change on a refresh."""
-    return entry.pinned, entry.nbytes, entry.chunk_refs
-
-
-def _later(a: float | None, b: float | None) -> float | None:
-    """The later of two expiries, None meaning never."""
-    if a is None or b is None:
-        return None
-    return max(a, b)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -76,6 +77,19 @@ class WorkerMetrics:
         self.warm_prefixes = Gauge(
             "kv_cache_warm_prefixes", "Pinned (warmup-owned) prefixes.", registry=r
         )
+        self.blocks = Gauge(
+            "kv_cache_blocks",
+            "Cached KV blocks: all, shared (held by > 1 prefix), managed (warmup), request "
+            "(the worker's own request caching), pinned.",
+            ["kind"],
+            registry=r,
+        )
+        self.block_bytes = Gauge(
+            "kv_cache_block_bytes",
+            "Bytes of cached KV blocks, each counted once: all, managed, request, pinned.",
+            ["kind"],
+            registry=r,
+        )
         self.prefills = Counter("worker_prefills", "Prefixes prefilled.", ["source"], registry=r)
         self.commands = Counter(
             "worker_commands", "Warmup commands handled.", ["op", "result"], registry=r
@@ -115,6 +129,26 @@ class WorkerMetrics:
         self.cache_entries.set(entries)
         self.warm_prefixes.set(pinned)
         self.named.cache_state(used, capacity, entries)
+
+    def block_state(self, stats: Mapping[str, int]) -> None:
+        """Block figures from `workers.block_pool.PoolStats` (as a dict)."""
+        if not stats:
+            return
+        for kind, key in (
+            ("all", "blocks"),
+            ("shared", "shared_blocks"),
+            ("managed", "managed_blocks"),
+            ("request", "request_blocks"),
+            ("pinned", "pinned_blocks"),
+        ):
+            self.blocks.labels(kind=kind).set(stats[key])
+        for kind, key in (
+            ("all", "bytes"),
+            ("managed", "managed_bytes"),
+            ("request", "request_bytes"),
+            ("pinned", "pinned_bytes"),
+        ):
+            self.block_bytes.labels(kind=kind).set(stats[key])
 
     def set_ready(self, ready: bool) -> None:
         self.ready.labels(worker_id=self._worker_id).set(1 if ready else 0)

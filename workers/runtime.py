@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Unpack
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
@@ -36,6 +36,8 @@ class Snapshot:
     mem_total: int
     pinned_bytes: int
     entries: tuple[dict[str, Any], ...]
+    # The block pool's figures (`workers.block_pool.PoolStats`): shared, managed, request...
+    blocks: dict[str, int] = field(default_factory=dict)
 
     @property
     def prefixes(self) -> list[str]:
@@ -323,7 +325,8 @@ class WorkerRuntime:
         mem = self.engine.memory()
         now = time.monotonic()
         entries = tuple(_entry_summary(e, now) for e in cache.entries())
-        self.snapshot = Snapshot(mem.used, mem.total, cache.pinned_bytes, entries)
+        blocks = asdict(cache.block_stats())
+        self.snapshot = Snapshot(mem.used, mem.total, cache.pinned_bytes, entries, blocks)
         # Queued here, under the lock, so concurrent operations publish in cache order.
         self._pending.extend((ev, self.snapshot) for ev in cache.drain_events())
         self.metrics.cache_state(
@@ -332,6 +335,7 @@ class WorkerRuntime:
             entries=len(entries),
             pinned=sum(1 for e in entries if e["pinned"]),
         )
+        self.metrics.block_state(blocks)
 
 
 def _drive(
@@ -369,6 +373,8 @@ def _entry_summary(entry: Any, now: float) -> dict[str, Any]:
         "tokens": entry.n_tokens,
         "bytes": entry.nbytes,
         "pinned": entry.pinned,
+        "kind": entry.kind,
+        "blocks": entry.n_blocks,
         "hits": entry.hits,
         "expires_in_s": expires,
         "chunk_refs": [{"chunk_id": c, "content_hash": h} for c, h in sorted(entry.chunk_refs)],

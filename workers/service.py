@@ -198,6 +198,7 @@ class Handlers:
                 warm_bytes_budget=cache.budget.warm_bytes,
                 max_entries=cache.budget.max_entries,
                 entries=len(snap.entries),
+                blocks=snap.blocks,
                 items=list(snap.entries),
             )
         return json_response(body)

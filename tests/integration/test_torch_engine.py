@@ -112,13 +112,15 @@ def test_warm_greedy_output_equals_cold(engine: TorchEngine, doc_tokens: list[in
 def test_generate_leaves_stored_kv_untouched(engine: TorchEngine, doc_tokens: list[int]) -> None:
     stored = engine.prefill(doc_tokens[:64], tenant="t")
     assert stored.prefix_hash is not None
-    kv = engine.stored_kv(stored.prefix_hash)
-    before = _snapshot(kv)
+    blocks = engine.stored_blocks(stored.prefix_hash)
+    before = _snapshot(engine.stored_kv(stored.prefix_hash))
     _run(engine, doc_tokens[:64] + engine.tokenize(QUESTION))
-    _run(engine, doc_tokens[:40])  # a partial match slices the same tensors
-    after = engine.stored_kv(stored.prefix_hash)
-    assert after is kv and kv is not None
-    assert _unchanged(before, kv)
+    _run(engine, doc_tokens[:40])  # a partial match reads the same block tensors
+    after = engine.stored_blocks(stored.prefix_hash)
+    assert blocks is not None and after is not None and len(blocks) == 4
+    assert all(a is b for a, b in zip(after, blocks, strict=True))
+    kv = engine.stored_kv(stored.prefix_hash)
+    assert _unchanged(before, kv) and kv is not None
     assert all(k.shape[-2] == 64 for k, _ in kv)
 
 
@@ -154,7 +156,10 @@ def test_prefill_reuses_a_cached_shorter_prefix(engine: TorchEngine, doc_tokens:
     assert (first.computed_tokens, longer.computed_tokens) == (32, 48)
     assert (again.computed_tokens, shorter.computed_tokens) == (0, 0)
     assert longer.nbytes == 80 * engine.kv_bytes_per_token
-    assert engine.memory().used == sum(r.nbytes for r in (first, longer, shorter))
+    assert shorter.nbytes == 48 * engine.kv_bytes_per_token
+    # One chain of 5 blocks; the first 3 are held by two or three prefixes, counted once.
+    assert engine.memory().used == longer.nbytes
+    assert engine.cache.block_stats().shared_blocks == 3
 
 
 def test_tenants_never_share_a_prefix(engine: TorchEngine, doc_tokens: list[int]) -> None:

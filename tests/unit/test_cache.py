@@ -247,17 +247,19 @@ def test_lookup_touches_and_peek_does_not() -> None:
     assert entry.hits == 1 and entry.last_used == 1005.0
 
 
-def test_lookup_removes_expired_and_peek_skips_them() -> None:
+def test_lookup_demotes_expired_entries_and_still_serves_them() -> None:
     cache, clock = make_cache()
-    cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=10, ttl_s=10.0)
-    short, _ = cache.admit(tenant="t1", hashes=chain(1), nbytes=10, ttl_s=100.0)
+    long, _ = cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=10, ttl_s=10.0, pin=True)
+    cache.admit(tenant="t1", hashes=chain(1), nbytes=10, ttl_s=100.0)
     cache.drain_events()
     clock.t += 10
-    assert cache.peek(chain(1, 2)) == (short, 1) and len(cache) == 2
-    assert cache.get(chain(1, 2)[-1]) is None
-    assert cache.lookup(chain(1, 2)) == (short, 1) and len(cache) == 1
+    assert cache.peek(chain(1, 2)) == (long, 2) and long.pinned
+    # The lease is over: the KV stays, unpinned and evictable, and still serves.
+    assert cache.lookup(chain(1, 2)) == (long, 2) and len(cache) == 2
+    assert (long.kind, long.pinned, long.expires_at) == ("request", False, None)
+    assert cache.pinned_bytes == 0 and cache.bytes_used == 10
     (event,) = cache.drain_events()
-    assert (event.kind, event.reason) == ("evicted", "expired")
+    assert (event.kind, event.reason) == ("released", "expired")
 
 
 # -- removal -------------------------------------------------------------------------
@@ -310,7 +312,10 @@ def test_extend_ttl() -> None:
     clock.t = 1015.0  # past the original expiry: the stale heap item must not expire it
     assert cache.expire() == [] and chain(1)[-1] in cache
     clock.t = 1025.0
-    assert cache.extend_ttl(chain(1)[-1], 5.0) is None and len(cache) == 0
+    # Expired, it is a request entry; extending its TTL makes it managed again.
+    again = cache.extend_ttl(chain(1)[-1], 5.0)
+    assert again is entry and entry.managed and entry.expires_at == 1030.0
+    assert cache.extend_ttl("0" * 32, 5.0) is None
     with pytest.raises(ValueError):
         cache.extend_ttl(chain(1)[-1], 0.0)
 
@@ -339,14 +344,16 @@ def test_evict_is_explicit_and_reaches_pinned() -> None:
     assert cache.pinned_bytes == 0 and cache.bytes_used == 10
 
 
-def test_expire_removes_pinned_too_and_none_ttl_never_expires() -> None:
-    cache, clock = make_cache(default_ttl_s=None)
-    cache.admit(tenant="t1", hashes=chain(1), nbytes=10, pin=True, ttl_s=5.0)
-    forever, _ = cache.admit(tenant="t1", hashes=chain(2), nbytes=10)
+def test_expire_demotes_pinned_too_and_none_ttl_never_expires() -> None:
+    cache, clock = make_cache(max_entries=2, default_ttl_s=None)
+    leased, _ = cache.admit(tenant="t1", hashes=chain(1), nbytes=10, pin=True, ttl_s=5.0)
+    forever, _ = cache.admit(tenant="t1", hashes=chain(2), nbytes=10, pin=True)
     clock.t += 1e9
-    removed = cache.expire()
-    assert [e.prefix_hash for e in removed] == [chain(1)[-1]]
-    assert cache.entries() == [forever] and cache.pinned_bytes == 0
+    assert cache.expire() == [leased] and cache.expire() == []
+    assert not leased.pinned and forever.pinned and cache.pinned_bytes == 10
+    # Demoted, it is the only evictable entry: the next admission takes its room.
+    _, evicted = cache.admit(tenant="t1", hashes=chain(3), nbytes=10)
+    assert evicted == [leased] and cache.entries() == [forever, cache.get(chain(3)[-1])]
 
 
 def test_clear_returns_everything() -> None:

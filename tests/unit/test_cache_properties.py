@@ -1,31 +1,20 @@
-"""Stateful property tests: the prefix cache against a brute-force model."""
+"""Property tests of the block store: budgets, reference counts, invalidation, sharing."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from workers.blocks import BLOCK_SIZE, block_hashes
-from workers.cache import Budget, CacheEntry, PrefixCache, WarmupRefused
+from workers.cache import Budget, PrefixCache, WarmupRefused
 
-BUDGET = Budget(max_bytes=400, max_entries=5, warm_bytes=150)
+BUDGET = Budget(max_bytes=400, max_entries=6, warm_bytes=150)
 TENANTS = ("a", "b")
 REFS = (("d#0", "h0"), ("d#0", "h1"), ("d#1", "h0"), ("e#0", "h2"))
 # Three distinct blocks, so random sequences share prefixes often.
 sequences = st.lists(st.integers(0, 2), min_size=1, max_size=4)
-
-
-@dataclass
-class Model:
-    tenant: str
-    chain: tuple[str, ...]
-    nbytes: int
-    refs: frozenset[tuple[str, str]]
-    pinned: bool
-    expires_at: float | None
+BLOCK_BYTES = 20
 
 
 def chain_of(tenant: str, blocks: list[int]) -> tuple[str, ...]:
@@ -40,209 +29,157 @@ def common(a: tuple[str, ...], b: tuple[str, ...]) -> int:
     return n
 
 
-class CacheMachine(RuleBasedStateMachine):
-    stored = Bundle("stored")
+class BlockStoreMachine(RuleBasedStateMachine):
+    """Random admissions, lookups, invalidations, expiry and eviction against invariants
+    recomputed by brute force from the entries."""
 
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
         self.cache = PrefixCache(BUDGET, clock=lambda: self.now, default_ttl_s=50.0)
-        self.model: dict[str, Model] = {}
-        self.gone: set[str] = set()  # invalidated or expired, until stored again
-
-    def live(self) -> dict[str, Model]:
-        return {
-            k: m for k, m in self.model.items() if m.expires_at is None or m.expires_at > self.now
-        }
-
-    def forget(self, removed: list[CacheEntry], kind: str, then: str | None = None) -> None:
-        events = [(e.kind, e.prefix_hash) for e in self.cache.drain_events()]
-        expected = [(kind, e.prefix_hash) for e in removed]
-        assert events in (expected, expected + [("stored", then)])
-        for entry in removed:
-            del self.model[entry.prefix_hash]
-            self.gone.add(entry.prefix_hash)
-
-    def sync_expired(self) -> None:
-        expired = {k for k in self.model if k not in self.live()}
-        removed = self.cache.expire()
-        assert {e.prefix_hash for e in removed} == expired
-        self.forget(removed, "evicted")
+        # Chunk refs each cached block's chain was said to pass through, while it lives.
+        self.through: dict[str, set[tuple[str, str]]] = {}
 
     @rule(dt=st.sampled_from([0.0, 5.0, 30.0, 60.0]))
     def tick(self, dt: float) -> None:
         self.now += dt
+        self.cache.expire()
 
     @rule(
-        target=stored,
         tenant=st.sampled_from(TENANTS),
         blocks=sequences,
-        nbytes=st.integers(0, 450),
-        refs=st.sets(st.sampled_from(REFS), max_size=2),
+        refs=st.dictionaries(st.sampled_from(REFS), st.integers(0, 4 * BLOCK_SIZE), max_size=2),
         pin=st.booleans(),
+        request=st.booleans(),
         ttl=st.sampled_from([None, 10.0, 100.0]),
     )
     def admit(
         self,
         tenant: str,
         blocks: list[int],
-        nbytes: int,
-        refs: set[tuple[str, str]],
+        refs: dict[tuple[str, str], int],
         pin: bool,
+        request: bool,
         ttl: float | None,
-    ) -> object:
-        self.sync_expired()
+    ) -> None:
         chain = chain_of(tenant, blocks)
-        before = (self.cache.entries(), self.cache.bytes_used, self.cache.pinned_bytes)
+        starts = {r: s for r, s in refs.items() if s < len(chain) * BLOCK_SIZE}
+        before = (self.cache.bytes_used, self.cache.pinned_bytes, len(self.cache))
         try:
-            entry, evicted = self.cache.admit(
-                tenant=tenant, hashes=chain, nbytes=nbytes, chunk_refs=refs, ttl_s=ttl, pin=pin
+            _, evicted = self.cache.admit(
+                tenant=tenant,
+                hashes=chain,
+                nbytes=BLOCK_BYTES * len(chain),
+                chunk_refs=starts,
+                chunk_starts=starts,
+                ttl_s=ttl,
+                pin=pin and not request,
+                kind="request" if request else "managed",
             )
         except WarmupRefused:
             event("admit refused")
-            assert (self.cache.entries(), self.cache.bytes_used, self.cache.pinned_bytes) == before
-            assert self.cache.drain_events() == []
-            assert self.refusal_justified(chain[-1], nbytes, pin)
-            return multiple()
-        assert all(not e.pinned and e.prefix_hash != chain[-1] for e in evicted)
+            assert (self.cache.bytes_used, self.cache.pinned_bytes, len(self.cache)) == before
+            return
+        assert all(not e.pinned for e in evicted)
         event("admit evicted" if evicted else "admit fitted")
-        self.forget(evicted, "evicted", then=chain[-1])
-        old = self.model.get(chain[-1])
-        expires: float | None = self.now + (ttl or 50.0)
-        if old is not None:
-            expires = (
-                None if old.expires_at is None else max(old.expires_at, self.now + (ttl or 50.0))
-            )
-        pinned = pin or (old is not None and old.pinned)
-        self.model[chain[-1]] = Model(tenant, chain, nbytes, frozenset(refs), pinned, expires)
-        self.gone.discard(chain[-1])
-        assert (entry.pinned, entry.expires_at, entry.nbytes) == (pinned, expires, nbytes)
-        return (tenant, blocks)
-
-    def refusal_justified(self, key: str, nbytes: int, pin: bool) -> bool:
-        others = {k: m for k, m in self.model.items() if k != key}
-        pinned = pin or (key in self.model and self.model[key].pinned)
-        warm = sum(m.nbytes for m in others.values() if m.pinned) + nbytes
-        evictable_free = BUDGET.max_bytes - sum(m.nbytes for m in others.values() if m.pinned)
-        pinned_count = sum(m.pinned for m in others.values())
-        return (
-            nbytes > BUDGET.max_bytes
-            or (pinned and warm > BUDGET.warm_bytes)
-            or nbytes > evictable_free
-            or pinned_count + 1 > BUDGET.max_entries
-        )
+        self.forget_freed()
+        for ref, start in starts.items():
+            for h in chain[start // BLOCK_SIZE :]:
+                self.through.setdefault(h, set()).add(ref)
 
     @rule(tenant=st.sampled_from(TENANTS), blocks=st.lists(st.integers(0, 2), max_size=5))
     def lookup(self, tenant: str, blocks: list[int]) -> None:
-        self.check_lookup(tenant, blocks)
-
-    @rule(
-        item=stored,
-        cut=st.integers(1, 4),
-        tail=st.lists(st.integers(0, 2), max_size=2),
-        other_tenant=st.sampled_from([False, False, False, True]),
-    )
-    def lookup_near_stored(
-        self, item: tuple[str, list[int]], cut: int, tail: list[int], other_tenant: bool
-    ) -> None:
-        """Queries sharing a prefix with something stored once, maybe by the other tenant."""
-        tenant, blocks = item
-        if other_tenant:
-            tenant = TENANTS[1 - TENANTS.index(tenant)]
-        self.check_lookup(tenant, blocks[:cut] + tail)
-
-    def check_lookup(self, tenant: str, blocks: list[int]) -> None:
         query = chain_of(tenant, blocks)
-        expired = {k for k in self.model if k not in self.live()}
         entry, matched = self.cache.lookup(query)
-        events = self.cache.drain_events()
-        assert {(e.kind, e.reason) for e in events} <= {("evicted", "expired")}
-        assert {e.prefix_hash for e in events} == expired
-        for key in expired:
-            del self.model[key]
-            self.gone.add(key)
-        best = max((common(query, m.chain) for m in self.live().values()), default=0)
+        best = max((common(query, e.block_hashes) for e in self.cache.entries()), default=0)
         assert matched == best
         event(f"lookup matched {min(matched, 3)}+ blocks")
-        if expired:
-            event("lookup expired entries")
-        if entry is None:
-            assert matched == 0
-        else:
-            assert matched > 0 and entry.tenant == tenant
-            assert entry.block_hashes[:matched] == query[:matched]
-            assert entry.prefix_hash in self.live() and entry.prefix_hash not in self.gone
+        if entry is not None:
+            assert entry.block_hashes[:matched] == query[:matched] and entry.tenant == tenant
 
-    @rule(refs=st.sets(st.sampled_from(REFS), max_size=2))
+    @rule(refs=st.sets(st.sampled_from(REFS), min_size=1, max_size=2))
     def invalidate(self, refs: set[tuple[str, str]]) -> None:
-        expected = {k for k, m in self.model.items() if m.refs & refs}
         removed = self.cache.invalidate(refs)
-        assert {e.prefix_hash for e in removed} == expected
-        self.forget(removed, "invalidated")
+        event(f"invalidate removed {min(len(removed), 2)}+ entries")
+        self.forget_freed()
+        stale = [h for h in self.pool_hashes() if self.through.get(h, set()) & refs]
+        assert stale == []
 
     @rule(chunk_id=st.sampled_from(["d#0", "d#1", "e#0", "x#9"]))
     def invalidate_chunks(self, chunk_id: str) -> None:
-        expected = {k for k, m in self.model.items() if any(r[0] == chunk_id for r in m.refs)}
-        removed = self.cache.invalidate_chunks([chunk_id])
-        assert {e.prefix_hash for e in removed} == expected
-        self.forget(removed, "invalidated")
-
-    @rule(tenant=st.sampled_from(TENANTS), blocks=sequences)
-    def invalidate_prefix(self, tenant: str, blocks: list[int]) -> None:
-        key = chain_of(tenant, blocks)[-1]
-        expected = {k for k, m in self.model.items() if key in m.chain}
-        removed = self.cache.invalidate_prefix(key)
-        assert {e.prefix_hash for e in removed} == expected
-        self.forget(removed, "invalidated")
-
-    @rule(tenant=st.sampled_from(TENANTS), blocks=sequences)
-    def release(self, tenant: str, blocks: list[int]) -> None:
-        key = chain_of(tenant, blocks)[-1]
-        entry = self.cache.release(key)
-        assert (entry is None) == (key not in self.model)
-        if key in self.model:
-            self.model[key].pinned = False
-        self.cache.drain_events()
-
-    @rule(tenant=st.sampled_from(TENANTS), blocks=sequences)
-    def extend_ttl(self, tenant: str, blocks: list[int]) -> None:
-        self.sync_expired()
-        key = chain_of(tenant, blocks)[-1]
-        entry = self.cache.extend_ttl(key, 40.0)
-        assert (entry is None) == (key not in self.model)
-        if entry is not None:
-            old = self.model[key].expires_at
-            self.model[key].expires_at = None if old is None else max(old, self.now + 40.0)
-            assert entry.expires_at == self.model[key].expires_at
-        self.cache.drain_events()
-
-    @rule(tenant=st.sampled_from(TENANTS), blocks=sequences)
-    def evict(self, tenant: str, blocks: list[int]) -> None:
-        key = chain_of(tenant, blocks)[-1]
-        removed = self.cache.evict([key])
-        assert [e.prefix_hash for e in removed] == ([key] if key in self.model else [])
-        self.forget(removed, "evicted")
-
-    @invariant()
-    def within_budget(self) -> None:
-        entries = self.cache.entries()
-        assert self.cache.bytes_used == sum(e.nbytes for e in entries) <= BUDGET.max_bytes
-        assert self.cache.pinned_bytes == sum(e.nbytes for e in entries if e.pinned)
-        assert self.cache.pinned_bytes <= BUDGET.warm_bytes
-        assert len(self.cache) == len(entries) <= BUDGET.max_entries
-        assert sorted(self.cache.warm_prefixes()) == sorted(
-            k for k, m in self.model.items() if m.pinned
+        self.cache.invalidate_chunks([chunk_id])
+        self.forget_freed()
+        assert not any(
+            ref[0] == chunk_id for h in self.pool_hashes() for ref in self.through.get(h, ())
         )
 
+    @rule(tenant=st.sampled_from(TENANTS), blocks=sequences)
+    def release_or_evict(self, tenant: str, blocks: list[int]) -> None:
+        key = chain_of(tenant, blocks)[-1]
+        self.cache.release(key)
+        if blocks[0] == 0:
+            self.cache.evict([key])
+        self.forget_freed()
+
+    def pool_hashes(self) -> set[str]:
+        return {b.block_hash for b in self.cache.pool.blocks()}
+
+    def forget_freed(self) -> None:
+        live = self.pool_hashes()
+        self.through = {h: r for h, r in self.through.items() if h in live}
+
     @invariant()
-    def matches_model(self) -> None:
-        assert {e.prefix_hash for e in self.cache.entries()} == set(self.model)
+    def bytes_within_budget_and_counted_once(self) -> None:
+        entries = self.cache.entries()
+        union = {h for e in entries for h in e.block_hashes}
+        pinned = {h for e in entries if e.pinned for h in e.block_hashes}
+        assert self.cache.bytes_used == BLOCK_BYTES * len(union) <= BUDGET.max_bytes
+        assert self.cache.pinned_bytes == BLOCK_BYTES * len(pinned) <= BUDGET.warm_bytes
+        assert len(entries) <= BUDGET.max_entries
+
+    @invariant()
+    def held_blocks_are_never_freed(self) -> None:
+        entries = self.cache.entries()
+        holders: dict[str, set[str]] = {}
+        for e in entries:
+            for h in e.block_hashes:
+                holders.setdefault(h, set()).add(e.prefix_hash)
+        assert self.pool_hashes() == set(holders)
+        for block in self.cache.pool.blocks():
+            assert set(block.holders) == holders[block.block_hash]
+        stats = self.cache.block_stats()
+        assert stats.shared_blocks == sum(len(k) > 1 for k in holders.values())
+        managed = {h for e in entries if e.managed for h in e.block_hashes}
+        assert (stats.managed_blocks, stats.request_blocks) == (
+            len(managed),
+            len(holders) - len(managed),
+        )
 
 
-CacheMachine.TestCase.settings = settings(
-    max_examples=150,
+BlockStoreMachine.TestCase.settings = settings(
+    max_examples=200,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestCacheMachine = CacheMachine.TestCase
+TestBlockStoreMachine = BlockStoreMachine.TestCase
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shared=st.lists(st.integers(0, 9), min_size=0, max_size=4),
+    left=st.lists(st.integers(10, 19), min_size=1, max_size=3),
+    right=st.lists(st.integers(20, 29), min_size=1, max_size=3),
+    block_bytes=st.integers(1, 50),
+)
+def test_two_prefixes_sharing_k_blocks_use_the_bytes_of_their_union(
+    shared: list[int], left: list[int], right: list[int], block_bytes: int
+) -> None:
+    cache = PrefixCache(Budget(10**6, 10, 10**6))
+    a, b = chain_of("t", shared + left), chain_of("t", shared + right)
+    cache.admit(tenant="t", hashes=a, nbytes=block_bytes * len(a), pin=True)
+    cache.admit(tenant="t", hashes=b, nbytes=block_bytes * len(b), kind="request")
+    k = len(shared)
+    assert cache.bytes_used == block_bytes * (len(a) + len(b) - k)
+    assert cache.block_stats().shared_blocks == k
+    assert cache.pinned_bytes == block_bytes * len(a)

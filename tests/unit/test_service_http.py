@@ -180,7 +180,19 @@ async def test_prefill_then_hit_then_reactive_extension(booted) -> None:
     assert answer["choices"][0]["text"] == "xx"
     cache = await entries_reach(client, 2)  # the reactive admission follows the answer
     assert sorted(i["tokens"] for i in cache["items"]) == [8, 12]
+    # Two prefixes, one chain of 3 blocks: the first 2 are shared and count once.
+    assert sorted((i["kind"], i["blocks"]) for i in cache["items"]) == [
+        ("managed", 2),
+        ("request", 3),
+    ]
+    blocks = cache["blocks"]
+    assert (blocks["blocks"], blocks["shared_blocks"]) == (3, 2)
+    assert (blocks["managed_blocks"], blocks["request_blocks"]) == (2, 1)
+    assert blocks["bytes"] == cache["bytes_used"] == 12 * KV_PER_TOKEN
+    assert blocks["request_bytes"] == 4 * KV_PER_TOKEN
     metrics = lifecycle.metrics.registry
+    assert metrics.get_sample_value("kv_cache_blocks", {"kind": "shared"}) == 2
+    assert metrics.get_sample_value("kv_cache_block_bytes", {"kind": "managed"}) == 80
     assert metrics.get_sample_value("vllm:prefix_cache_hits_total", {"model_name": "toy"}) == 8
     assert metrics.get_sample_value("cold_start_count_total") == 0
     assert metrics.get_sample_value("worker_prefills_total", {"source": "request"}) == 1

@@ -20,6 +20,7 @@ from typing import (
 
 from workers.blocks import block_hashes
 from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
+from workers.cache_entries import Kind
 
 
 class Memory(NamedTuple):
@@ -119,10 +120,12 @@ class Engine(Protocol):
         ttl_s: float | None = None,
         pin: bool = False,
         command_id: str | None = None,
+        kind: Kind = "managed",
     ) -> PrefillResult:
         """Compute and store KV for the block-aligned prefix of `token_ids`.
 
-        Raises `workers.cache.WarmupRefused` when the prefix cannot fit the budget.
+        `kind="request"` stores it as request caching (evictable, no TTL) rather than
+        warmup. Raises `workers.cache.WarmupRefused` when the prefix cannot fit the budget.
         """
         ...
 
@@ -164,7 +167,9 @@ def keep_by_prefill(
     if result is None or len(prompt) // block * block <= result.cached_tokens:
         return step  # not the last step, or the cached entry covers every full block
     try:
-        stored = engine.prefill(prompt, tenant=tenant, chunk_refs=keep.chunk_refs, ttl_s=keep.ttl_s)
+        stored = engine.prefill(
+            prompt, tenant=tenant, chunk_refs=keep.chunk_refs, ttl_s=keep.ttl_s, kind="request"
+        )
     except WarmupRefused:
         return step
     if stored.prefix_hash is None:
@@ -180,6 +185,7 @@ class PrefillOptions(TypedDict, total=False):
     ttl_s: float | None
     pin: bool
     command_id: str | None
+    kind: Kind
 
 
 @dataclass(frozen=True)
@@ -239,6 +245,7 @@ class PrefixEngine(ABC, Generic[H]):
         ttl_s: float | None = None,
         pin: bool = False,
         command_id: str | None = None,
+        kind: Kind = "managed",
     ) -> PrefillResult:
         start = time.perf_counter()
         self.sync()
@@ -256,6 +263,7 @@ class PrefixEngine(ABC, Generic[H]):
             ttl_s=ttl_s,
             pin=pin,
             command_id=command_id,
+            kind=kind,
         )
         return self._record(entry, held, evicted, computed, start)
 
@@ -297,12 +305,16 @@ class PrefixEngine(ABC, Generic[H]):
         start: float,
     ) -> PrefillResult:
         """Keep `held` for an entry the cache just admitted; what the prefill stored."""
-        self._held[entry.prefix_hash] = held
+        self._keep(entry, held)
         self.sync()  # frees what the admission evicted
         elapsed = time.perf_counter() - start
         return PrefillResult(
             entry.prefix_hash, entry.n_tokens, entry.nbytes, computed, tuple(evicted), elapsed
         )
+
+    def _keep(self, entry: CacheEntry, held: H) -> None:
+        """Hold what an admitted entry stands for (engines keeping KV per block override it)."""
+        self._held[entry.prefix_hash] = held
 
     @abstractmethod
     def _held_bytes(self, held: H) -> int:

@@ -1,10 +1,11 @@
-"""The PyTorch/transformers engine: prefix KV kept as tensors and reused without copying."""
+"""The PyTorch/transformers engine: KV kept per block, shared by every prompt holding it."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,11 +22,9 @@ from workers.engines.base import (
     PrefixEngine,
     Request,
 )
+from workers.engines.kv_blocks import KV, BlockKV, chain_cache, cut_blocks, join
 from workers.memory import plan_budget
 from workers.settings import WorkerSettings
-
-# Per layer (keys, values), each [1, kv_heads, tokens, head_dim]; never modified once stored.
-KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
 # Context length assumed when the model config names none.
 FALLBACK_CONTEXT = 8192
@@ -72,8 +71,22 @@ def load_torch_engine(
     return TorchEngine(model, tokenizer, model_id=model_id, settings=settings, cache=cache)
 
 
-class TorchEngine(PrefixEngine[KV]):
-    """Runs a transformers causal LM and keeps the KV of prefixes the cache admitted."""
+@dataclass(frozen=True)
+class Pending:
+    """A chain's KV waiting for the cache's admission: `kv` covers at least its blocks
+    from `first` on (the blocks before it are stored already)."""
+
+    kv: KV | None
+    first: int
+    n_blocks: int
+
+
+class TorchEngine(PrefixEngine[Pending]):
+    """Runs a transformers causal LM and keeps the KV of the blocks the cache holds.
+
+    Tensors live here, per block hash (`_blocks`); the cache decides which blocks stay and
+    names the ones it freed, which `sync` drops.
+    """
 
     def __init__(
         self,
@@ -94,7 +107,9 @@ class TorchEngine(PrefixEngine[KV]):
         self.cache = cache if cache is not None else _default_cache(self.device, settings)
         if self.cache.block_size != self.block_size:
             raise ValueError(f"cache block_size {self.cache.block_size} != {self.block_size}")
-        self._held: dict[str, KV] = {}
+        self._held: dict[str, Pending] = {}  # unused: KV is kept per block
+        self._blocks: dict[str, BlockKV] = {}
+        self.cache.watch_freed()
         self._stop_ids = _eos_ids(model, tokenizer)
 
     # -- tokens ----------------------------------------------------------------------
@@ -120,31 +135,64 @@ class TorchEngine(PrefixEngine[KV]):
 
     # -- cache -----------------------------------------------------------------------
 
+    @property
+    def block_bytes(self) -> int:
+        return self.kv_bytes_per_token * self.block_size
+
+    def stored_blocks(self, prefix_hash: str) -> list[BlockKV] | None:
+        """The block tensors of a cached prefix (read-only; for tests and benchmarks)."""
+        self.sync()
+        entry = self.cache.get(prefix_hash)
+        if entry is None or any(h not in self._blocks for h in entry.block_hashes):
+            return None
+        return self._chain(list(entry.block_hashes))
+
     def stored_kv(self, prefix_hash: str) -> KV | None:
-        """The tensors stored for a cached prefix (read-only; for tests and benchmarks)."""
-        return self._held.get(prefix_hash)
+        """A copy of a cached prefix's KV, joined from its blocks (for tests and benchmarks)."""
+        blocks = self.stored_blocks(prefix_hash)
+        return None if blocks is None else join(blocks)
 
-    def _held_bytes(self, held: KV) -> int:
-        return _nbytes(held)
+    def sync(self) -> int:
+        """Drop the tensors of blocks the cache freed; returns the bytes freed."""
+        freed = 0
+        for h in self.cache.drain_freed():
+            if h not in self.cache.pool and h in self._blocks:
+                freed += self._blocks.pop(h).nbytes
+        return freed
 
-    def _prefix_kv(self, tokens: list[int], hashes: list[str], tenant: str) -> tuple[KV, int]:
-        kv = self._held.get(hashes[-1])
-        return (kv, 0) if kv is not None else self._compute_prefix(tokens, hashes)
+    def _held_bytes(self, held: Pending) -> int:
+        return held.n_blocks * self.block_bytes
 
-    def _compute_prefix(self, tokens: list[int], hashes: list[str]) -> tuple[KV, int]:
-        """KV of exactly `tokens`, computing only what no cached prefix already holds."""
+    def _prefix_kv(self, tokens: list[int], hashes: list[str], tenant: str) -> tuple[Pending, int]:
+        """KV of exactly `tokens`, computing only the blocks no cached chain holds."""
         # peek, not lookup: a warmup is not a hit and must not reorder eviction.
-        entry, matched = self.cache.peek(hashes)
-        base_kv = self._held.get(entry.prefix_hash) if entry is not None else None
-        base = matched * self.block_size if base_kv is not None else 0
-        if base_kv is not None and base == len(tokens):
-            # A longer entry holds all of it: copy the slice so this entry owns its memory.
-            return tuple(
-                (k[..., :base, :].clone(), v[..., :base, :].clone()) for k, v in base_kv
-            ), 0
-        past = self._request_cache(base_kv, base)
+        _, matched = self.cache.peek(hashes)
+        have = self._stored_run(hashes[:matched])
+        if have == len(hashes):
+            return Pending(None, have, have), 0
+        base = have * self.block_size
+        past = chain_cache(self.model.config, self._chain(hashes[:have]), base)
         self._forward(tokens[base:], past)
-        return _freeze(past), len(tokens) - base
+        return Pending(_freeze(past), have, len(hashes)), len(tokens) - base
+
+    def _keep(self, entry: CacheEntry, held: Pending) -> None:
+        """Store the tensors of the entry's blocks that are not stored yet."""
+        chain = entry.block_hashes
+        missing = [i for i in range(held.first, len(chain)) if chain[i] not in self._blocks]
+        if not missing or held.kv is None:
+            return
+        first = missing[0]
+        blocks = cut_blocks(held.kv, first, len(chain) - first, self.block_size)
+        for h, block in zip(chain[first:], blocks, strict=True):
+            self._blocks.setdefault(h, block)
+
+    def _stored_run(self, hashes: list[str]) -> int:
+        """How many leading `hashes` have tensors here (all of them, unless the cache was
+        filled by someone else)."""
+        return next((i for i, h in enumerate(hashes) if h not in self._blocks), len(hashes))
+
+    def _chain(self, hashes: list[str]) -> list[BlockKV]:
+        return [self._blocks[h] for h in hashes]
 
     # -- generation ------------------------------------------------------------------
 
@@ -153,13 +201,13 @@ class TorchEngine(PrefixEngine[KV]):
         stops = frozenset(request.stop_ids) if request.stop_ids is not None else self._stop_ids
         start = time.perf_counter()
         hashes = self.block_hashes(prompt, tenant=tenant)
-        entry, matched = self._reusable(hashes)
+        entry, have = self._reusable(hashes)
         # At least the last prompt token must run through the model to give logits.
-        cached = min(matched, len(prompt) - 1)
-        past = self._request_cache(self._held[entry.prefix_hash] if entry else None, cached)
+        cached = min(have * self.block_size, len(prompt) - 1)
+        past = chain_cache(self.model.config, self._chain(hashes[:have]), cached)
         logits = self._forward(prompt[cached:], past)
         # References, not copies: decoding rebinds the layers to new tensors (torch.cat).
-        pending = _freeze(past) if keep and matched < len(hashes) * self.block_size else None
+        pending = Pending(_freeze(past), have, len(hashes)) if keep and have < len(hashes) else None
         stored: PrefillResult | None = None
         stream, out, ttft = _TextStream(self.tokenizer), [], 0.0
         for index in range(request.max_tokens):
@@ -193,46 +241,33 @@ class TorchEngine(PrefixEngine[KV]):
             logits = self._forward([token], past)
 
     def _reusable(self, hashes: list[str]) -> tuple[CacheEntry | None, int]:
-        """The cached entry to reuse and how many leading prompt tokens its KV holds."""
+        """An entry holding the longest cached chain of `hashes` (whoever stored it) and how
+        many of its leading blocks this engine has tensors for."""
         entry, matched = self._lookup(hashes)
-        if entry is None or entry.prefix_hash not in self._held:
-            return None, 0
-        return entry, matched * self.block_size
+        have = self._stored_run(hashes[:matched])
+        return (entry, have) if have else (None, 0)
 
     def _keep_prompt(
-        self, prompt_kv: KV, hashes: list[str], tenant: str, keep: KeepPrompt, cached: int
+        self, pending: Pending, hashes: list[str], tenant: str, keep: KeepPrompt, cached: int
     ) -> PrefillResult | None:
-        """Store the prompt's full blocks from the request's own KV; None when refused."""
+        """Store the prompt's new full blocks from the request's own KV as request blocks
+        (evictable; warm prefixes stay as they are); None when refused."""
         start = time.perf_counter()
-        n_tokens = len(hashes) * self.block_size
-        kv = _head(prompt_kv, n_tokens)
         try:
             entry, evicted = self.cache.admit(
                 tenant=tenant,
                 hashes=hashes,
-                nbytes=_nbytes(kv),
+                nbytes=self._held_bytes(pending),
                 chunk_refs=keep.chunk_refs,
                 ttl_s=keep.ttl_s,
+                kind="request",
             )
         except WarmupRefused:
             return None  # the answer matters more than caching its prompt
-        return self._record(entry, kv, evicted, n_tokens - cached, start)
+        computed = len(hashes) * self.block_size - cached
+        return self._record(entry, pending, evicted, computed, start)
 
     # -- model -----------------------------------------------------------------------
-
-    def _request_cache(self, kv: KV | None, n_tokens: int) -> DynamicCache:
-        """A fresh cache whose layers start as views of stored KV (no copy).
-
-        The model appends with torch.cat, which makes new tensors: the stored ones stay intact.
-        """
-        past = DynamicCache(config=self.model.config)
-        if kv is None or n_tokens == 0:
-            return past
-        for layer, (keys, values) in zip(_layers(past), kv, strict=True):
-            layer.lazy_initialization(keys, values)
-            layer.keys = keys[..., :n_tokens, :]
-            layer.values = values[..., :n_tokens, :]
-        return past
 
     def _forward(self, tokens: list[int], past: DynamicCache) -> torch.Tensor:
         """Run `tokens` after `past` (which grows); the logits of the last position."""
@@ -293,24 +328,12 @@ def _freeze(past: DynamicCache) -> KV:
     return tuple((cast(torch.Tensor, k), cast(torch.Tensor, v)) for k, v in kv)
 
 
-def _head(kv: KV, n_tokens: int) -> KV:
-    """The first `n_tokens` of `kv`: the tensors themselves when that is all of them, else
-    copies, so an entry never keeps a longer request's memory alive."""
-    if all(k.shape[-2] == n_tokens for k, _ in kv):
-        return kv
-    return tuple((k[..., :n_tokens, :].clone(), v[..., :n_tokens, :].clone()) for k, v in kv)
-
-
 def _pick(logits: torch.Tensor, temperature: float) -> int:
     with torch.inference_mode():
         if temperature <= 0:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits.float() / temperature, dim=-1)
         return int(torch.multinomial(probs, 1))
-
-
-def _nbytes(kv: KV) -> int:
-    return sum(k.nbytes + v.nbytes for k, v in kv)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

@@ -67,17 +67,15 @@ class CostEngine(PrefixEngine[int]):
         return held
 
     def _prefix_kv(self, tokens: list[int], hashes: list[str], tenant: str) -> tuple[int, int]:
-        entry, matched = self.cache.peek(hashes)
-        reused = matched * self.block_size if entry and entry.prefix_hash in self._held else 0
-        return len(tokens) * self.kv_bytes_per_token, len(tokens) - reused
+        # Blocks are shared: whatever chain is cached is reused, whoever stored it.
+        _, matched = self.cache.peek(hashes)
+        return len(tokens) * self.kv_bytes_per_token, len(tokens) - matched * self.block_size
 
     def _generate(self, request: Request) -> Iterator[GenerationStep]:
         start = time.perf_counter()
         prompt = request.prompt
         hashes = self.block_hashes(prompt, tenant=request.tenant)
         entry, matched = self._lookup(hashes)
-        if entry is None or entry.prefix_hash not in self._held:
-            entry, matched = None, 0
         cached = min(matched * self.block_size, len(prompt) - 1)
         stored = None
         keep = request.keep
@@ -87,7 +85,7 @@ class CostEngine(PrefixEngine[int]):
                 admitted, evicted = self.cache.admit(
                     tenant=request.tenant, hashes=hashes,
                     nbytes=n_tokens * self.kv_bytes_per_token, chunk_refs=keep.chunk_refs,
-                    ttl_s=keep.ttl_s,
+                    ttl_s=keep.ttl_s, kind="request",
                 )
                 stored = self._record(admitted, n_tokens * self.kv_bytes_per_token, evicted,
                                       n_tokens - cached, start)

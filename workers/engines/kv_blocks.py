@@ -1,0 +1,97 @@
+"""KV tensors per block for the torch engine: cut a request's KV into blocks, join them back.
+
+Each block owns one contiguous tensor (so freeing a block frees its memory) and keeps
+per-layer views of it. A request's past is joined from its blocks inside the model's own
+first `torch.cat` per layer (`ChainLayer`): reusing blocks copies the prefix once, as
+reusing one contiguous prefix would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+# Per layer (keys, values), each [1, kv_heads, tokens, head_dim]; never modified once stored.
+KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+
+@dataclass(frozen=True)
+class BlockKV:
+    """One block's KV: per-layer views (each [1, kv_heads, block, head_dim]) of one tensor."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    nbytes: int
+
+
+def cut_blocks(kv: KV, first: int, count: int, block_size: int) -> list[BlockKV]:
+    """Blocks `first .. first+count-1` of `kv`, copied out so they outlive the request."""
+    start, stop = first * block_size, (first + count) * block_size
+    with torch.inference_mode():
+        # One stack over every layer's keys and values, then one copy per block.
+        seg = torch.stack([t[0, :, start:stop, :] for pair in kv for t in pair])
+        seg = seg.unflatten(2, (count, block_size))  # [2 * layers, heads, count, block, dim]
+        return [_block(seg[:, :, i].clone()) for i in range(count)]
+
+
+def _block(data: torch.Tensor) -> BlockKV:
+    views = data.unsqueeze(1).unbind(0)  # 2 * layers views of [1, heads, block, dim]
+    return BlockKV(keys=views[0::2], values=views[1::2], nbytes=data.nbytes)
+
+
+class ChainLayer(DynamicLayer):
+    """A cache layer whose past is a list of block views, joined with the first new tokens
+    in the one `torch.cat` a plain layer does anyway, so the blocks are copied only once."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], length: int) -> None:
+        super().__init__()
+        self.lazy_initialization(keys[0], values[0])
+        self._parts: tuple[list[torch.Tensor], list[torch.Tensor]] | None = (keys, values)
+        self._length = length
+
+    def get_seq_length(self) -> int:
+        return self._length if self._parts is not None else super().get_seq_length()
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._parts is None:
+            return super().update(key_states, value_states, *args, **kwargs)
+        keys, values = self._parts
+        self._parts = None
+        self.keys = torch.cat([*keys, key_states], dim=-2)
+        self.values = torch.cat([*values, value_states], dim=-2)
+        return self.keys, self.values
+
+
+def chain_cache(config: Any, blocks: Sequence[BlockKV], n_tokens: int) -> DynamicCache:
+    """A fresh request cache whose past is the first `n_tokens` of `blocks` (no copy yet)."""
+    past = DynamicCache(config=config)
+    if not blocks or n_tokens == 0:
+        return past
+    block_size = blocks[0].keys[0].shape[-2]
+    used = blocks[: -(-n_tokens // block_size)]
+    tail = n_tokens - (len(used) - 1) * block_size
+    for i in range(len(past.layers)):
+        keys = [b.keys[i] for b in used]
+        values = [b.values[i] for b in used]
+        keys[-1], values[-1] = keys[-1][..., :tail, :], values[-1][..., :tail, :]
+        past.layers[i] = ChainLayer(keys, values, n_tokens)
+    return past
+
+
+def join(blocks: Sequence[BlockKV]) -> KV:
+    """The blocks' KV as one contiguous tensor per layer (a copy; for tests and benchmarks)."""
+    with torch.inference_mode():
+        return tuple(
+            (
+                torch.cat([b.keys[i] for b in blocks], dim=-2),
+                torch.cat([b.values[i] for b in blocks], dim=-2),
+            )
+            for i in range(len(blocks[0].keys))
+        )
