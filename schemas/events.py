@@ -211,7 +211,8 @@ class WorkerEvent(WorkerEventV1):
     VERSION: ClassVar[int] = 2
 
     schema_version: Literal[2] = 2
-    kind: Literal[
+    # v2 widens v1's kinds (pydantic validates the override; mypy sees a narrowing base).
+    kind: Literal[  # type: ignore[assignment]
         "stored",
         "evicted",
         "invalidated",
@@ -223,7 +224,6 @@ class WorkerEvent(WorkerEventV1):
         "released",
         "refused",
         "expired",
-        "refused",
     ]
     epoch: int | None = Field(default=None, ge=0)
     # Why a command was refused (kind "refused"): before any compute, for its sender.

@@ -147,5 +147,6 @@ def _wanted(records: Iterable[Any], wanted: set[DocKey]) -> Iterator[KbChange]:
             change = decode(record.value, KbChange)
         except SchemaError:
             continue  # dead-lettered when it was first read
+        assert isinstance(change, KbChange)
         if (change.tenant, change.doc_id) in wanted:
             yield change

@@ -62,3 +62,12 @@ def test_kb_changes_is_compacted_and_keyed_by_tenant_and_doc():
     assert kb_key("default", "a.md") == b"a.md"
     assert kb_key("acme", "a.md") != kb_key("default", "a.md")
     assert kb_key("acme", "a.md") != kb_key("acm", "ea.md")
+
+
+def test_v2_carries_every_kind_and_v1_stays_as_published():
+    refused = WorkerEvent(worker_id="w", kind="refused", reason="too long", epoch=3)
+    assert decode(encode(refused)) == refused
+    v1_kinds = set(WorkerEventV1.model_fields["kind"].annotation.__args__)
+    v2_kinds = set(WorkerEvent.model_fields["kind"].annotation.__args__)
+    assert v1_kinds < v2_kinds and {"refused", "expired"} <= v2_kinds - v1_kinds
+    assert "signature" not in WorkerEventV1.model_fields
