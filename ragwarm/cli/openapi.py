@@ -50,10 +50,10 @@ ROUTES: dict[str, list[tuple[str, str, str, RouteBody]]] = {
          GatewayCompletion),
     ],
     "streams": [
-        ("get", "/ragwarm/health", "200 while the app runs, with the canonical-prompt parameters.",
-         None),
-        ("get", "/ragwarm/health/ready", "200 once tables are recovered and the index matches "
-         "them; 503 before.", None),
+        ("get", "/ragwarm/health", "200 while the app runs, with the canonical-prompt "
+         "parameters (and their digest) clients must match.", None),
+        ("get", "/ragwarm/health/ready", "200 once the tables are recovered and the index "
+         "matches them; 503 with a reason before.", None),
         ("get", "/ragwarm/stats", "Pipeline counters and table sizes.", None),
         ("get", "/ragwarm/workers", "The worker table.", None),
         ("get", "/ragwarm/hot", "The hot set and the top prefixes and questions.", None),

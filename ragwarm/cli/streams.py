@@ -57,9 +57,9 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     from streams.auth import install_auth
     from streams.handlers import HandlerDeps, StreamTables
     from streams.hot import HotTracker
-    from streams.recovery import KbChangesReader, register_recovery
     from streams.metrics import MeasuredOutbox, StreamsMetrics
     from streams.metrics_view import register_metrics
+    from streams.recovery import KbChangesReader, register_recovery
     from streams.schedule_view import register_schedule
     from streams.tables import define_tables
     from streams.topics import define_topics

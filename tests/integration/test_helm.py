@@ -27,8 +27,11 @@ HELM_DIR = Path.home() / ".cache" / "ragwarm" / "helm" / HELM_VERSION
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    """A helm binary: $RAGWARM_HELM, the cached build, or one built now with `go install`."""
-    given = os.environ.get("RAGWARM_HELM")
+    """A helm binary: $HELM_BIN, the cached build, or one built now with `go install`.
+
+    Not RAGWARM_HELM: every RAGWARM_ variable must name a setting, or `ragwarm` refuses to run.
+    """
+    given = os.environ.get("HELM_BIN")
     if given:
         return given
     exe = HELM_DIR / "helm"

@@ -45,6 +45,23 @@ def streams_routes() -> set[tuple[str, str]]:
                 continue
             body = text[match.end():].split("\n    @app.page", 1)[0]
             found |= {(m, route) for m in re.findall(r"async def (get|post)\(", body)}
+    return found | view_routes()
+
+
+def view_routes() -> set[tuple[str, str]]:
+    """The pages of `streams.views`, which registers them from one table."""
+    from types import SimpleNamespace
+
+    from streams.settings import StreamsSettings
+    from streams.views import pages
+
+    deps = SimpleNamespace(settings=StreamsSettings())  # pages read only settings when built
+    found = set()
+    for route, page in pages(deps).items():  # type: ignore[arg-type]
+        if isinstance(page, type):
+            found |= {(m, route) for m in ("get", "post") if m in vars(page)}
+        else:
+            found.add(("get", route))
     return found
 
 

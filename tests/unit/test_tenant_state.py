@@ -37,7 +37,8 @@ def upsert(tenant: str, version: int, text: str) -> KbChange:
 def test_two_tenants_with_the_same_doc_id_are_indexed_and_invalidated_apart() -> None:
     p, out = pipeline(IndexingPort({}))
     run_sync(handlers.on_kb_change(p, upsert("acme", 5, "acme v5")))
-    run_sync(handlers.on_kb_change(p, upsert("globex", 1, "globex v1")))  # lower version, other tenant
+    # A lower version, but of another tenant's document: not stale.
+    run_sync(handlers.on_kb_change(p, upsert("globex", 1, "globex v1")))
     assert p.stats.get("stale_events", 0) == 0 and p.stats["kb_events"] == 2
     assert set(p.tables.docs) == {doc_key("acme", "d.md"), doc_key("globex", "d.md")}
     for tenant, prefix, text in (("acme", PA, "acme v5"), ("globex", PB, "globex v1")):
