@@ -16,7 +16,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 class LogSettings(BaseSettings):
     """How processes log (`RAGWARM_LOG_*`)."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGWARM_LOG_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_LOG_", extra="forbid")
 
     format: Literal["text", "json"] = Field(
         default="text", description="`text` for people, `json` (one object a line) for collectors."

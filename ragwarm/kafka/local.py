@@ -20,12 +20,8 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ragwarm.kafka.admin import probe
-<<<<<<< HEAD
 from ragwarm.kafka.processes import is_kafka, log_tail, pid_alive, port_open
-from ragwarm.settings import REPO_ROOT, HomeSettings, KafkaSettings
-=======
 from ragwarm.settings import HomeSettings, KafkaSettings, infra_dir
->>>>>>> ae4c2e3 (packaging: base install for KB pipelines (schemas, KbProducer, ingest, broker launcher; no torch or Faust), extras [client], [worker], [streams], [bench], [all]; make installs .[all,test]; infra/ installed under share/ragwarm and found there outside a checkout; a missing extra is named; RAGWARM_LOG_FORMAT=json (Faust too); ragwarm openapi writes worker/gateway/streams OpenAPI documents, tests keep them equal to the served routes; fresh-venv test: pip install . sends a KbChange, no torch, ragwarm kafka start from the packaged infra)
 
 HOST = "127.0.0.1"
 Say = Callable[[str], None]

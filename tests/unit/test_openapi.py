@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ragwarm.cli.openapi import OUT_DIR, ROUTES, render
+from ragwarm.cli.openapi import OUT_DIR, ROUTES, render, streams_routes
 
 ROOT = Path(__file__).resolve().parents[2]
 AIOHTTP = r'web\.(get|post)\("([^"]+)"'
@@ -15,21 +15,6 @@ SOURCES = {
     "worker": (AIOHTTP, [ROOT / "workers" / "service.py"]),
     "gateway": (AIOHTTP, [ROOT / "ragwarm" / "gateway" / "app.py"]),
 }
-
-
-def streams_routes() -> set[tuple[str, str]]:
-    """Faust pages: a function page is a GET; a View class page has the methods it defines."""
-    found = set()
-    for path in (ROOT / "streams").glob("*.py"):
-        text = path.read_text()
-        for match in re.finditer(r'app\.page\("([^"]+)"\)\s*\n\s*(async def|class)', text):
-            route, kind = match.groups()
-            if kind == "async def":
-                found.add(("get", route))
-                continue
-            body = text[match.end():].split("\n    @app.page", 1)[0]
-            found |= {(m, route) for m in re.findall(r"async def (get|post)\(", body)}
-    return found
 
 
 def served(service: str) -> set[tuple[str, str]]:
