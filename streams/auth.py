@@ -11,7 +11,9 @@ from aiohttp import web
 
 from schemas.auth import Forbidden, Grant, KeyRing
 
-OPEN_PATHS = ("/ragwarm/health",)  # and /ragwarm/health/ready: the probes
+# /ragwarm/health and /ragwarm/health/ready for the probes; /metrics for Prometheus (counts
+# and topic names only, no tenant data).
+OPEN_PATHS = ("/ragwarm/health", "/metrics")
 # What a tenant-bound key may call; everything else (tables, workers, hot set, Faust's own
 # pages) lists every tenant's state and needs an operator key.
 TENANT_PATHS = ("/ragwarm/retrieve", "/ragwarm/route")

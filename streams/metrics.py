@@ -36,6 +36,7 @@ NAMED_COUNTERS: dict[str, tuple[str, str]] = {
                      "KB events older than the version held (skipped)."),
 }
 PENDING_MAX = 10_000
+NOT_COUNTERS = frozenset({"kv_bytes_per_token"})  # a figure kept among the counters
 
 
 class StreamsMetrics:
@@ -119,7 +120,10 @@ def families(snap: Mapping[str, Any]) -> Iterator[Metric]:
         yield _counter(name, doc, [((), stats.get(key, 0))])
     yield _dead_letters(stats)
     yield _counter("ragwarm_streams_decisions_total", "Every pipeline counter, by name.",
-                   [((k,), v) for k, v in sorted(stats.items())], ["name"])
+                   [((k,), v) for k, v in sorted(stats.items()) if k not in NOT_COUNTERS],
+                   ["name"])
+    yield _gauge("ragwarm_streams_kv_bytes_per_token", "KV bytes per token the workers report.",
+                 [((), stats.get("kv_bytes_per_token", 0))])
     yield _counter("ragwarm_streams_messages_received_total", "Records consumed, by topic.",
                    [((t,), n) for t, n in sorted((snap.get("received") or {}).items())], ["topic"])
     yield _counter("ragwarm_streams_messages_sent_total", "Records produced, by topic.",

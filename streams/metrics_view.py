@@ -9,8 +9,10 @@ from faust.web import Request, Response
 
 from streams.handlers import HandlerDeps
 from streams.metrics import CONTENT_TYPE, StreamsMetrics, snapshot
+from streams.views import register
 
 log = logging.getLogger(__name__)
+METRICS_PATH = "/metrics"
 
 
 def register_metrics(app: Any, p: HandlerDeps, metrics: StreamsMetrics) -> None:
@@ -24,9 +26,10 @@ def register_metrics(app: Any, p: HandlerDeps, metrics: StreamsMetrics) -> None:
         consumer_lag(app),
     ))
 
-    @app.page("/metrics")
     async def prometheus(web, request: Request) -> Response:
         return web.bytes(metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    register(app, METRICS_PATH, prometheus)
 
 
 def consumer_lag(app: Any) -> dict[tuple[str, int], int]:

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from ragwarm.gateway.protocol import ChatRequest
 from ragwarm.gateway.protocol import CompletionRequest as GatewayCompletion
 from ragwarm.settings import REPO_ROOT
+from streams.views.bodies import RetrieveBody, RouteBody
 from workers.api import CompletionRequest, PrefillRequest
 
 OUT_DIR = Path("docs") / "openapi"
@@ -24,9 +25,9 @@ ERROR = {"type": "object", "properties": {"error": {"type": "object", "propertie
     "message": {"type": "string"}, "type": {"type": "string"},
     "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
 
-RouteBody = dict[str, Any] | type[BaseModel] | None
+Body = type[BaseModel] | None
 # service -> [(method, path, summary, request body)]
-ROUTES: dict[str, list[tuple[str, str, str, RouteBody]]] = {
+ROUTES: dict[str, list[tuple[str, str, str, Body]]] = {
     "worker": [
         ("get", "/health/live", "200 while the process runs.", None),
         ("get", "/health/ready", "200 once the model is loaded and the hot set warmed; else 503.",
@@ -51,9 +52,9 @@ ROUTES: dict[str, list[tuple[str, str, str, RouteBody]]] = {
     ],
     "streams": [
         ("get", "/ragwarm/health", "200 while the app runs, with the canonical-prompt "
-         "parameters (and their digest) clients must match.", None),
-        ("get", "/ragwarm/health/ready", "200 once the tables are recovered and the index "
-         "matches them; 503 with a reason before.", None),
+         "parameters clients must match.", None),
+        ("get", "/ragwarm/health/ready", "503 until the tables are recovered and the index "
+         "matches them.", None),
         ("get", "/ragwarm/stats", "Pipeline counters and table sizes.", None),
         ("get", "/ragwarm/workers", "The worker table.", None),
         ("get", "/ragwarm/hot", "The hot set and the top prefixes and questions.", None),
@@ -61,14 +62,9 @@ ROUTES: dict[str, list[tuple[str, str, str, RouteBody]]] = {
         ("get", "/ragwarm/prefixes/{prefix_hash}", "One prefix: state and holders.", None),
         ("get", "/metrics", "Prometheus metrics (ragwarm_streams_*).", None),
         ("post", "/ragwarm/route", "The worker holding the longest prefix of a prompt.",
-         {"type": "object", "required": ["block_hashes"], "properties": {
-             "block_hashes": {"type": "array", "items": {"type": "string"},
-                              "maxItems": 4096}}}),
+         RouteBody),
         ("post", "/ragwarm/retrieve", "Top-k chunks of a question, with their text.",
-         {"type": "object", "required": ["question"], "properties": {
-             "question": {"type": "string", "minLength": 1, "maxLength": 8192},
-             "tenant": {"type": "string"},
-             "k": {"type": "integer", "minimum": 1, "maximum": 50, "default": 3}}}),
+         RetrieveBody),
         ("post", "/ragwarm/warmup", "Warm this instance's hot set now (scheduled warmups).",
          None),
     ],
@@ -89,11 +85,28 @@ def document(service: str) -> dict[str, Any]:
             operation["parameters"] = [{"name": name, "in": "path", "required": True,
                                         "schema": {"type": "string"}}]
         if body is not None:
-            schema = body.model_json_schema() if isinstance(body, type) else body
-            operation["requestBody"] = {"required": True, "content": {JSON: {"schema": schema}}}
+            operation["requestBody"] = {"required": True, "content": {
+                JSON: {"schema": body.model_json_schema()}}}
         paths.setdefault(path, {})[method] = operation
     return {"openapi": "3.1.0", "info": {"title": TITLES[service], "version": "0.1.0"},
             "paths": paths}
+
+
+def streams_routes() -> set[tuple[str, str]]:
+    """(method, path) of every streams view, read from the views the app registers."""
+    from types import SimpleNamespace
+
+    from streams.metrics_view import METRICS_PATH
+    from streams.settings import StreamsSettings
+    from streams.views import pages
+
+    found = {("get", METRICS_PATH)}
+    for path, page in pages(SimpleNamespace(settings=StreamsSettings())).items():
+        if isinstance(page, type):  # a View: the methods it defines
+            found |= {(m, path) for m in ("get", "post", "put", "delete") if m in vars(page)}
+        else:
+            found.add(("get", path))
+    return found
 
 
 def render(service: str) -> str:

@@ -60,7 +60,6 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     from streams.metrics import MeasuredOutbox, StreamsMetrics
     from streams.metrics_view import register_metrics
     from streams.recovery import KbChangesReader, register_recovery
-    from streams.schedule_view import register_schedule
     from streams.tables import define_tables
     from streams.topics import define_topics
     from streams.views import register_views
@@ -82,7 +81,6 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     register_agents(app, topics, deps)
     register_views(app, deps)
     register_metrics(app, deps, metrics)
-    register_schedule(app, deps)
     reader = KbChangesReader(kafka.servers, kafka.client_options(), kafka.topic(KB_CHANGES))
     register_recovery(app, deps, reader)
     install_auth(app, keyring(streams.api_key, streams.tenant_keys))

@@ -13,14 +13,18 @@ from typing import Any
 import httpx
 
 from rag.prompt import PromptBuilder
+from rag.settings import QdrantSettings, RagSettings
+from ragwarm.client.contract import check_prompt
 from ragwarm.client.rag import (
     UP_HINT,
     Answer,
     PreparedQuery,
     QdrantRetrieval,
     QueryEmitter,
+    auth_headers,
     build_answer,
     completion_body,
+    prompt_params,
     query_event,
 )
 from ragwarm.client.settings import ClientSettings
@@ -39,7 +43,7 @@ from ragwarm.client.wire import (
     sse_data,
 )
 from ragwarm.settings import KafkaSettings, ModelSettings
-from workers.blocks import BLOCK_SIZE, block_hashes
+from schemas.prefix import BLOCK_SIZE, prompt_chain
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +82,21 @@ class AsyncRagClient:
     @classmethod
     async def open(cls, settings: ClientSettings | None = None,
                    kafka: KafkaSettings | None = None,
-                   models: ModelSettings | None = None) -> AsyncRagClient:
-        """A client with its tokenizer, warmed pools and (unless disabled) its Kafka producer."""
-        from rag.settings import QdrantSettings, RagSettings
+                   models: ModelSettings | None = None,
+                   rag: RagSettings | None = None) -> AsyncRagClient:
+        """A client with its tokenizer, warmed pools and (unless disabled) its Kafka producer;
+        PromptMismatch when the streams app builds canonical prompts otherwise."""
         from ragwarm.models import llm_dir, load_tokenizer
 
         settings = settings or ClientSettings()
         models = models or ModelSettings()
+        rag = rag or RagSettings()
         async with AsyncExitStack() as undo:
-            streams = make_async_pool(settings, settings.streams_url)
+            streams = make_async_pool(settings, settings.streams_url,
+                                      headers=auth_headers(settings))
             undo.push_async_callback(streams.aclose)
-            await check_streams(streams, settings.streams_url)
-            rag = RagSettings()
+            health = await check_streams(streams, settings.streams_url)
+            check_prompt(health, prompt_params(rag, models), settings.streams_url)
             tokenizer = await asyncio.to_thread(load_tokenizer, llm_dir(models=models))
             retrieval = emitter = None
             if settings.direct_qdrant and QdrantSettings().url:
@@ -107,7 +114,12 @@ class AsyncRagClient:
     # -- pools ----------------------------------------------------------------------------
     async def warm_pools(self) -> list[str]:
         """Open a keep-alive connection to every ready worker the streams app knows."""
-        rows = (await self._streams_json("GET", "/ragwarm/workers")).get("workers") or []
+        try:
+            rows = (await self._streams_json("GET", "/ragwarm/workers")).get("workers") or []
+        except ClientError as exc:
+            if "403" not in str(exc):
+                raise
+            return []  # a tenant key may not list workers: pools then open on first use
         warmed = []
         for row in rows:
             if row.get("url") and row.get("ready"):
@@ -121,10 +133,8 @@ class AsyncRagClient:
     def _pool(self, url: str) -> httpx.AsyncClient:
         pool = self._pools.get(url)
         if pool is None:
-            key = self.settings.api_key
-            headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
             pool = self._pools[url] = make_async_pool(self.settings, url, self._transport,
-                                                      headers)
+                                                      auth_headers(self.settings))
         return pool
 
     # -- the query path -------------------------------------------------------------------
@@ -135,10 +145,9 @@ class AsyncRagClient:
         chunks = tuple(await self._retrieve(question, tenant))
         retrieve_ms = (time.perf_counter() - started) * 1000
         prompt = await asyncio.to_thread(self.prompts.build, chunks, question)
-        hashes = block_hashes(prompt.token_ids, tenant=tenant, model=self.model_salt,
-                              block_size=self.block_size)
-        return PreparedQuery(question, tenant, chunks, prompt, tuple(hashes), retrieve_ms,
-                             self.block_size)
+        chain = prompt_chain(prompt.token_ids, prompt.prefix_len, tenant=tenant,
+                             model=self.model_salt, block_size=self.block_size)
+        return PreparedQuery(question, tenant, chunks, prompt, chain, retrieve_ms)
 
     async def _retrieve(self, question: str, tenant: str) -> list[RetrievedChunk]:
         if self.retrieval is not None:
@@ -257,11 +266,13 @@ def make_async_pool(settings: ClientSettings, url: str,
                              headers=dict(headers or {}))
 
 
-async def check_streams(streams: httpx.AsyncClient, url: str) -> None:
-    """Raise StreamsUnavailable, with the command to fix it, unless the streams app answers."""
+async def check_streams(streams: httpx.AsyncClient, url: str) -> dict:
+    """The streams app's health view; StreamsUnavailable, with the fix, if it does not answer."""
     try:
-        (await streams.get("/ragwarm/health")).raise_for_status()
-    except httpx.HTTPError as exc:
+        response = await streams.get("/ragwarm/health")
+        response.raise_for_status()
+        return response.json()
+    except (httpx.HTTPError, ValueError) as exc:
         raise StreamsUnavailable(f"the streams app does not answer at {url} ({exc}); "
                                  f"{UP_HINT}") from None
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from streams.handlers import HandlerDeps
-from streams.views import health, retrieve, route, state
+from streams.views import health, retrieve, route, schedule, state
 from streams.views.bodies import Page
 
 
 def pages(p: HandlerDeps) -> dict[str, Page]:
     """Every view of the app by path."""
-    return {**health.pages(p), **state.pages(p), **route.pages(p), **retrieve.pages(p)}
+    return {**health.pages(p), **state.pages(p), **route.pages(p), **retrieve.pages(p),
+            **schedule.pages(p)}
 
 
 def register_views(app, p: HandlerDeps) -> None:

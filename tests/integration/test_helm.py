@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ragwarm.cli.openapi import streams_routes
 from schemas.topics import TOPICS
 
 pytestmark = pytest.mark.integration
@@ -65,7 +66,7 @@ def served_routes() -> dict[str, set[str]]:
     return {
         "worker": grep(aiohttp_route, ROOT / "workers" / "service.py"),
         "gateway": grep(aiohttp_route, ROOT / "ragwarm" / "gateway" / "app.py"),
-        "streams": grep(r'app\.page\("([^"]+)"\)', *(ROOT / "streams").glob("*.py")),
+        "streams": {path for _, path in streams_routes()},
     }
 
 
@@ -105,8 +106,9 @@ def test_rendered_probes_hit_routes_and_ports_the_code_serves(helm: str) -> None
     assert container(worker)["startupProbe"]["httpGet"]["path"] == "/health/ready"
     assert container(worker)["livenessProbe"]["httpGet"]["path"] == "/health/live"
     deployments = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
-    check_probes(container(deployments["r-ragwarm-streams"]), routes["streams"],
-                 ("readinessProbe", "livenessProbe"))
+    streams = container(deployments["r-ragwarm-streams"])
+    check_probes(streams, routes["streams"], ("readinessProbe", "livenessProbe"))
+    assert streams["readinessProbe"]["httpGet"]["path"] == "/ragwarm/health/ready"
     check_probes(container(deployments["r-ragwarm-gateway"]), routes["gateway"],
                  ("readinessProbe", "livenessProbe"))
     cron = container(by_kind(docs, "CronJob")[0])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from streams.records import PrefixOp
-from streams.schedule_view import warm_hot_set
+from streams.views.schedule import warm_hot_set
 
 
 class Out:

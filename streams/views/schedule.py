@@ -1,12 +1,11 @@
-"""`POST /ragwarm/warmup`: warm the hot set now (what a Kubernetes CronJob calls before a peak)."""
+"""POST /ragwarm/warmup: warm the hot set now (what a Kubernetes CronJob calls before a peak)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from faust.web import Request, Response, View
 
 from streams.handlers import HandlerDeps
+from streams.views.bodies import Page
 
 
 async def warm_hot_set(p: HandlerDeps, reason: str = "scheduled") -> int:
@@ -17,10 +16,11 @@ async def warm_hot_set(p: HandlerDeps, reason: str = "scheduled") -> int:
     return len(ops)
 
 
-def register_schedule(app: Any, p: HandlerDeps) -> None:
-    @app.page("/ragwarm/warmup")
+def pages(p: HandlerDeps) -> dict[str, Page]:
     class Warmup(View):
         """POST (no body) -> {"sent": n}: the hot prefixes of this instance, warmed again."""
 
         async def post(self, request: Request) -> Response:
             return self.json({"sent": await warm_hot_set(p)})
+
+    return {"/ragwarm/warmup": Warmup}
