@@ -14,6 +14,7 @@ from ragwarm.client.ingest import ingest
 from ragwarm.client.producer import KbProducer
 from ragwarm.settings import KafkaSettings
 from schemas import KbChange, decode
+from schemas.topics import kb_key
 from tests.integration.kafka_read import read_topic
 
 pytestmark = pytest.mark.integration
@@ -50,7 +51,7 @@ def test_folder_sends_good_files_and_reports_bad_ones(
     records = _read_all(kafka_bootstrap, topic, 1)
     assert len(records) == 1
     change = decode(records[0].value, KbChange)
-    assert records[0].key == b"guide/setup.md"
+    assert records[0].key == kb_key("acme", "guide/setup.md")
     assert (change.doc_id, change.tenant, change.op) == ("guide/setup.md", "acme", "upsert")
     assert change.text == "# Setup\nRun the installer.\n"
     assert change.version == (tmp_path / "guide" / "setup.md").stat().st_mtime_ns
