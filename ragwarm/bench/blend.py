@@ -275,7 +275,7 @@ def measure(
 @click.option("--recompute", default=DEFAULT_SHARES, show_default=True,
               help="Comma-separated shares of moved chunk tokens to recompute.")
 @click.option("--questions-limit", type=int, default=None, help="Use only the first N questions.")
-@click.option("--method", default="sink+hkvd", show_default=True,
+@click.option("--method", default="hkvd", show_default=True,
               help="How recomputed tokens are chosen (hkvd, attn, sink, sink+hkvd, sink+attn).")
 @click.option("--checks", default="1,4,10", show_default=True,
               help="Layers where scored tokens are filtered (gradually, down to the share).")
