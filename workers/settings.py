@@ -98,13 +98,13 @@ class WorkerSettings(BaseSettings):
         "measured bar is met.",
     )
     chunk_recompute_share: float = Field(
-        default=0.15,
+        default=0.3,
         ge=0.0,
         le=1.0,
         description="Share of moved chunk tokens recomputed when blending chunk KV.",
     )
     chunk_selection: ChunkSelection = Field(
-        default="sink+hkvd",
+        default="hkvd",
         description="How recomputed tokens are chosen: hkvd (KV deviation), attn (question "
         "attention), sink (each chunk's first tokens), or sink+ one of the scores.",
     )

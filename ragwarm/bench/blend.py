@@ -242,7 +242,8 @@ def _shares(text: str) -> list[float]:
 
 
 def measure(
-    runner: Runner, cases: Sequence[Case], shares: Sequence[float], method: str, check_layer: int
+    runner: Runner, cases: Sequence[Case], shares: Sequence[float], method: str,
+    checks: tuple[int, ...], widen: float,
 ) -> list[dict[str, float]]:
     """Per share, the summary over every case; runs interleave so noise hits both sides."""
     from workers.engines.blend import Selection
@@ -251,7 +252,7 @@ def measure(
     for i, case in enumerate(cases, 1):
         full = full_run(runner.model, case)
         for share in shares:
-            selection = Selection(method=method, share=share, check_layer=check_layer)
+            selection = Selection(method=method, share=share, checks=checks, widen=widen)
             per_share[share].append(blend_run(runner, case, selection, full))
         last = per_share[shares[-1]][-1]
         _progress(
@@ -274,16 +275,19 @@ def measure(
 @click.option("--recompute", default=DEFAULT_SHARES, show_default=True,
               help="Comma-separated shares of moved chunk tokens to recompute.")
 @click.option("--questions-limit", type=int, default=None, help="Use only the first N questions.")
-@click.option("--method", default="sink+hkvd", show_default=True,
+@click.option("--method", default="hkvd", show_default=True,
               help="How recomputed tokens are chosen (hkvd, attn, sink, sink+hkvd, sink+attn).")
-@click.option("--check-layer", default=1, show_default=True, help="Layer where tokens are scored.")
+@click.option("--checks", default="1,4,10", show_default=True,
+              help="Layers where scored tokens are filtered (gradually, down to the share).")
+@click.option("--widen", default=2.0, show_default=True,
+              help="Kept share at the first check, as a multiple of the final share.")
 @click.option("--threads", type=int, default=None, help="torch threads (default: settings).")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also draw the curve (quality and TTFT ratio per share) into this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def blend(
     events_path: Path, questions_path: Path, recompute: str, questions_limit: int | None,
-    method: str, check_layer: int, threads: int | None, chart: Path | None, as_json: bool,
+    method: str, checks: str, widen: float, threads: int | None, chart: Path | None, as_json: bool,
 ) -> None:
     """First-token agreement, greedy agreement, KL and TTFT of chunk-KV reuse vs full prefill."""
     from ragwarm.models import ModelMissing, llm_dir
@@ -303,8 +307,9 @@ def blend(
         raise click.ClickException("no question retrieved any chunk")
     opening = cases[0].token_ids[: cases[0].opening]
     runner = Runner(engine.model, prefill(engine.model, opening)[0], opening)
-    results = measure(runner, cases, shares, method, check_layer)
-    report = {"questions": len(cases), "method": method, "check_layer": check_layer,
+    layers = tuple(int(c) for c in checks.split(","))
+    results = measure(runner, cases, shares, method, layers, widen)
+    report = {"questions": len(cases), "method": method, "checks": list(layers), "widen": widen,
               "prompt_tokens_p50": statistics.median(len(c.token_ids) for c in cases),
               "results": results}
     if chart is not None:

@@ -70,3 +70,14 @@ def test_top_rows_keeps_the_forced_rows_and_the_best_others_in_order() -> None:
     forced = torch.tensor([False, True, False, False, True])
     assert _top_rows(score, forced, 2).tolist() == [0, 1, 3, 4]
     assert _top_rows(score, forced, 0).tolist() == [1, 4]
+
+
+def test_gradual_filtering_narrows_from_widened_share_to_the_share() -> None:
+    kept = Selection("hkvd", 0.25, checks=(1, 4, 10), widen=2.0).kept(100)
+    assert kept == {1: 50, 4: 36, 10: 25}
+    assert Selection("hkvd", 0.9, checks=(1, 4), widen=2.0).kept(10) == {1: 10, 4: 9}
+
+
+def test_checks_must_increase() -> None:
+    with pytest.raises(ValueError, match="checks"):
+        Selection(checks=(4, 1))
