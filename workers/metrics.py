@@ -71,6 +71,25 @@ class WorkerMetrics:
             ["model_name"],
             registry=r,
         ).labels(**self._labels)
+        self._cache_gauges(r)
+        self.prefills = Counter("worker_prefills", "Prefixes prefilled.", ["source"], registry=r)
+        self.commands = Counter(
+            "worker_commands", "Warmup commands handled.", ["op", "result"], registry=r
+        )
+        self.malformed = Counter(
+            "worker_commands_malformed",
+            "Records on warmup.commands that were skipped.",
+            registry=r,
+        )
+        self.events = Counter("worker_events_published", "Events sent.", ["kind"], registry=r)
+        self.ready = Gauge("worker_ready", "1 when the worker serves.", ["worker_id"], registry=r)
+        self._worker_id = worker_id
+        self.named = NamedMetrics(r, model_name)
+        self._n_requests = 0
+        self._n_hits = 0
+
+    def _cache_gauges(self, r: CollectorRegistry) -> None:
+        """What the KV cache holds: entries, bytes and blocks by kind."""
         self.cache_bytes = Gauge("kv_cache_bytes", "KV bytes held by cache entries.", registry=r)
         self.cache_capacity = Gauge("kv_cache_capacity_bytes", "KV byte budget.", registry=r)
         self.cache_entries = Gauge("kv_cache_entries", "Cached prefixes.", registry=r)
@@ -90,21 +109,6 @@ class WorkerMetrics:
             ["kind"],
             registry=r,
         )
-        self.prefills = Counter("worker_prefills", "Prefixes prefilled.", ["source"], registry=r)
-        self.commands = Counter(
-            "worker_commands", "Warmup commands handled.", ["op", "result"], registry=r
-        )
-        self.malformed = Counter(
-            "worker_commands_malformed",
-            "Records on warmup.commands that were skipped.",
-            registry=r,
-        )
-        self.events = Counter("worker_events_published", "Events sent.", ["kind"], registry=r)
-        self.ready = Gauge("worker_ready", "1 when the worker serves.", ["worker_id"], registry=r)
-        self._worker_id = worker_id
-        self.named = NamedMetrics(r, model_name)
-        self._n_requests = 0
-        self._n_hits = 0
 
     def observe(self, served: Served) -> None:
         """Count one completed request."""
