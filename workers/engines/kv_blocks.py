@@ -1,9 +1,11 @@
 """KV tensors per block for the torch engine: cut a request's KV into blocks, join them back.
 
-Each block owns one contiguous tensor (so freeing a block frees its memory) and keeps
-per-layer views of it. A request's past is joined from its blocks inside the model's own
-first `torch.cat` per layer (`ChainLayer`): reusing blocks copies the prefix once, as
-reusing one contiguous prefix would.
+Each block owns one contiguous tensor [2 × layers, kv_heads, block, head_dim] (so freeing a
+block frees its memory) and keeps per-layer views of it. A request's past is joined from
+its blocks with ONE `torch.cat` over every layer at once: on a GPU, per-layer joins of
+thousands of block views cost more host time than the suffix's forward itself (32k tokens
+on an H200: 79 ms warm against a 26 ms floor), while one call over whole blocks is one
+kernel and one list.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class BlockKV:
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
     nbytes: int
+    data: torch.Tensor  # [2 * layers, kv_heads, block, head_dim]: keys and values interleaved
 
 
 def cut_blocks(kv: KV, first: int, count: int, block_size: int) -> list[BlockKV]:
@@ -41,7 +44,7 @@ def cut_blocks(kv: KV, first: int, count: int, block_size: int) -> list[BlockKV]
 
 def _block(data: torch.Tensor) -> BlockKV:
     views = data.unsqueeze(1).unbind(0)  # 2 * layers views of [1, heads, block, dim]
-    return BlockKV(keys=views[0::2], values=views[1::2], nbytes=data.nbytes)
+    return BlockKV(keys=views[0::2], values=views[1::2], nbytes=data.nbytes, data=data)
 
 
 class ChainLayer(DynamicLayer):
@@ -70,18 +73,17 @@ class ChainLayer(DynamicLayer):
 
 
 def chain_cache(config: Any, blocks: Sequence[BlockKV], n_tokens: int) -> DynamicCache:
-    """A fresh request cache whose past is the first `n_tokens` of `blocks` (no copy yet)."""
+    """A fresh request cache whose past is the first `n_tokens` of `blocks`."""
     past = DynamicCache(config=config)
     if not blocks or n_tokens == 0:
         return past
-    block_size = blocks[0].keys[0].shape[-2]
+    block_size = blocks[0].data.shape[-2]
     used = blocks[: -(-n_tokens // block_size)]
-    tail = n_tokens - (len(used) - 1) * block_size
+    with torch.inference_mode():
+        joined = torch.cat([b.data for b in used], dim=-2)[..., :n_tokens, :]
     for i in range(len(past.layers)):
-        keys = [b.keys[i] for b in used]
-        values = [b.values[i] for b in used]
-        keys[-1], values[-1] = keys[-1][..., :tail, :], values[-1][..., :tail, :]
-        past.layers[i] = ChainLayer(keys, values, n_tokens)
+        keys, values = joined[2 * i].unsqueeze(0), joined[2 * i + 1].unsqueeze(0)
+        past.layers[i] = ChainLayer([keys], [values], n_tokens)
     return past
 
 
