@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -58,19 +59,7 @@ class WorkerMetrics:
             buckets=TTFT_BUCKETS,
             registry=r,
         )
-        self._labels = {"model_name": model_name}
-        self.queries = Counter(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in prompt tokens (vLLM-compatible).",
-            ["model_name"],
-            registry=r,
-        ).labels(**self._labels)
-        self.token_hits = Counter(
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in cached prompt tokens (vLLM-compatible).",
-            ["model_name"],
-            registry=r,
-        ).labels(**self._labels)
+        self.queries, self.token_hits = _vllm_prefix_counters(r, model_name)
         self.cache_bytes = Gauge("kv_cache_bytes", "KV bytes held by cache entries.", registry=r)
         self.cache_capacity = Gauge("kv_cache_capacity_bytes", "KV byte budget.", registry=r)
         self.cache_entries = Gauge("kv_cache_entries", "Cached prefixes.", registry=r)
@@ -155,6 +144,18 @@ class WorkerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _vllm_prefix_counters(r: CollectorRegistry, model_name: str) -> tuple[Any, Any]:
+    """vLLM's prefix-cache counters (queried and hit prompt tokens) for one model."""
+    model = {"model_name": model_name}
+    queries = Counter("vllm:prefix_cache_queries",
+                      "Prefix cache queries, in prompt tokens (vLLM-compatible).",
+                      ["model_name"], registry=r).labels(**model)
+    hits = Counter("vllm:prefix_cache_hits",
+                   "Prefix cache hits, in cached prompt tokens (vLLM-compatible).",
+                   ["model_name"], registry=r).labels(**model)
+    return queries, hits
 
 
 class NamedMetrics:
