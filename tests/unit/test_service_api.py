@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -26,10 +27,10 @@ from workers.commands import parse_command
 from workers.engines.remote import (
     RemoteError,
     cached_from_usage,
-    kv_bytes_per_token,
     parse_sse,
     prometheus_counter,
 )
+from workers.kv_sizing import kv_bytes_per_token
 from workers.metrics import Served, WorkerMetrics
 
 LIMITS = Limits(max_prompt_tokens=100, max_tokens=20, context_tokens=110, vocab_size=1000)
@@ -239,8 +240,10 @@ def test_kv_bytes_per_token_from_an_hf_config() -> None:
         "num_key_value_heads": 3,
         "hidden_size": 576,
     }
-    assert kv_bytes_per_token(config, "bfloat16") == 2 * 30 * 3 * 64 * 2
-    assert kv_bytes_per_token({"text_config": config}, "float32") == 2 * 30 * 3 * 64 * 4
+    assert kv_bytes_per_token(config, 2) == 2 * 30 * 3 * 64 * 2
+    assert kv_bytes_per_token({"text_config": config}, 4) == 2 * 30 * 3 * 64 * 4
+    # The same function reads a config object (the torch and vLLM engines pass one).
+    assert kv_bytes_per_token(SimpleNamespace(**config), 2) == 2 * 30 * 3 * 64 * 2
 
 
 # -- metrics --------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 
-from workers.cache import PrefixCache
 from workers.engines.base import (
     GenerationResult,
     GenerationStep,
@@ -27,14 +26,11 @@ from workers.engines.base import (
     ServerKVEngine,
     keep_by_prefill,
 )
-from workers.memory import LARGE_WARM_SHARE, Budget
+from workers.kv_sizing import DTYPE_BYTES, cache_for, kv_bytes_per_token
 from workers.settings import WorkerSettings
 
 QUERIES = ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")
 HITS = ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
-
-
 def prometheus_counter(text: str, names: Sequence[str]) -> float | None:
     """Sum over labels of the first counter in `names` present in a Prometheus exposition."""
     for name in names:
@@ -77,14 +73,6 @@ class RemoteError(RuntimeError):
     """The server refused a request or could not be reached."""
 
 
-def kv_bytes_per_token(config: dict[str, Any], dtype: str = "auto") -> int:
-    """KV bytes per token of an HF config (`config.json`), in the server's precision."""
-    cfg = config.get("text_config", config)
-    heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    return 2 * cfg["num_hidden_layers"] * heads * head_dim * _DTYPE_BYTES[dtype]
-
-
 class RemoteEngine(ServerKVEngine):
     """Engine protocol over an OpenAI-compatible server; calls are synchronous (httpx)."""
 
@@ -108,17 +96,7 @@ class RemoteEngine(ServerKVEngine):
         self.max_model_len = max_model_len
         self.vocab_size = len(tokenizer)
         self.kv_bytes_per_token = kv_bytes_per_token
-        budget = Budget(
-            max_bytes=settings.kv_bytes,
-            max_entries=settings.max_entries,
-            warm_bytes=int(settings.kv_bytes * LARGE_WARM_SHARE),
-        )
-        self.cache = PrefixCache(
-            budget,
-            policy=settings.eviction_policy,
-            default_ttl_s=settings.ttl_s,
-            block_size=settings.block_size,
-        )
+        self.cache = cache_for(settings, None)
         self._held: dict[str, int] = {}
         # Learned from the first answer: does the server put cached_tokens in usage?
         self._usage_reports_cache: bool | None = None
@@ -269,7 +247,7 @@ def connect_remote_engine(
         tokenizer,
         model_id=settings.model_id or card["id"],
         served_model=card["id"],
-        kv_bytes_per_token=kv_bytes_per_token(config, settings.dtype),
+        kv_bytes_per_token=kv_bytes_per_token(config, DTYPE_BYTES.get(settings.dtype, 2)),
         max_model_len=int(card.get("max_model_len") or config.get("max_position_embeddings", 4096)),
         settings=settings,
     )

@@ -23,7 +23,7 @@ from workers.engines.base import (
     Request,
 )
 from workers.engines.kv_blocks import KV, BlockKV, chain_cache, cut_blocks, join
-from workers.memory import plan_budget
+from workers.kv_sizing import cache_for, kv_bytes_per_token
 from workers.settings import WorkerSettings
 
 # Context length assumed when the model config names none.
@@ -128,10 +128,7 @@ class TorchEngine(PrefixEngine[Pending]):
 
     @property
     def kv_bytes_per_token(self) -> int:
-        cfg = self.model.config.get_text_config(decoder=True)
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return 2 * cfg.num_hidden_layers * heads * head_dim * self.model.dtype.itemsize
+        return kv_bytes_per_token(self.model.config, self.model.dtype.itemsize)
 
     # -- cache -----------------------------------------------------------------------
 
@@ -306,13 +303,7 @@ class _TextStream:
 
 
 def _default_cache(device: str, settings: WorkerSettings) -> PrefixCache:
-    budget = plan_budget(device_memory(device), settings.kv_bytes, max_entries=settings.max_entries)
-    return PrefixCache(
-        budget,
-        policy=settings.eviction_policy,
-        default_ttl_s=settings.ttl_s,
-        block_size=settings.block_size,
-    )
+    return cache_for(settings, device_memory(device))
 
 
 def _layers(past: DynamicCache) -> list[DynamicLayer]:

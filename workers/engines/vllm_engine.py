@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from workers.cache import CacheEntry, PrefixCache
+from workers.cache import CacheEntry
 from workers.engines.base import (
     GenerationResult,
     GenerationStep,
@@ -25,7 +25,7 @@ from workers.engines.base import (
     ServerKVEngine,
     keep_by_prefill,
 )
-from workers.memory import plan_budget
+from workers.kv_sizing import cache_for, kv_bytes_per_token
 from workers.settings import WorkerSettings
 
 NEEDS = "needs vllm and a CUDA device"
@@ -77,15 +77,12 @@ class VllmEngine(ServerKVEngine):
         model_config = llm.llm_engine.model_config
         self.max_model_len = int(model_config.max_model_len)
         self.vocab_size = len(self.tokenizer)
-        self.kv_bytes_per_token = _kv_bytes_per_token(model_config)
+        self.kv_bytes_per_token = kv_bytes_per_token(
+            model_config.hf_config, model_config.dtype.itemsize
+        )
         kv_cap = min(settings.kv_bytes, self._pool_bytes(llm) or settings.kv_bytes)
         total = int(torch.cuda.mem_get_info()[1])
-        self.cache = PrefixCache(
-            plan_budget(total, kv_cap, max_entries=settings.max_entries),
-            policy=settings.eviction_policy,
-            default_ttl_s=settings.ttl_s,
-            block_size=settings.block_size,
-        )
+        self.cache = cache_for(settings, total, kv_cap)
         self._held: dict[str, int] = {}
         self._ids = itertools.count()
 
@@ -200,11 +197,3 @@ class _Run:
             total_s=time.perf_counter() - self.start,
             finish_reason="length" if finish_reason == "length" else "stop",
         )
-
-
-def _kv_bytes_per_token(model_config: Any) -> int:
-    cfg = model_config.hf_config
-    cfg = getattr(cfg, "get_text_config", lambda: cfg)()
-    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return 2 * cfg.num_hidden_layers * heads * head_dim * model_config.dtype.itemsize
