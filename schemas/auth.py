@@ -42,12 +42,14 @@ class KeyRing:
     def __init__(
         self, operator_key: str | None = None, tenant_keys: Mapping[str, str] | None = None
     ) -> None:
-        keys = [(_digest(operator_key), None)] if operator_key else []
+        keys: list[tuple[bytes, str | None]] = (
+            [(_digest(operator_key), None)] if operator_key else []
+        )
         for tenant, key in (tenant_keys or {}).items():
             if not key:
                 raise ValueError(f"tenant {tenant!r}: empty key")
             keys.append((_digest(key), None if tenant == ALL_TENANTS else tenant))
-        self._keys: list[tuple[bytes, str | None]] = keys
+        self._keys = keys
 
     @property
     def enabled(self) -> bool:
