@@ -68,10 +68,13 @@ class RagService:
                                block_size=self.block_size)
 
     def index(self, change: KbChange) -> dict[str, str] | None:
-        result = self.indexer.index_document(change)
-        if not result.applied:
-            return None
-        return {c.chunk_id: c.content_hash for c in result.chunks}
+        return self.index_many([change])[0]
+
+    def index_many(self, changes: Sequence[KbChange]) -> list[dict[str, str] | None]:
+        return [
+            {c.chunk_id: c.content_hash for c in r.chunks} if r.applied else None
+            for r in self.indexer.index_documents(changes)
+        ]
 
     def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
         hits = self.retriever.retrieve(question, tenant).chunks

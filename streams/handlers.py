@@ -131,14 +131,27 @@ def warm_op(
 
 
 async def on_kb_change(p: HandlerDeps, change: KbChange) -> None:
+    if stale_in_table(p, change):
+        await apply_indexed(p, change, None)
+        return
+    await apply_indexed(p, change, await p.blocking(p.rag.index, change))
+
+
+def stale_in_table(p: HandlerDeps, change: KbChange) -> bool:
+    """Whether the docs table already holds a newer version (a replay): nothing to index."""
+    prior_raw = p.tables.docs.get(doc_key(change.tenant, change.doc_id))
+    return change.is_stale(DocState.model_validate(prior_raw).version if prior_raw else None)
+
+
+async def apply_indexed(
+    p: HandlerDeps, change: KbChange, new_chunks: dict[str, str] | None
+) -> None:
+    """Record an indexed change and send an op per dependent prefix; `new_chunks` is what
+    indexing returned (None: older than the table, or the store holds a newer version)."""
     key = doc_key(change.tenant, change.doc_id)
     prior_raw = p.tables.docs.get(key)
     prior = DocState.model_validate(prior_raw) if prior_raw else None
-    if change.is_stale(prior.version if prior else None):
-        p.stats["stale_events"] += 1
-        return
-    new_chunks = await p.blocking(p.rag.index, change)
-    if new_chunks is None:  # the store holds a newer version than our table (a replay)
+    if new_chunks is None or change.is_stale(prior.version if prior else None):
         p.stats["stale_events"] += 1
         return
     links = p.tables.doc_prefixes.get(key) or {}

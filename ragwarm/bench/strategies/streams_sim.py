@@ -52,6 +52,9 @@ class IndexedOnce:
             return None
         return {c.chunk_id: c.content_hash for c in r.chunks}
 
+    def index_many(self, changes: Sequence[KbChange]) -> list[dict[str, str] | None]:
+        return [self.index(c) for c in changes]
+
     def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
         return self.rag.prefix_for_question(question, tenant)
 
