@@ -49,7 +49,9 @@ class RagService:
 
         rag = rag or RagSettings()
         tokenizer = load_tokenizer(llm_dir(models=models))
-        embedder = load_embedder(models, batch_size=rag.embed_batch_size)
+        embedder = load_embedder(
+            models, rag.embed_batch_size, rag.embed_precision, rag.embed_threads
+        )
         store = ChunkStore.open(qdrant or qdrant_settings(), rag.collection, embedder.dim)
         return cls(
             store,
