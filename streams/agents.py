@@ -19,7 +19,7 @@ from schemas import KbChange, WarmupCommand, encode
 from schemas.topics import kb_key
 from streams import batch, faults, handlers
 from streams.handlers import HandlerDeps
-from streams.records import DocLink, PrefixOp
+from streams.records import DocLink, PrefixOp, ReadyRewarm
 from streams.routes import ROUTES, Route
 from streams.topics import Topics
 
@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 class KafkaOutbox:
     """The handlers' outbox on the app's topics, keyed so each table keeps its partition."""
 
-    def __init__(self, topics: Topics) -> None:
+    def __init__(self, topics: Topics, partitions: int) -> None:
         self.topics = topics
+        self.partitions = partitions
 
     async def op(self, op: PrefixOp) -> None:
         await self.topics.prefix_ops.send(
@@ -44,6 +45,12 @@ class KafkaOutbox:
 
     async def command(self, cmd: WarmupCommand) -> None:
         await self.topics.commands.send(key=(cmd.prefix_hash or "").encode(), value=encode(cmd))
+
+    async def ready(self, req: ReadyRewarm) -> None:
+        n = self.partitions
+        for k in range(n):
+            one = req.model_copy(update={"partition": k, "partitions": n})
+            await self.topics.worker_ready.send(value=one.model_dump_json().encode(), partition=k)
 
 
 class RecordRunner:
@@ -165,6 +172,13 @@ def _as_current(event: faust.EventT):
 def _origin(event: faust.EventT) -> faults.Origin:
     msg = event.message
     return faults.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition the producer's default partitioner gives `key` (murmur2, as Kafka's)."""
+    from aiokafka.partitioner import murmur2
+
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 def register_agents(app: faust.App, topics: Topics, p: HandlerDeps) -> None:

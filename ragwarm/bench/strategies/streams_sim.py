@@ -17,14 +17,14 @@ from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
 from streams import handlers
 from streams.hot import HotTracker
 from streams.ports import WarmPrefix
-from streams.records import DocLink, PrefixOp
+from streams.records import DocLink, PrefixOp, ReadyRewarm
 from streams.routes import route_for
 
 if TYPE_CHECKING:
     from rag.index import IndexResult
     from ragwarm.bench.strategies.policies import PolicyRag
 
-Item = PrefixOp | DocLink | WorkerEvent | KbChange | QueryEvent
+Item = PrefixOp | DocLink | WorkerEvent | KbChange | QueryEvent | ReadyRewarm
 
 
 def run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -83,6 +83,9 @@ class SimOutbox:
 
     async def command(self, cmd: WarmupCommand) -> None:
         self.policy.ctx.worker.apply(cmd)
+
+    async def ready(self, req: ReadyRewarm) -> None:
+        self.queue.append(req)  # one process holds every partition
 
 
 class StreamsPolicy(Policy):
