@@ -92,7 +92,7 @@ class StreamsSettings(BaseSettings):
         "local index lacks or holds at an older version than the docs table."
     )
     kb_batch_max: int = Field(
-        default=64, ge=1, le=4096,
+        default=32, ge=1, le=4096,
         description="Most KB changes indexed together (their new chunks embedded in one go).",
     )
     kb_batch_within_s: float = Field(
