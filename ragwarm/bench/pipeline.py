@@ -184,9 +184,14 @@ class Prompts:
 
         from schemas.prefix import prefix_chain
 
-        rows = httpx.post(
-            f"{self.url}/ragwarm/retrieve", json={"question": question}, timeout=60
-        ).json()["chunks"]
+        reply = httpx.post(
+            f"{self.url}/ragwarm/retrieve",
+            json={"question": question, "tenant": "default"},  # retrieval names its tenant
+            timeout=60,
+        )
+        if reply.status_code != 200:
+            raise RuntimeError(f"retrieve answered {reply.status_code}: {reply.text}")
+        rows = reply.json()["chunks"]
         prompt = self.builder.build([SimpleNamespace(**r) for r in rows], question)
         chain = prefix_chain(prompt.prefix_ids, tenant="default", model=self.model)
         event = QueryEvent(
