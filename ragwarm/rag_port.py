@@ -49,7 +49,9 @@ class RagService:
 
         rag = rag or RagSettings()
         tokenizer = load_tokenizer(llm_dir(models=models))
-        embedder = load_embedder(models, batch_size=rag.embed_batch_size)
+        embedder = load_embedder(
+            models, rag.embed_batch_size, rag.embed_precision, rag.embed_threads
+        )
         store = ChunkStore.open(qdrant or qdrant_settings(), rag.collection, embedder.dim)
         return cls(
             store,
@@ -68,10 +70,13 @@ class RagService:
                                block_size=self.block_size)
 
     def index(self, change: KbChange) -> dict[str, str] | None:
-        result = self.indexer.index_document(change)
-        if not result.applied:
-            return None
-        return {c.chunk_id: c.content_hash for c in result.chunks}
+        return self.index_many([change])[0]
+
+    def index_many(self, changes: Sequence[KbChange]) -> list[dict[str, str] | None]:
+        return [
+            {c.chunk_id: c.content_hash for c in r.chunks} if r.applied else None
+            for r in self.indexer.index_documents(changes)
+        ]
 
     def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
         hits = self.retriever.retrieve(question, tenant).chunks

@@ -8,15 +8,18 @@ when the retry budget is spent. The handlers (`streams/handlers.py`) hold what t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import weakref
 
 import faust
+from faust.streams import _current_event
 
-from schemas import WarmupCommand, encode
+from schemas import KbChange, WarmupCommand, encode
 from schemas.topics import kb_key
-from streams import faults, handlers
+from streams import batch, faults, handlers
 from streams.handlers import HandlerDeps
-from streams.records import DocLink, PrefixOp
+from streams.records import DocLink, PrefixOp, ReadyRewarm
 from streams.routes import ROUTES, Route
 from streams.topics import Topics
 
@@ -26,8 +29,9 @@ log = logging.getLogger(__name__)
 class KafkaOutbox:
     """The handlers' outbox on the app's topics, keyed so each table keeps its partition."""
 
-    def __init__(self, topics: Topics) -> None:
+    def __init__(self, topics: Topics, partitions: int) -> None:
         self.topics = topics
+        self.partitions = partitions
 
     async def op(self, op: PrefixOp) -> None:
         await self.topics.prefix_ops.send(
@@ -42,6 +46,12 @@ class KafkaOutbox:
     async def command(self, cmd: WarmupCommand) -> None:
         await self.topics.commands.send(key=(cmd.prefix_hash or "").encode(), value=encode(cmd))
 
+    async def ready(self, req: ReadyRewarm) -> None:
+        n = self.partitions
+        for k in range(n):
+            one = req.model_copy(update={"partition": k, "partitions": n})
+            await self.topics.worker_ready.send(value=one.model_dump_json().encode(), partition=k)
+
 
 class RecordRunner:
     """Runs one route's handler on each record: decode, wait for the index if needed,
@@ -55,14 +65,18 @@ class RecordRunner:
 
     async def process(self, event: faust.EventT) -> None:
         msg = event.message
-        origin = faults.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
         try:
             record = self.route.decode(msg.value)
         except Exception as exc:  # noqa: BLE001 - decoding fails the same way every time
-            await self.dead_letter(origin, exc, "")
+            await self.dead_letter(_origin(event), exc, "")
             return
         if self.route.after_index_recovery:
             await self.p.readiness.index.wait()
+        await self.run(event, lambda: self.route.handle(self.p, record))
+
+    async def run(self, event: faust.EventT, handle) -> None:
+        """`handle()` with retries; dead-letter `event` when it cannot be handled."""
+        msg = event.message
 
         def on_retry(exc: BaseException, attempts: int, delay: float) -> None:
             self.p.stats["retries"] += 1
@@ -71,14 +85,13 @@ class RecordRunner:
                 msg.topic, msg.partition, msg.offset, faults.reason_of(exc)[0], delay, attempts,
             )
 
-        handle = self.route.handle
-        error = await faults.retry(lambda: handle(self.p, record), self.backoff, on_retry)
+        error = await faults.retry(handle, self.backoff, on_retry)
         if error is not None:
             if not faults.is_permanent(error):
                 self.p.stats["transient_dead_letters"] += 1
                 log.error("%s: retries exhausted", self.route.agent, exc_info=error)
             prefix = "" if faults.is_permanent(error) else "transient failure, retries exhausted: "
-            await self.dead_letter(origin, error, prefix)
+            await self.dead_letter(_origin(event), error, prefix)
 
     async def dead_letter(self, origin: faults.Origin, exc: BaseException, prefix: str) -> None:
         """Send the dead letter, retrying until it is sent: the record's offset is committed
@@ -101,10 +114,91 @@ class RecordRunner:
         )
 
 
+class KbBatchRunner:
+    """KB changes in batches: index them together (retried as one), then record each with
+    Faust's current event set to it, so every table write goes to the changelog partition
+    of its own record, as it would one record at a time. A batch that cannot be indexed
+    falls back to one record at a time (so only a bad record is dead-lettered)."""
+
+    def __init__(self, one: RecordRunner) -> None:
+        self.one, self.p = one, one.p
+
+    async def process(self, events: list[faust.EventT]) -> None:
+        decoded: list[tuple[faust.EventT, object]] = []
+        for event in events:
+            try:
+                decoded.append((event, self.one.route.decode(event.message.value)))
+            except Exception:  # noqa: BLE001 - the single runner dead-letters it
+                with _as_current(event):
+                    await self.one.process(event)
+        if not decoded:
+            return
+        await self.p.readiness.index.wait()
+        changes = [change for _, change in decoded]
+        results: list = []
+
+        async def index() -> None:
+            results[:] = await batch.index_batch(self.p, changes)
+
+        if await faults.retry(index, self.one.backoff, self._on_retry) is not None:
+            self.p.stats["kb_batch_fallbacks"] += 1
+            for event, _ in decoded:
+                with _as_current(event):
+                    await self.one.process(event)
+            return
+        self.p.stats["kb_batches"] += 1
+        for (event, change), chunks in zip(decoded, results, strict=True):
+            with _as_current(event):
+                await self.one.run(event, lambda c=change, n=chunks: self._apply(c, n))
+
+    async def _apply(self, change, chunks) -> None:
+        await handlers.apply_indexed(self.p, change, chunks)
+
+    def _on_retry(self, exc: BaseException, attempts: int, delay: float) -> None:
+        self.p.stats["retries"] += 1
+        log.warning("KB batch: %s; retrying in %.1f s", faults.reason_of(exc)[0], delay)
+
+
+@contextlib.contextmanager
+def _as_current(event: faust.EventT):
+    """Faust routes a table write to the changelog partition of the current event."""
+    token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
+
+
+def _origin(event: faust.EventT) -> faults.Origin:
+    msg = event.message
+    return faults.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition the producer's default partitioner gives `key` (murmur2, as Kafka's)."""
+    from aiokafka.partitioner import murmur2
+
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
 def register_agents(app: faust.App, topics: Topics, p: HandlerDeps) -> None:
     for route in ROUTES:
-        _agent(app, getattr(topics, route.topic), RecordRunner(p, topics, route))
+        runner = RecordRunner(p, topics, route)
+        if route.record is KbChange:
+            _batch_agent(app, getattr(topics, route.topic), KbBatchRunner(runner))
+        else:
+            _agent(app, getattr(topics, route.topic), runner)
     _timers(app, p)
+
+
+def _batch_agent(app: faust.App, topic: faust.TopicT, runner: KbBatchRunner) -> None:
+    s = runner.p.settings
+
+    async def agent(stream):
+        async for events in stream.take_events(s.kb_batch_max, within=s.kb_batch_within_s):
+            await runner.process(list(events))
+
+    app.agent(topic, name=runner.one.route.agent)(agent)
 
 
 def _agent(app: faust.App, topic: faust.TopicT, runner: RecordRunner) -> None:

@@ -22,7 +22,15 @@ from schemas.signing import authentic
 from streams import logic
 from streams.hot import HotPayload, HotTracker
 from streams.ports import RagPort, WarmPrefix
-from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState, doc_key
+from streams.records import (
+    DocLink,
+    DocState,
+    PrefixOp,
+    PrefixState,
+    ReadyRewarm,
+    WorkerState,
+    doc_key,
+)
 from streams.settings import StreamsSettings
 
 Table = MutableMapping[str, Any]
@@ -40,6 +48,9 @@ class Outbox(Protocol):
 
     async def command(self, cmd: WarmupCommand) -> None:
         """To `warmup.commands`, keyed by the prefix hash."""
+
+    async def ready(self, req: ReadyRewarm) -> None:
+        """To every partition of `ragwarm.worker-ready` (one request per partition)."""
 
 
 @dataclass
@@ -90,6 +101,8 @@ class HandlerDeps:
     # The hot-tick timer and a worker's `ready` both re-plan the hot set; one at a time.
     hot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     readiness: Readiness = field(default_factory=Readiness)
+    # The partition of a table key among n (the producer's partitioner in the app).
+    partition_of: Callable[[str, int], int] = field(default=lambda key, n: 0)
 
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:
@@ -131,14 +144,27 @@ def warm_op(
 
 
 async def on_kb_change(p: HandlerDeps, change: KbChange) -> None:
+    if stale_in_table(p, change):
+        await apply_indexed(p, change, None)
+        return
+    await apply_indexed(p, change, await p.blocking(p.rag.index, change))
+
+
+def stale_in_table(p: HandlerDeps, change: KbChange) -> bool:
+    """Whether the docs table already holds a newer version (a replay): nothing to index."""
+    prior_raw = p.tables.docs.get(doc_key(change.tenant, change.doc_id))
+    return change.is_stale(DocState.model_validate(prior_raw).version if prior_raw else None)
+
+
+async def apply_indexed(
+    p: HandlerDeps, change: KbChange, new_chunks: dict[str, str] | None
+) -> None:
+    """Record an indexed change and send an op per dependent prefix; `new_chunks` is what
+    indexing returned (None: older than the table, or the store holds a newer version)."""
     key = doc_key(change.tenant, change.doc_id)
     prior_raw = p.tables.docs.get(key)
     prior = DocState.model_validate(prior_raw) if prior_raw else None
-    if change.is_stale(prior.version if prior else None):
-        p.stats["stale_events"] += 1
-        return
-    new_chunks = await p.blocking(p.rag.index, change)
-    if new_chunks is None:  # the store holds a newer version than our table (a replay)
+    if new_chunks is None or change.is_stale(prior.version if prior else None):
         p.stats["stale_events"] += 1
         return
     links = p.tables.doc_prefixes.get(key) or {}
@@ -238,19 +264,35 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     await plan_hot(p)
     if not p.settings.track_queries:
         return
-    now = p.clock()
     per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
     # Room the hot set takes (its share at most); what it leaves unused is not kept empty.
     hot = sum(len(op.token_ids) for op in p.tracker.hot.values()) * per_token
     reserve = min(hot, int(p.settings.hot_share * event.mem_total_bytes))
     budget = event.mem_total_bytes - event.mem_used_bytes - reserve
-    tracked = [(h, PrefixState.model_validate(v)) for h, v in list(p.tables.prefixes.items()) if v]
-    counts = {h: c for h, c, _ in p.tracker.ranked(now)}
-    states = dict(tracked)
     # The hot set is keyed by the hash queries reported; its ops may name a newer prefix.
     sent = set(p.tracker.hot) | {op.prefix_hash for op in p.tracker.hot.values()}
-    chosen = logic.plan_rewarm(tracked, now, budget, per_token, sent, counts)
-    # Least used first: the worker's LRU then evicts those before the ones most in use.
+    # The tracked prefixes live in every partition of the prefixes table: each owner warms
+    # its own, within its share of the budget.
+    await p.out.ready(
+        ReadyRewarm(worker_id=event.worker_id, budget_bytes=max(0, budget), skip=sorted(sent))
+    )
+
+
+async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
+    """Warm on `req.worker_id` the tracked prefixes most used of this partition (or of every
+    local one) while they fit its share of the budget; least used first, so the worker's
+    LRU evicts those before the ones most in use (they are unpinned)."""
+    now = p.clock()
+    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    tracked = [
+        (h, PrefixState.model_validate(v))
+        for h, v in list(p.tables.prefixes.items())
+        if v and (req.partition is None or p.partition_of(h, req.partitions) == req.partition)
+    ]
+    counts = {h: c for h, c, _ in p.tracker.ranked(now)}
+    states = dict(tracked)
+    share = req.budget_bytes // max(1, req.partitions if req.partition is not None else 1)
+    chosen = logic.plan_rewarm(tracked, now, share, per_token, req.skip, counts)
     for prefix_hash in reversed(chosen):
         state = states[prefix_hash]
         await p.out.op(
@@ -259,7 +301,7 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
                 prefix_hash=prefix_hash,
                 tenant=state.tenant,
                 chunk_refs=state.chunk_refs,
-                target_worker=event.worker_id,
+                target_worker=req.worker_id,
                 reason="worker ready",
             )
         )

@@ -73,7 +73,9 @@ def plan_kb_change(
                 op="invalidate" if changed else "extend_ttl",
                 prefix_hash=prefix_hash,
                 tenant=change.tenant,
-                chunk_refs=list(refs),
+                # An invalidation names only the stale refs: a worker drops every entry
+                # built from them, so an unchanged chunk would take valid prefixes along.
+                chunk_refs=list(changed or refs),
                 reason=_reason(change, changed),
                 origin_ts=now,
                 # Still valid, but new or edited chunks of the document may now rank in
@@ -119,7 +121,7 @@ def plan_doc_link(
         op="invalidate",
         prefix_hash=link.prefix_hash,
         tenant=link.tenant,
-        chunk_refs=link.chunk_refs,
+        chunk_refs=stale,
         reason=f"{link.doc_id} changed before the prefix was linked",
     )
     return updated, op
@@ -161,8 +163,10 @@ def plan_prefix_op(
 
 
 def _invalidate(op, state, workers, now, ttl_s) -> PrefixPlan:
-    refs = state.chunk_refs if state else op.chunk_refs
+    # The stale refs only: every entry built from one is stale (whatever its prefix), but
+    # another prefix that shares one of this prefix's unchanged chunks is still valid.
     # Broadcast: any worker may hold it (a reactive cache or a previous placement).
+    refs = op.chunk_refs
     cmd = WarmupCommand(
         command_id=command_id(),
         op="invalidate",

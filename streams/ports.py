@@ -23,6 +23,9 @@ class RagPort(Protocol):
     def index(self, change: KbChange) -> dict[str, str] | None:
         """Apply the change to the store; chunk_id -> hash after it, None if it was older."""
 
+    def index_many(self, changes: Sequence[KbChange]) -> list[dict[str, str] | None]:
+        """`index` for each change in order, embedding the new chunks of all together."""
+
     def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
         """Retrieve the top-k for `question` now and build its canonical prefix."""
 

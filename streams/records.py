@@ -108,3 +108,15 @@ class DocLink(_Record):
     prefix_hash: str
     chunk_refs: list[ChunkRef] = Field(default_factory=list)
     link: bool = True
+
+
+class ReadyRewarm(_Record):
+    """A ready worker's re-warm, sent once to each partition of `ragwarm.worker-ready`: the
+    instance owning that partition of the prefixes table warms its tracked prefixes on it.
+    `partition` None (the in-process simulation): every prefix the handler holds."""
+
+    worker_id: str
+    budget_bytes: int
+    partition: int | None = None
+    partitions: int = 1
+    skip: list[str] = Field(default_factory=list)

@@ -12,7 +12,7 @@ from typing import Any
 
 from schemas import KbChange, QueryEvent, WorkerEvent, decode
 from streams import handlers
-from streams.records import DocLink, PrefixOp
+from streams.records import DocLink, PrefixOp, ReadyRewarm
 
 Handler = Callable[[handlers.HandlerDeps, Any], Awaitable[None]]
 
@@ -51,6 +51,10 @@ ROUTES: tuple[Route, ...] = (
         handlers.on_worker_event,
     ),
     Route(QueryEvent, "queries", "ragwarm.token-frequency", _event(QueryEvent), handlers.on_query),
+    Route(
+        ReadyRewarm, "worker_ready", "ragwarm.worker-ready", _record(ReadyRewarm),
+        handlers.on_ready_rewarm,
+    ),
 )
 
 BY_TYPE: dict[type, Route] = {r.record: r for r in ROUTES}

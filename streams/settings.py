@@ -91,6 +91,14 @@ class StreamsSettings(BaseSettings):
         default=True, description="On start, re-index from kb.changes the documents the "
         "local index lacks or holds at an older version than the docs table."
     )
+    kb_batch_max: int = Field(
+        default=32, ge=1, le=4096,
+        description="Most KB changes indexed together (their new chunks embedded in one go).",
+    )
+    kb_batch_within_s: float = Field(
+        default=0.05, gt=0, le=10,
+        description="How long a KB batch waits for more changes before it is indexed.",
+    )
 
     # -- security (issue 13)
     api_key: SecretStr | None = Field(

@@ -10,6 +10,7 @@ from schemas import topics as names
 
 PREFIX_OPS = "ragwarm.prefix-ops"
 DOC_LINKS = "ragwarm.doc-links"
+WORKER_READY = "ragwarm.worker-ready"
 
 
 @dataclass
@@ -21,6 +22,7 @@ class Topics:
     deadletter: faust.TopicT
     prefix_ops: faust.TopicT
     doc_links: faust.TopicT
+    worker_ready: faust.TopicT
 
 
 def define_topics(app: faust.App, partitions: int, prefix: str = "") -> Topics:
@@ -46,4 +48,6 @@ def define_topics(app: faust.App, partitions: int, prefix: str = "") -> Topics:
         # Internal topics are keyed by the key of the table their consumer writes.
         prefix_ops=raw(prefix + PREFIX_OPS, partitions=partitions, internal=True),
         doc_links=raw(prefix + DOC_LINKS, partitions=partitions, internal=True),
+        # Co-partitioned with the prefixes table: partition k reaches the owner of its k.
+        worker_ready=raw(prefix + WORKER_READY, partitions=partitions, internal=True),
     )

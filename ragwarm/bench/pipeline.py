@@ -19,8 +19,8 @@ import httpx
 from ragwarm.bench.stats import percentile
 from ragwarm.settings import REPO_ROOT, HomeSettings, KafkaSettings, ModelSettings
 from ragwarm.stack.procs import Proc
-from schemas import KbChange, QueryEvent, WorkerEvent, decode, encode
-from schemas.topics import KB_CHANGES, RAG_QUERIES, WORKER_EVENTS, prefixed
+from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent, decode, encode
+from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS, prefixed
 
 DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
 
@@ -60,13 +60,16 @@ class Bench:
             env | {"RAGWARM_WORKER_HEARTBEAT_S": "1", "RAGWARM_WORKER_CACHE_REQUESTS": "false"},
         )
         self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        # Worker events, and the commands the app sends (their stage of event-to-warm).
         self.events = KafkaConsumer(
             self.prefix + WORKER_EVENTS,
+            self.prefix + WARMUP_COMMANDS,
             bootstrap_servers=bootstrap,
             auto_offset_reset="earliest",
             consumer_timeout_ms=100,
         )
         self.seen: list[tuple[float, WorkerEvent]] = []
+        self.commands: list[tuple[float, WarmupCommand]] = []
 
     def counters(self) -> dict:
         return httpx.get(f"{self.streams_url}/ragwarm/stats", timeout=10).json()["counters"]
@@ -76,7 +79,20 @@ class Bench:
 
     def poll_events(self) -> None:
         for message in self.events:
-            self.seen.append((time.time(), decode(message.value, WorkerEvent)))
+            if message.topic.endswith(WORKER_EVENTS):
+                self.seen.append((time.time(), decode(message.value, WorkerEvent)))
+            else:  # sent by the app: its own timestamp (same host clock)
+                cmd = decode(message.value, WarmupCommand)
+                self.commands.append((message.timestamp / 1000, cmd))
+
+    def command_at(self, op: str, after: float, prefix_hash: str | None = None) -> float | None:
+        """When the app sent the first `op` command after `after` (for `prefix_hash`)."""
+        times = [
+            at
+            for at, cmd in self.commands
+            if at >= after and cmd.op == op and prefix_hash in (None, cmd.prefix_hash)
+        ]
+        return min(times, default=None)
 
     def wait_event(self, kind: str, prefix_hash: str, after: float, timeout_s: float) -> float:
         deadline = time.monotonic() + timeout_s
@@ -86,6 +102,12 @@ class Bench:
                 if at >= after and event.kind == kind and event.prefix_hash == prefix_hash:
                     return at
         raise TimeoutError(f"no {kind} event for {prefix_hash[:12]} within {timeout_s} s")
+
+    def stored_refs(self, prefix_hash: str) -> list:
+        """The chunk refs of the last `stored` event for `prefix_hash`."""
+        self.poll_events()
+        stored = [e for _, e in self.seen if e.kind == "stored" and e.prefix_hash == prefix_hash]
+        return list(stored[-1].chunk_refs) if stored else []
 
     def rate(self, keys: tuple[str, ...], total: int, timeout_s: float) -> float:
         """Events per second between the first and the last processed, from the app's counters."""
@@ -152,7 +174,9 @@ class Prompts:
         from ragwarm.models import llm_dir, load_tokenizer
 
         self.url = streams_url
-        self.builder = PromptBuilder(load_tokenizer(llm_dir()), RagSettings().system_prompt)
+        self.rag = RagSettings()
+        self.tokenizer = load_tokenizer(llm_dir())
+        self.builder = PromptBuilder(self.tokenizer, self.rag.system_prompt)
         self.model = ModelSettings().llm_name
 
     def query_event(self, question: str) -> tuple[QueryEvent, list[dict]]:
@@ -160,9 +184,14 @@ class Prompts:
 
         from schemas.prefix import prefix_chain
 
-        rows = httpx.post(
-            f"{self.url}/ragwarm/retrieve", json={"question": question}, timeout=60
-        ).json()["chunks"]
+        reply = httpx.post(
+            f"{self.url}/ragwarm/retrieve",
+            json={"question": question, "tenant": "default"},  # retrieval names its tenant
+            timeout=60,
+        )
+        if reply.status_code != 200:
+            raise RuntimeError(f"retrieve answered {reply.status_code}: {reply.text}")
+        rows = reply.json()["chunks"]
         prompt = self.builder.build([SimpleNamespace(**r) for r in rows], question)
         chain = prefix_chain(prompt.prefix_ids, tenant="default", model=self.model)
         event = QueryEvent(
@@ -174,57 +203,101 @@ class Prompts:
         )
         return event, rows
 
+    def chunk_hashes(self, doc_id: str, text: str) -> dict[str, str]:
+        """chunk_id -> content hash of `text` as the app's indexer will chunk it."""
+        from rag.chunking import chunk_document
+
+        chunks = chunk_document(
+            doc_id, text, self.tokenizer, self.rag.chunk_tokens, self.rag.chunk_overlap
+        )
+        return {c.chunk_id: c.content_hash for c in chunks}
+
 
 def edit_inside(text: str, chunk_text: str, n: int) -> str | None:
     """`text` with a sentence added to a line of `chunk_text` (so that chunk changes)."""
+    return next(edits_inside(text, chunk_text, n), None)
+
+
+def edits_inside(text: str, chunk_text: str, n: int):
+    """Each way to add a sentence to a line of `chunk_text` in `text` (the first occurrence
+    of the line, which may lie in another chunk: the caller checks which chunk changed)."""
     for line in chunk_text.splitlines():
         if len(line) > 30 and line in text:
-            return text.replace(line, f"{line} (Edit {n} for the pipeline benchmark.)", 1)
+            yield text.replace(line, f"{line} (Edit {n} for the pipeline benchmark.)", 1)
+
+
+def warm_chunk_edit(
+    prompts: Prompts, latest: dict[str, KbChange], held: list, rows: list[dict], n: int
+) -> tuple[KbChange, ChunkRef] | None:
+    """An edit that changes a chunk of the prefix the worker holds (`held`, its refs),
+    checked by chunking the edited text as the app will; None when there is none."""
+    texts = {(r["chunk_id"], r["content_hash"]): r["text"] for r in rows}
+    for ref in held:
+        doc_id = ref.chunk_id.rpartition("#")[0]
+        chunk_text = texts.get((ref.chunk_id, ref.content_hash))
+        if doc_id not in latest or chunk_text is None:
+            continue
+        for text in edits_inside(latest[doc_id].text or "", chunk_text, n):
+            if prompts.chunk_hashes(doc_id, text).get(ref.chunk_id) != ref.content_hash:
+                return KbChange(op="upsert", doc_id=doc_id, version=0, text=text), ref
     return None
 
 
 def measure_event_to_warm(
     b: Bench, latest: dict[str, KbChange], questions: list[str], edits: int
-) -> list[float]:
+) -> list[dict[str, float]]:
+    """Per edit, ms from producing the KB change to each stage: `indexed` (the app's first
+    invalidate command), `sent` (its prefill of the new prefix), `warm` (the worker's
+    `stored` event)."""
     prompts = Prompts(b.streams_url)
-    warm: list[tuple[str, QueryEvent]] = []
+    warm: list[tuple[str, str]] = []  # (question, the prefix the worker holds for it)
     for question in questions:
         event, _ = prompts.query_event(question)
         for _ in range(3):
             b.send(RAG_QUERIES, "default", encode(event))
         b.producer.flush()
         b.wait_event("stored", event.prefix_hash, 0.0, 120)
-        warm.append((question, event))
+        warm.append((question, event.prefix_hash))
     b.say(f"{len(warm)} hot prefixes warm; applying {edits} edits")
-    latencies: list[float] = []
+    stages: list[dict[str, float]] = []
     version = max(c.version for c in latest.values()) + 1
     for n in range(edits):
-        question, _ = warm[n % len(warm)]
+        question, held_hash = warm[n % len(warm)]
         _, rows = prompts.query_event(question)
-        row = next((r for r in rows if r["doc_id"] in latest), None)
-        text = row and edit_inside(latest[row["doc_id"]].text or "", row["text"], n)
-        if not text:
+        edit = warm_chunk_edit(prompts, latest, b.stored_refs(held_hash), rows, n)
+        if edit is None:
+            b.say(f"edit {n + 1}/{edits}: no line of its warm chunks to edit; skipped")
             continue
-        change = KbChange(op="upsert", doc_id=row["doc_id"], version=version + n, text=text)
+        change, stale = edit[0].model_copy(update={"version": version + n}), edit[1]
         t0 = time.time()
         b.send(KB_CHANGES, change.doc_id, encode(change))
         b.producer.flush()
         latest[change.doc_id] = change
-        new_hash = _wait_new_prefix(b, prompts, question, t0)
-        latencies.append((b.wait_event("stored", new_hash, t0, 60) - t0) * 1000)
-        b.say(f"edit {n + 1}/{edits}: {change.doc_id} warm again in {latencies[-1]:.0f} ms")
-    return latencies
+        new_hash = _wait_new_prefix(b, prompts, question, stale, t0)
+        warm_at = b.wait_event("stored", new_hash, t0, 60)
+        warm[n % len(warm)] = (question, new_hash)
+        stages.append(_stages(b, t0, new_hash, warm_at))
+        b.say(f"edit {n + 1}/{edits}: {change.doc_id} warm again in {stages[-1]['warm']:.0f} ms")
+    return stages
 
 
-def _wait_new_prefix(b: Bench, prompts: Prompts, question: str, t0: float) -> str:
-    """The prefix hash the question retrieves once the edit is indexed."""
+def _stages(b: Bench, t0: float, new_hash: str, warm_at: float) -> dict[str, float]:
+    indexed = b.command_at("invalidate", t0) or warm_at
+    sent = b.command_at("prefill", t0, new_hash) or warm_at
+    return {k: (at - t0) * 1000 for k, at in (("indexed", indexed), ("sent", sent),
+                                              ("warm", warm_at))}
+
+
+def _wait_new_prefix(b: Bench, prompts: Prompts, question: str, stale, t0: float) -> str:
+    """The prefix hash the question retrieves once the app has indexed the edit (it sends
+    the invalidation of the `stale` chunk ref after indexing it)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         b.poll_events()
-        if any(e.kind == "invalidated" and at >= t0 for at, e in b.seen):
+        if any(at >= t0 and stale in cmd.chunk_refs for at, cmd in b.commands):
             return prompts.query_event(question)[0].prefix_hash
         time.sleep(0.05)
-    raise TimeoutError("the edit invalidated nothing within 60 s")
+    raise TimeoutError(f"the app sent no invalidation of {stale.chunk_id} within 60 s")
 
 
 @click.command()
@@ -246,6 +319,10 @@ def _wait_new_prefix(b: Bench, prompts: Prompts, question: str, t0: float) -> st
 @click.option("--queries", type=int, default=20_000, show_default=True)
 @click.option("--hot", type=int, default=4, show_default=True, help="Hot questions to warm.")
 @click.option("--edits", type=int, default=12, show_default=True)
+@click.option(
+    "--embed-sample", type=int, default=512, show_default=True,
+    help="Chunks the embedder is timed on alone (a sample of those the trace embeds).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def pipeline(
     events: Path,
@@ -254,6 +331,7 @@ def pipeline(
     queries: int,
     hot: int,
     edits: int,
+    embed_sample: int,
     as_json: bool,
 ) -> None:
     """Token-frequency and KB-change throughput, and KB-event-to-warm latency."""
@@ -267,45 +345,73 @@ def pipeline(
         b = Bench(bootstrap, Path(tmp), say)
         create_topics(bootstrap, kafka.client_options(), prefixed(b.prefix))
         try:
-            result = run(b, events, read_questions(questions), kb_events, queries, hot, edits)
+            result = run(
+                b, events, read_questions(questions), kb_events, queries, hot, edits, embed_sample
+            )
         finally:
             b.close()
     if as_json:
         click.echo(json.dumps(result))
     else:
         for key, value in result.items():
-            click.echo(f"{key:<24}{value:>12.1f}")
+            click.echo(f"{key:<28}{'-' if value is None else f'{value:.1f}':>12}")
 
 
-def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits) -> dict:
+def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits, sample) -> dict:
+    from ragwarm.bench.embed_rate import embed_rate, embedded_chunks
+
     b.streams.start()
     b.streams.wait_healthy(300)
     changes = trace_changes(events, kb_events)
+    started = time.monotonic()
     for change in changes:
         b.send(KB_CHANGES, change.doc_id, encode(change))
     b.producer.flush()
     b.say(f"{len(changes)} KB events produced; indexing")
     kb_rate = b.rate(("kb_events", "stale_events"), len(changes), 3600)
-    b.say(f"kb {kb_rate:.1f} ev/s; starting a worker")
+    kb_seconds = time.monotonic() - started
+    b.say(f"kb {kb_rate:.1f} ev/s in {kb_seconds:.0f} s; starting a worker")
     b.worker.start()
     b.worker.wait_healthy(300)
-    latest: dict[str, KbChange] = {}
-    for change in changes:
-        if change.op == "upsert":
-            latest[change.doc_id] = change
-        else:
-            latest.pop(change.doc_id, None)
+    latest = latest_docs(changes)
     asked = [q.question for q in questions if q.doc_id in latest][:hot]
-    latencies = measure_event_to_warm(b, latest, asked, edits)
+    stages = measure_event_to_warm(b, latest, asked, edits)
     # Last: the synthetic prefixes would otherwise fill the hot set the edits rely on.
     start = b.counters().get("queries", 0)
     for event in synthetic_queries(queries, 500, seed=1):
         b.send(RAG_QUERIES, "synthetic", encode(event.model_copy(update={"tenant": "synthetic"})))
     b.producer.flush()
     query_rate = b.rate(("queries",), start + queries, 600)
+    b.worker.stop()  # the embedder alone gets the machine to itself
+    b.streams.stop()
+    texts = embedded_chunks(changes)
+    b.say(f"timing the embedder alone on {min(sample, len(texts))} of {len(texts)} chunks")
     return {
+        "streams_instances": 1,
         "query_events_per_s": round(query_rate, 1),
         "kb_events_per_s": round(kb_rate, 2),
-        "event_to_warm_ms_p50": round(percentile(latencies, 50), 1),
-        "event_to_warm_ms_p99": round(percentile(latencies, 99), 1),
+        "kb_chunks_per_s": round(len(texts) / kb_seconds, 2),
+        "embed_chunks_per_s": round(embed_rate(texts, sample), 2),
+        **stage_figures(stages),
     }
+
+
+def latest_docs(changes: list[KbChange]) -> dict[str, KbChange]:
+    latest: dict[str, KbChange] = {}
+    for change in changes:
+        if change.op == "upsert":
+            latest[change.doc_id] = change
+        else:
+            latest.pop(change.doc_id, None)
+    return latest
+
+
+def stage_figures(stages: list[dict[str, float]]) -> dict[str, float | None]:
+    """p50 and p99 of each stage of event-to-warm (None when no edit was measured)."""
+    names = {"indexed": "event_to_indexed", "sent": "event_to_commands", "warm": "event_to_warm"}
+    out: dict[str, float | None] = {}
+    for key, name in names.items():
+        values = [s[key] for s in stages]
+        for q in (50, 99):
+            out[f"{name}_ms_p{q}"] = round(percentile(values, q), 1) if values else None
+    return out

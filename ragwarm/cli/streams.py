@@ -52,7 +52,7 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     from concurrent.futures import ThreadPoolExecutor
 
     from schemas.topics import KB_CHANGES
-    from streams.agents import KafkaOutbox, register_agents
+    from streams.agents import KafkaOutbox, partition_of, register_agents
     from streams.app import create_app
     from streams.auth import install_auth
     from streams.handlers import HandlerDeps, StreamTables
@@ -72,11 +72,12 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     metrics = StreamsMetrics()
     deps = HandlerDeps(
         tables=StreamTables(**vars(tables)),
-        out=MeasuredOutbox(KafkaOutbox(topics), metrics),
+        out=MeasuredOutbox(KafkaOutbox(topics, streams.partitions), metrics),
         rag=rag_port,
         settings=streams,
         tracker=HotTracker(streams.hot_window_s, streams.hot_step_s, streams.hot_capacity),
         executor=ThreadPoolExecutor(1, thread_name_prefix="ragwarm-store"),
+        partition_of=partition_of,
     )
     register_agents(app, topics, deps)
     register_views(app, deps)
@@ -131,7 +132,8 @@ def ensure_topics(streams_app: StreamsApp, kafka: KafkaSettings) -> None:
                 {"cleanup.policy": "compact"},
             )
         )
-    for topic in (streams_app.topics.prefix_ops, streams_app.topics.doc_links):
+    internal = streams_app.topics
+    for topic in (internal.prefix_ops, internal.doc_links, internal.worker_ready):
         specs.append(TopicSpec(topic.get_topic_name(), "key", partitions))
     create_topics(kafka.servers, kafka.client_options(), specs, replicas=kafka.topic_replicas)
 

@@ -137,7 +137,7 @@ def test_plan_hot_survives_a_hot_prefix_forgotten_meanwhile(monkeypatch):
 
 
 def test_every_record_type_has_one_route():
-    assert len(BY_TYPE) == len(ROUTES) == 5
+    assert len(BY_TYPE) == len(ROUTES) == 6
     assert route_for(PrefixOp(op="warm", prefix_hash=P1)).handle is handlers.on_prefix_op
     assert route_for(DocLink(doc_id="d", prefix_hash=P1)).handle is handlers.on_doc_link
     with pytest.raises(TypeError, match="known"):

@@ -50,6 +50,8 @@ class Outbox:
         self.ops: list[PrefixOp] = []
         self.links: list[DocLink] = []
         self.commands: list[WarmupCommand] = []
+        self.readies: list = []
+        self.pipeline: handlers.HandlerDeps | None = None
 
     async def op(self, op: PrefixOp) -> None:
         self.ops.append(op)
@@ -59,6 +61,11 @@ class Outbox:
 
     async def command(self, cmd: WarmupCommand) -> None:
         self.commands.append(cmd)
+
+    async def ready(self, req) -> None:
+        """One process holding every partition: the re-warm runs here at once."""
+        self.readies.append(req)
+        await handlers.on_ready_rewarm(self.pipeline, req)
 
 
 def pipeline(port: Port, now: float = 100.0, **settings) -> tuple[handlers.HandlerDeps, Outbox]:
@@ -74,6 +81,7 @@ def pipeline(port: Port, now: float = 100.0, **settings) -> tuple[handlers.Handl
         tracker=HotTracker(600.0, 60.0),
         clock=lambda: now,
     )
+    out.pipeline = p
     return p, out
 
 

@@ -364,3 +364,34 @@ class TestLostPrefill:
         op = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32)
         plan = plan_prefix_op(op, state(), [worker("w1")], 5.0, 600.0)
         assert [c.op for c in plan.commands] == ["prefill"]
+
+
+def test_an_edit_invalidates_only_prefixes_built_from_the_changed_chunk():
+    """Issue 14, edit 8 of the default pipeline benchmark: invalidation commands carried
+    every ref of the prefix, so a worker also dropped valid prefixes sharing one of its
+    unchanged chunks; the next edit to such a prefix then invalidated nothing on any
+    worker, and nothing re-warmed it. Now a command names only the stale refs."""
+    from streams.logic import plan_doc_link
+    from workers.blocks import block_hashes
+    from workers.cache import Budget, PrefixCache
+
+    prior = DocState(version=1, chunks={"d.md#0": H1, "d.md#1": H2})
+    shared = ref("d.md#1", H2)  # unchanged; in both prefixes
+    deps = {P1: [ref("d.md#0", H1), shared]}
+    (op,) = plan_kb_change(upsert(2), prior, {"d.md#0": H3, "d.md#1": H2}, deps, 0.0).ops
+    assert op.op == "invalidate" and op.chunk_refs == [ref("d.md#0", H1)]
+    full = state(chunk_refs=[ref("d.md#0", H1), shared, ref("e.md#0", H1)])
+    (cmd,) = plan_prefix_op(op, full, [], 0.0, 60.0).commands
+    assert cmd.chunk_refs == [ref("d.md#0", H1)]
+
+    cache = PrefixCache(Budget(1000, 10, 500))
+    keys = [[("d.md#0", H1), ("d.md#1", H2)], [("d.md#1", H2), ("x.md#0", H3)]]
+    for n, refs in enumerate(keys):
+        hashes = block_hashes([n] * 16, tenant="default", model="m")
+        cache.admit(tenant="default", hashes=hashes, nbytes=1, chunk_refs=refs)
+    removed = cache.invalidate([(r.chunk_id, r.content_hash) for r in cmd.chunk_refs])
+    assert len(removed) == 1 and len(cache) == 1  # the prefix sharing d.md#1 stays
+
+    link = DocLink(doc_id="d.md", prefix_hash=P2, chunk_refs=[ref("d.md#0", H1), shared])
+    _, stale = plan_doc_link({}, link, DocState(version=2, chunks={"d.md#0": H3, "d.md#1": H2}))
+    assert stale is not None and stale.chunk_refs == [ref("d.md#0", H1)]

@@ -17,14 +17,14 @@ from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
 from streams import handlers
 from streams.hot import HotTracker
 from streams.ports import WarmPrefix
-from streams.records import DocLink, PrefixOp
+from streams.records import DocLink, PrefixOp, ReadyRewarm
 from streams.routes import route_for
 
 if TYPE_CHECKING:
     from rag.index import IndexResult
     from ragwarm.bench.strategies.policies import PolicyRag
 
-Item = PrefixOp | DocLink | WorkerEvent | KbChange | QueryEvent
+Item = PrefixOp | DocLink | WorkerEvent | KbChange | QueryEvent | ReadyRewarm
 
 
 def run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -51,6 +51,9 @@ class IndexedOnce:
         if r is None or not r.applied:
             return None
         return {c.chunk_id: c.content_hash for c in r.chunks}
+
+    def index_many(self, changes: Sequence[KbChange]) -> list[dict[str, str] | None]:
+        return [self.index(c) for c in changes]
 
     def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
         return self.rag.prefix_for_question(question, tenant)
@@ -80,6 +83,9 @@ class SimOutbox:
 
     async def command(self, cmd: WarmupCommand) -> None:
         self.policy.ctx.worker.apply(cmd)
+
+    async def ready(self, req: ReadyRewarm) -> None:
+        self.queue.append(req)  # one process holds every partition
 
 
 class StreamsPolicy(Policy):

@@ -1,0 +1,61 @@
+"""The pipeline benchmark's edit choice and figures (pure parts; the run is an integration)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rag.chunking import chunk_document
+from ragwarm.bench.pipeline import edit_inside, stage_figures, warm_chunk_edit
+from schemas import ChunkRef, KbChange
+
+
+class Words:
+    """A tokenizer of whitespace words: enough for chunking tests."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [len(w) for w in text.split()]
+
+
+class Chunker:
+    def chunk_hashes(self, doc_id: str, text: str) -> dict[str, str]:
+        return {c.chunk_id: c.content_hash for c in chunks(doc_id, text)}
+
+
+def chunks(doc_id: str, text: str):
+    return chunk_document(doc_id, text, Words(), max_tokens=40)
+
+
+# The repeated line appears first in section A: editing its first occurrence changes A's
+# chunk, not B's. That is how the default run's edit 8 changed no warm chunk.
+REPEATED = "Run the sync again with the same revision to confirm it."
+DOC = (
+    f"## A\n\n{REPEATED}\n\nSome words about section A only.\n\n"
+    f"## B\n\n{REPEATED}\n\nThis paragraph belongs to section B and nothing else."
+)
+
+
+def test_the_edit_changes_the_warm_chunk_not_an_earlier_copy_of_its_line() -> None:
+    b = next(c for c in chunks("d.md", DOC) if c.text.startswith("## B"))
+    latest = {"d.md": KbChange(op="upsert", doc_id="d.md", version=1, text=DOC)}
+    naive = edit_inside(DOC, b.text, 7)  # the first line of B that is also in the document
+    assert Chunker().chunk_hashes("d.md", naive or "")[b.chunk_id] == b.content_hash
+    rows = [{"chunk_id": b.chunk_id, "content_hash": b.content_hash, "text": b.text}]
+    edit = warm_chunk_edit(Chunker(), latest, [b.ref], rows, 7)
+    assert edit is not None and edit[1] == b.ref
+    after = Chunker().chunk_hashes("d.md", edit[0].text or "")
+    assert after[b.chunk_id] != b.content_hash
+
+
+def test_no_edit_when_no_warm_chunk_is_retrieved() -> None:
+    latest = {"d.md": KbChange(op="upsert", doc_id="d.md", version=1, text=DOC)}
+    ref = ChunkRef(chunk_id="d.md#1", content_hash="0" * 64)
+    assert warm_chunk_edit(Chunker(), latest, [ref], [], 0) is None
+
+
+def test_stage_figures() -> None:
+    stages = [{"indexed": 10.0, "sent": 20.0, "warm": 30.0}] * 3
+    figures = stage_figures(stages)
+    assert figures["event_to_indexed_ms_p50"] == pytest.approx(10.0)
+    assert figures["event_to_commands_ms_p99"] == pytest.approx(20.0)
+    assert figures["event_to_warm_ms_p99"] == pytest.approx(30.0)
+    assert stage_figures([])["event_to_warm_ms_p50"] is None

@@ -1,0 +1,50 @@
+"""A ready worker's re-warm reaches every partition of the prefixes table (no Kafka)."""
+
+from __future__ import annotations
+
+from ragwarm.bench.strategies.streams_sim import run_sync
+from schemas import WorkerEvent
+from streams import handlers as h
+from streams.agents import partition_of
+from streams.records import PrefixState, ReadyRewarm
+from tests.unit.test_streams_handlers import REFS, Port, pipeline
+
+HASHES = [f"{i:064x}" for i in range(1, 13)]
+
+
+def tracked(p: h.HandlerDeps) -> None:
+    for n, prefix_hash in enumerate(HASHES):
+        state = PrefixState(
+            tenant="default", chunk_refs=REFS, token_ids=[1] * 10, expires_at=1e9, uses=n
+        )
+        p.tables.prefixes[prefix_hash] = state.model_dump(mode="json")
+
+
+def test_each_partition_warms_only_its_own_prefixes_within_its_share() -> None:
+    p, out = pipeline(Port({}), kv_bytes_per_token=1)
+    p.partition_of = partition_of
+    tracked(p)
+    warmed: list[str] = []
+    for k in range(4):
+        out.ops.clear()
+        req = ReadyRewarm(worker_id="w2", budget_bytes=10**6, partition=k, partitions=4)
+        run_sync(h.on_ready_rewarm(p, req))
+        assert {partition_of(o.prefix_hash, 4) for o in out.ops} <= {k}
+        warmed += [o.prefix_hash for o in out.ops]
+    assert sorted(warmed) == sorted(HASHES)  # every partition's together: all of them
+    out.ops.clear()
+    small = ReadyRewarm(worker_id="w2", budget_bytes=80, partition=0, partitions=4)
+    run_sync(h.on_ready_rewarm(p, small))
+    assert len(out.ops) <= 2  # a quarter of 80 bytes: two prefixes of 10 tokens
+
+
+def test_the_ready_event_asks_every_partition_once() -> None:
+    p, out = pipeline(Port({}), hot_tokens=False)
+    ready = WorkerEvent(worker_id="w2", kind="ready", epoch=1, mem_total_bytes=1000)
+    run_sync(h.on_worker_event(p, ready))
+    (req,) = out.readies
+    assert req.worker_id == "w2" and req.partition is None and req.budget_bytes == 1000
+
+
+def test_partition_of_spreads_keys_over_the_partitions() -> None:
+    assert {partition_of(h, 4) for h in HASHES} == set(range(4))
