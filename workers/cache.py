@@ -12,7 +12,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from workers.block_pool import BlockPool, ChunkKey, PoolStats, split_bytes
+from workers.block_pool import BlockPool, ChunkKey, Holding, PoolStats, split_bytes
 from workers.blocks import BLOCK_SIZE
 from workers.cache_cuts import Stale, doomed_blocks, first_cuts
 from workers.cache_entries import (
@@ -34,6 +34,10 @@ from workers.memory import Budget
 
 __all__ = ["Budget", "CacheEntry", "CacheEvent", "ChunkKey", "PrefixCache", "WarmupRefused"]
 
+
+# A holder key no prefix hash can take (hashes are hex) and a holding that counts nothing.
+_ADMITTING = "<admitting>"
+_BARE = Holding(pinned=False, managed=False)
 
 class PrefixCache:
     """Prefix entries over a block pool, with dependencies, TTLs, pins, budgets and events.
@@ -190,9 +194,15 @@ class PrefixCache:
         )
         self._check_fit(chain, sizes, entry.pinned)
         victims = self._plan_eviction(chain, sizes, old)
-        for victim in victims:
-            self._remove(victim.prefix_hash, "evicted", command_id, "capacity", by_policy=True)
-        self._place(entry, sizes, old)
+        # The incoming chain is held while victims leave: a block it shares with a victim
+        # must not be freed (its KV and chunk marks would be lost) only to be re-added.
+        self.pool.hold(_ADMITTING, tenant, chain, sizes, _BARE)
+        try:
+            for victim in victims:
+                self._remove(victim.prefix_hash, "evicted", command_id, "capacity", by_policy=True)
+            self._place(entry, sizes, old)
+        finally:
+            self.pool.release(_ADMITTING, chain, _BARE)
         if old is None or observable(old) != observable(entry):
             self._record("stored", entry, command_id, "", t)
         return entry, victims

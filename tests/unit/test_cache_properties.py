@@ -183,3 +183,20 @@ def test_two_prefixes_sharing_k_blocks_use_the_bytes_of_their_union(
     assert cache.bytes_used == block_bytes * (len(a) + len(b) - k)
     assert cache.block_stats().shared_blocks == k
     assert cache.pinned_bytes == block_bytes * len(a)
+
+
+def test_a_block_shared_with_an_eviction_victim_keeps_its_chunk_mark() -> None:
+    # Found by the state machine: admitting [x1, x2] evicted the only other holder of x1,
+    # which freed x1 (and its chunk mark) before the new entry held it again, so a later
+    # invalidation of the chunk left x1 cached.
+    cache = PrefixCache(Budget(2 * BLOCK_BYTES, 8, 2 * BLOCK_BYTES), default_ttl_s=None)
+    x, z = chain_of("t", [1, 0]), chain_of("t", [2])
+    ref = ("d#0", "h0")
+    cache.admit(tenant="t", hashes=x[:1], nbytes=BLOCK_BYTES, chunk_refs=[ref],
+                chunk_starts={ref: 0})
+    cache.admit(tenant="t", hashes=z, nbytes=BLOCK_BYTES)
+    cache.lookup(z)  # z is now the most recently used: x[:1] is the victim
+    _, evicted = cache.admit(tenant="t", hashes=x, nbytes=2 * BLOCK_BYTES)
+    assert x[0] in [e.prefix_hash for e in evicted]
+    cache.invalidate([ref])
+    assert x[0] not in {b.block_hash for b in cache.pool.blocks()}
