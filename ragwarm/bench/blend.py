@@ -157,6 +157,17 @@ def summarize(share: float, outcomes: Sequence[Outcome]) -> dict[str, float]:
     }
 
 
+def _brief(per_share: dict[float, list[Outcome]]) -> str:
+    """Running figures per share: first-token and greedy agreement, mean KL, TTFT ratio."""
+    parts = []
+    for share, outcomes in per_share.items():
+        r = summarize(share, outcomes)
+        ratio = r["ttft_blend_ms_p50"] / r["ttft_full_ms_p50"] if r["ttft_full_ms_p50"] else 0
+        parts.append(f"{share}: {r['first_token_agreement']:.2f}/{r['greedy16_exact']:.2f}/"
+                     f"{r['mean_kl_first_token']:.4f}/{ratio:.0%}")
+    return ", ".join(parts)
+
+
 def _p50_ms(seconds: Sequence[float]) -> float:
     return round(statistics.median(seconds) * 1000, 1) if seconds else 0.0
 
@@ -254,12 +265,8 @@ def measure(
         for share in shares:
             selection = Selection(method=method, share=share, checks=checks, widen=widen)
             per_share[share].append(blend_run(runner, case, selection, full))
-        last = per_share[shares[-1]][-1]
-        _progress(
-            f"[{i}/{len(cases)}] {case.qid}: {len(case.token_ids)} tokens, full "
-            f"{full[2] * 1000:.0f} ms, blend@{shares[-1]} {last.blend_s * 1000:.0f} ms, "
-            f"kl {last.kl:.4f}"
-        )
+        _progress(f"[{i}/{len(cases)}] {case.qid}: {len(case.token_ids)} tokens, full "
+                  f"{full[2] * 1000:.0f} ms; so far " + _brief(per_share))
     return [summarize(s, per_share[s]) for s in shares]
 
 
