@@ -157,6 +157,17 @@ def summarize(share: float, outcomes: Sequence[Outcome]) -> dict[str, float]:
     }
 
 
+def _brief(per_share: dict[float, list[Outcome]]) -> str:
+    """Running figures per share: first-token and greedy agreement, mean KL, TTFT ratio."""
+    parts = []
+    for share, outcomes in per_share.items():
+        r = summarize(share, outcomes)
+        ratio = r["ttft_blend_ms_p50"] / r["ttft_full_ms_p50"] if r["ttft_full_ms_p50"] else 0
+        parts.append(f"{share}: {r['first_token_agreement']:.2f}/{r['greedy16_exact']:.2f}/"
+                     f"{r['mean_kl_first_token']:.4f}/{ratio:.0%}")
+    return ", ".join(parts)
+
+
 def _p50_ms(seconds: Sequence[float]) -> float:
     return round(statistics.median(seconds) * 1000, 1) if seconds else 0.0
 
@@ -254,12 +265,8 @@ def measure(
         for share in shares:
             selection = Selection(method=method, share=share, checks=checks, widen=widen)
             per_share[share].append(blend_run(runner, case, selection, full))
-        last = per_share[shares[-1]][-1]
-        _progress(
-            f"[{i}/{len(cases)}] {case.qid}: {len(case.token_ids)} tokens, full "
-            f"{full[2] * 1000:.0f} ms, blend@{shares[-1]} {last.blend_s * 1000:.0f} ms, "
-            f"kl {last.kl:.4f}"
-        )
+        _progress(f"[{i}/{len(cases)}] {case.qid}: {len(case.token_ids)} tokens, full "
+                  f"{full[2] * 1000:.0f} ms; so far " + _brief(per_share))
     return [summarize(s, per_share[s]) for s in shares]
 
 
@@ -330,14 +337,19 @@ def draw_curve(report: dict[str, Any], path: Path) -> None:
     for key, label in (("first_token_agreement", "first-token agreement"),
                        ("greedy16_exact", "16 greedy tokens identical")):
         ax.plot(shares, [r[key] for r in rows], marker="o", label=label)
-    ax.plot(shares, [min(1.0, 100 * r["mean_kl_first_token"]) for r in rows], marker="s",
-            linestyle="--", label="mean KL × 100")
     ratio = [r["ttft_blend_ms_p50"] / r["ttft_full_ms_p50"] for r in rows]
     ax.plot(shares, ratio, marker="^", linestyle=":", label="TTFT blend / full (p50)")
     ax.set(xlabel="recompute share of moved chunk tokens", ylim=(-0.02, 1.02),
+           ylabel="share of questions / TTFT ratio",
            title=f"Chunk-KV blending vs full prefill ({report['questions']} questions, "
            f"{report['method']})")
-    ax.legend(loc="center right", fontsize="small")
+    # KL spans decades: its own log axis, so the small values stay readable.
+    kl_axis = ax.twinx()
+    kl_axis.plot(shares, [r["mean_kl_first_token"] for r in rows], marker="s", color="black",
+                 linestyle="--", label="mean KL, first token (right, log)")
+    kl_axis.set(yscale="log", ylabel="mean KL (nats)")
+    handles = ax.get_legend_handles_labels()[0] + kl_axis.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, loc="center right", fontsize="small")
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
