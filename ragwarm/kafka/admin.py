@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from schemas.topics import TOPICS, TopicSpec
@@ -70,8 +71,34 @@ def create_topics(
             )
             created = _check_created(result)
             admin.wait_for_topics(created, timeout_ms=int(timeout_s * 1000))
-    existing = [s.name for s in specs if s.name not in created]
+        existing = [s.name for s in specs if s.name not in created]
+        align_configs(admin, [s for s in specs if s.name in existing])
     return created, existing
+
+
+def align_configs(admin: KafkaAdminClient, specs: Iterable[TopicSpec]) -> list[str]:
+    """Set the spec's configs on existing topics whose values differ; returns their names.
+
+    A topic made by an older release keeps its old settings otherwise (kb.changes became
+    compacted: without this, an upgraded broker would keep deleting old document versions).
+    """
+    wanted = {s.name: s.config for s in specs if s.config}
+    if not wanted:
+        return []
+    found = admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, name) for name in wanted]
+    )["topic"]
+    stale = [
+        name
+        for name, config in wanted.items()
+        if any(found.get(name, {}).get(k, {}).get("value") != v for k, v in config.items())
+    ]
+    if stale:
+        admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, n, configs=wanted[n]) for n in stale],
+            incremental=True,
+        )
+    return stale
 
 
 def _check_created(result: Mapping[str, object]) -> list[str]:

@@ -11,7 +11,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from ragwarm.cli.kafka import topics
 from ragwarm.kafka.admin import admin_client, create_topics, delete_topics, list_topics
 from ragwarm.settings import KafkaSettings
-from schemas.topics import KB_CHANGES, TOPICS, TopicSpec
+from schemas.topics import TOPICS, TopicSpec
 
 pytestmark = pytest.mark.integration
 
@@ -43,10 +43,29 @@ def test_cli_topics_create_reports_existing(kafka_bootstrap: str) -> None:
     assert all(name in listed.output for name in TOPICS)
 
 
-def test_topic_configs_come_from_specs(kafka_bootstrap: str, kafka_settings: KafkaSettings) -> None:
-    resource = ConfigResource(ConfigResourceType.TOPIC, KB_CHANGES)
-    with admin_client(kafka_bootstrap, kafka_settings.client_options()) as admin:
-        result = admin.describe_configs([resource])
+def _configs(bootstrap: str, settings: KafkaSettings, name: str) -> dict[str, str]:
+    resource = ConfigResource(ConfigResourceType.TOPIC, name)
+    with admin_client(bootstrap, settings.client_options()) as admin:
+        found = admin.describe_configs([resource])["topic"][name]
+    return {k: v["value"] for k, v in found.items()}
 
-    configs = result["topic"][KB_CHANGES]
-    assert configs["retention.ms"]["value"] == TOPICS[KB_CHANGES].config["retention.ms"]
+
+def test_topic_configs_come_from_specs(kafka_bootstrap: str, kafka_settings: KafkaSettings) -> None:
+    for name, spec in TOPICS.items():
+        configs = _configs(kafka_bootstrap, kafka_settings, name)
+        assert {k: configs.get(k) for k in spec.config} == spec.config, name
+
+
+def test_an_existing_topic_gets_the_specs_configs(
+    kafka_bootstrap: str, kafka_settings: KafkaSettings, unique_name: Callable[[str], str]
+) -> None:
+    # A topic an older release made with other settings (kb.changes became compacted).
+    opts = kafka_settings.client_options()
+    old = TopicSpec(unique_name("old"), "k", 1, {"retention.ms": "60000"})
+    new = TopicSpec(old.name, "k", 1, {"cleanup.policy": "compact"})
+    try:
+        create_topics(kafka_bootstrap, opts, [old])
+        assert create_topics(kafka_bootstrap, opts, [new]) == ([], [old.name])
+        assert _configs(kafka_bootstrap, kafka_settings, old.name)["cleanup.policy"] == "compact"
+    finally:
+        delete_topics(kafka_bootstrap, opts, [old.name])
