@@ -145,9 +145,18 @@ def addressing(value: bytes | None) -> tuple[str | None, str | None]:
         return None, None
     cid, wid = obj.get("command_id"), obj.get("worker_id")
     return (
-        cid[:1024] if isinstance(cid, str) and cid else None,
+        cid[:1024] if isinstance(cid, str) and cid and _encodable(cid) else None,
         wid if isinstance(wid, str) else None,
     )
+
+
+def _encodable(text: str) -> bool:
+    """Whether `text` can be sent back in an event (JSON's "\\ud800" is no UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class CommandConsumer:
@@ -226,7 +235,7 @@ class CommandConsumer:
                 for records in batches.values():
                     for r in records:
                         origin = Origin(r.topic, r.partition, r.offset, r.key, r.value)
-                        self._dispatch(r.value, origin)
+                        self._dispatch_safely(origin)
         finally:
             consumer.close()
 
@@ -261,6 +270,13 @@ class CommandConsumer:
             )
             self._assigned.set()
 
+    def _dispatch_safely(self, origin: Origin) -> None:
+        try:
+            self._dispatch(origin.value, origin)
+        except Exception:  # noqa: BLE001 - one record must never stop the consumer thread
+            log.exception("%s[%s]@%s: not handled; skipped",
+                          origin.topic, origin.partition, origin.offset)  # fmt: skip
+
     def _dispatch(self, value: bytes | None, origin: Origin | None = None) -> None:
         try:
             command = parse_command(value, self._worker_id)
@@ -268,8 +284,8 @@ class CommandConsumer:
             command_id, worker_id = addressing(value)
             if worker_id in (None, self._worker_id):
                 log.warning("refusing malformed command %s: %s", command_id, exc)
-                self._on_malformed(str(exc), command_id)
                 self._dead_letter(origin or Origin(self._topic, None, None, None, value), exc)
+                self._on_malformed(str(exc), command_id)
             return
         if command is None:
             return

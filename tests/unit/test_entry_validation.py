@@ -90,6 +90,31 @@ def test_a_malformed_command_for_this_worker_is_refused_and_dead_lettered() -> N
     assert sink.events[-1].kind == "refused" and sink.events[-1].reason
 
 
+def test_a_command_id_that_cannot_be_sent_back_is_left_out_of_the_refusal() -> None:
+    # JSON may spell a lone surrogate; no event can carry it (found by the topic fuzz).
+    bad = b'{"schema_name":"warmup_command","command_id":"\\ud800","op":"prefill"}'
+    assert addressing(bad) == (None, None)
+    runtime, sink = runtime_and_sink()
+    letters: list[DeadLetter] = []
+    consumer = CommandConsumer("x:1", {}, "w1", lambda c: None,
+                               on_malformed=lambda r, c: runtime.send(runtime.refused_event(r, c)),
+                               on_dead_letter=lambda x, _k: letters.append(x))  # fmt: skip
+    consumer._dispatch(bad)
+    assert sink.events[-1].kind == "refused" and sink.events[-1].command_id is None
+    assert len(letters) == 1
+
+
+def test_a_record_that_fails_its_handling_never_stops_the_consumer() -> None:
+    def refuse(_reason: str, _cid: str | None) -> None:
+        raise RuntimeError("the event could not be built")
+
+    letters: list[DeadLetter] = []
+    consumer = CommandConsumer("x:1", {}, "w1", lambda c: None, on_malformed=refuse,
+                               on_dead_letter=lambda x, _k: letters.append(x))  # fmt: skip
+    consumer._dispatch_safely(Origin("warmup.commands", 0, 5, None, b"{"))
+    assert len(letters) == 1  # dead-lettered first, then the refusal failed: logged, skipped
+
+
 @given(st.binary(max_size=200))
 def test_addressing_never_raises(value: bytes) -> None:
     cid, wid = addressing(value)

@@ -8,13 +8,22 @@ part every consumer shares: `schemas.decode` and the worker's command dispatch.
 
 from __future__ import annotations
 
+from functools import cache
+
 from hypothesis import HealthCheck, given, settings
 
 from schemas import KbChange, QueryEvent, SchemaError, WarmupCommand, WorkerEvent, decode, encode
 from tests.fuzz_records import VALID, Drawn, bad_record
+from tests.unit.test_entry_validation import runtime_and_sink
 from workers.commands import CommandConsumer
+from workers.runtime import WorkerRuntime
 
 PER_TOPIC = 2500  # x 4 input topics = 10,000 records
+
+
+@cache
+def _runtime() -> WorkerRuntime:
+    return runtime_and_sink()[0]
 
 
 def _refused_or_valid(raw: bytes, model: type) -> None:
@@ -50,9 +59,16 @@ def test_the_worker_refuses_bad_commands_without_stopping(record: Drawn) -> None
     refused: list[str] = []
     letters: list[str] = []
     handled: list[WarmupCommand] = []
+    runtime = _runtime()
+
+    def refuse(why: str, command_id: str | None) -> None:
+        # What the worker does (ragwarm/cli/worker.py): a `refused` event to the sender.
+        runtime.send(runtime.refused_event(why, command_id))
+        refused.append(why)
+
     consumer = CommandConsumer(
-        "x:1", {}, "w1", handled.append, on_malformed=lambda why, _cid: refused.append(why),
-        on_dead_letter=lambda letter, _key: letters.append(letter.reason),
+        "x:1", {}, "w1", handled.append, on_malformed=refuse,
+        on_dead_letter=lambda letter, _key: letters.append(encode(letter) and letter.reason),
     )
     consumer._dispatch(record.raw)
     assert len(refused) + len(handled) <= 1
