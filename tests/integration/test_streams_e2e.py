@@ -145,6 +145,7 @@ def check_rewarm(app, bootstrap: str, namespace: str, options, new: str) -> None
     ops.consumer.close()
     commands.consumer.close()
     first = prefills[0].reason
+    print(f"the new prefix was prefilled for: {first}")
     assert first.startswith("re-prefill after") or first == "hot", first
     if first.startswith("re-prefill after"):
         assert app.counters()["re_prefills"] >= 1
