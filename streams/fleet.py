@@ -6,10 +6,8 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from schemas import WorkerEvent
+from schemas.events import MEMORY_THRESHOLD
 from streams.records import WorkerState
-
-# Seeds 000/003: no new warmup on a worker whose memory use is above this share.
-MEMORY_THRESHOLD = 0.7
 
 
 def holders_of(prefix_hash: str, workers: Iterable[WorkerState]) -> list[str]:
