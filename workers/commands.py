@@ -180,9 +180,10 @@ class CommandConsumer:
     def group_id(self) -> str:
         return f"{self._group_prefix}ragwarm-worker-{self._worker_id}"
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = 180.0) -> None:
         """Start consuming; returns once partitions are assigned and positioned (the broker
-        is waited for first, up to `connect_wait_s`)."""
+        is waited for first, up to `connect_wait_s`). A group join waits out the broker's
+        rebalance delay and every member's session: on a busy host 60 s was seen to fail."""
         timeout_s += self._connect_wait_s
         self._thread.start()
         if not self._assigned.wait(timeout_s):
