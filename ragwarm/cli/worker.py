@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ragwarm.settings import KafkaSettings, ModelSettings, keyring
+from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings, keyring
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
 from workers.api import Limits, PrefillRequest, WarmSetError, parse_warm_set
 from workers.cache import WarmupRefused
@@ -54,7 +54,9 @@ def make_engine(settings: WorkerSettings, models: ModelSettings) -> Engine:
         from workers.engines.torch_engine import load_torch_engine
 
         offline_hub()
-        return load_torch_engine(llm_dir(models=models), settings)
+        # One tier directory per worker id under RAGWARM_HOME unless the settings name one.
+        tier_path = HomeSettings().home / "kv-tier" / settings.worker_id
+        return load_torch_engine(llm_dir(models=models), settings, tier_path=tier_path)
     if settings.engine == "vllm":
         from ragwarm.models import llm_dir
         from workers.engines.vllm_engine import load_vllm_engine

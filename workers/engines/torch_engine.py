@@ -22,9 +22,11 @@ from workers.engines.base import (
     PrefixEngine,
     Request,
 )
-from workers.engines.kv_blocks import KV, BlockKV, chain_cache, cut_blocks, join
-from workers.kv_sizing import cache_for, kv_bytes_per_token
+from workers.engines.disk_tier import DiskTier, Layout
+from workers.engines.kv_blocks import KV, BlockKV, as_block, chain_cache, cut_blocks, join
+from workers.kv_sizing import cache_for, kv_bytes_per_token, kv_dims
 from workers.settings import WorkerSettings
+from workers.tier_journal import TierJournal
 
 # Context length assumed when the model config names none.
 FALLBACK_CONTEXT = 8192
@@ -57,9 +59,14 @@ def device_memory(device: str) -> int:
 
 
 def load_torch_engine(
-    path: Path, settings: WorkerSettings, *, cache: PrefixCache | None = None
+    path: Path,
+    settings: WorkerSettings,
+    *,
+    cache: PrefixCache | None = None,
+    tier_path: Path | None = None,
 ) -> TorchEngine:
-    """Load an HF causal LM directory (never from a hub) into a ready engine."""
+    """Load an HF causal LM directory (never from a hub) into a ready engine; with
+    `disk_tier` on, its tier (in `disk_tier_path`, else `tier_path`) is scanned first."""
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     device = resolve_device(settings.device)
     model: Any = AutoModelForCausalLM.from_pretrained(
@@ -68,7 +75,24 @@ def load_torch_engine(
     model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     model_id = settings.model_id or Path(path).resolve().name
-    return TorchEngine(model, tokenizer, model_id=model_id, settings=settings, cache=cache)
+    tier = open_tier(model, settings, tier_path) if settings.disk_tier else None
+    return TorchEngine(
+        model, tokenizer, model_id=model_id, settings=settings, cache=cache, tier=tier
+    )
+
+
+def open_tier(model: Any, settings: WorkerSettings, default_path: Path | None) -> DiskTier:
+    """The disk tier of this model's block layout, its index rebuilt from the files."""
+    root = settings.disk_tier_path or default_path
+    if root is None:
+        raise ValueError("the disk tier needs a directory: set RAGWARM_WORKER_DISK_TIER_PATH")
+    layers, kv_heads, head_dim = kv_dims(model.config)
+    dtype = str(model.dtype).removeprefix("torch.")
+    layout = Layout(dtype, (2 * layers, kv_heads, settings.block_size, head_dim))
+    device = str(next(model.parameters()).device)
+    tier = DiskTier(root, settings.disk_tier_bytes, layout, device)
+    tier.scan()
+    return tier
 
 
 @dataclass(frozen=True)
@@ -96,6 +120,7 @@ class TorchEngine(PrefixEngine[Pending]):
         model_id: str,
         settings: WorkerSettings,
         cache: PrefixCache | None = None,
+        tier: DiskTier | None = None,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -110,6 +135,10 @@ class TorchEngine(PrefixEngine[Pending]):
         self._held: dict[str, Pending] = {}  # unused: KV is kept per block
         self._blocks: dict[str, BlockKV] = {}
         self.cache.watch_freed()
+        self.tier = tier
+        self._tier_view: tuple[int, list[str]] = (-1, [])
+        if tier is not None:
+            self.cache.tier = TierJournal()
         self._stop_ids = _eos_ids(model, tokenizer)
 
     # -- tokens ----------------------------------------------------------------------
@@ -150,7 +179,14 @@ class TorchEngine(PrefixEngine[Pending]):
         return None if blocks is None else join(blocks)
 
     def sync(self) -> int:
-        """Drop the tensors of blocks the cache freed; returns the bytes freed."""
+        """Drop the tensors of blocks the cache freed (spilling the evicted ones to the disk
+        tier first, and dropping stale ones from it); returns the bytes freed."""
+        journal = self.cache.tier
+        if self.tier is not None and journal is not None:
+            ops = journal.drain()
+            if ops:
+                tensors = {h: self._blocks[h].data for h in ops.writes if h in self._blocks}
+                self.tier.apply(ops, tensors)
         freed = 0
         for h in self.cache.drain_freed():
             if h not in self.cache.pool and h in self._blocks:
@@ -165,11 +201,15 @@ class TorchEngine(PrefixEngine[Pending]):
         # peek, not lookup: a warmup is not a hit and must not reorder eviction.
         _, matched = self.cache.peek(hashes)
         have = self._stored_run(hashes[:matched])
+        if have == matched:
+            have = self._restore(hashes, have, tenant)
         if have == len(hashes):
             return Pending(None, have, have), 0
         base = have * self.block_size
         past = chain_cache(self.model.config, self._chain(hashes[:have]), base)
+        start = time.perf_counter()
         self._forward(tokens[base:], past)
+        self._saw_compute(len(tokens) - base, start)
         return Pending(_freeze(past), have, len(hashes)), len(tokens) - base
 
     def _keep(self, entry: CacheEntry, held: Pending) -> None:
@@ -191,6 +231,51 @@ class TorchEngine(PrefixEngine[Pending]):
     def _chain(self, hashes: list[str]) -> list[BlockKV]:
         return [self._blocks[h] for h in hashes]
 
+    # -- disk tier -------------------------------------------------------------------
+
+    def tier_state(self) -> tuple[list[str], int]:
+        """Ends of the chains the disk tier holds (what a restarted worker still serves) and
+        its bytes; recomputed only when the tier changed."""
+        if self.tier is None:
+            return [], 0
+        index = self.tier.index
+        if self._tier_view[0] != index.version:
+            self._tier_view = (index.version, index.chain_ends())
+        return list(self._tier_view[1]), index.bytes_used
+
+    def _restore(self, hashes: list[str], have: int, tenant: str) -> int:
+        """Read the blocks after the first `have` of `hashes` back from the disk tier when
+        that beats recomputing them; how many leading blocks are on the device after it."""
+        tier = self.tier
+        if tier is None:
+            return have
+        n = tier.index.run(hashes, have)
+        if n == 0 or not tier.costs.worth_restoring(n * self.block_size, n * self.block_bytes):
+            return have
+        datas = tier.load(hashes[have : have + n])
+        if not datas:
+            return have
+        chain = hashes[: have + len(datas)]
+        try:
+            # A request entry: evictable; warmup may claim the blocks as its own later.
+            self.cache.admit(
+                tenant=tenant, hashes=chain, nbytes=len(chain) * self.block_bytes, kind="request"
+            )
+        except WarmupRefused:
+            return have
+        for h, data in zip(chain[have:], datas, strict=True):
+            self._blocks.setdefault(h, as_block(data))
+            # The chunks each block passes through, so invalidation finds it on the device.
+            held = tier.index.get(h)
+            for ref in held.marks if held is not None else ():
+                self.cache.pool.mark([h], ref, 0)
+        self.sync()  # spills what the admission evicted
+        return len(chain)
+
+    def _saw_compute(self, n_tokens: int, start: float) -> None:
+        if self.tier is not None and n_tokens >= self.block_size:
+            self.tier.costs.saw_compute(n_tokens, time.perf_counter() - start)
+
     # -- generation ------------------------------------------------------------------
 
     def _generate(self, request: Request) -> Iterator[GenerationStep]:
@@ -198,11 +283,13 @@ class TorchEngine(PrefixEngine[Pending]):
         stops = frozenset(request.stop_ids) if request.stop_ids is not None else self._stop_ids
         start = time.perf_counter()
         hashes = self.block_hashes(prompt, tenant=tenant)
-        entry, have = self._reusable(hashes)
+        entry, have = self._reusable(hashes, tenant)
         # At least the last prompt token must run through the model to give logits.
         cached = min(have * self.block_size, len(prompt) - 1)
         past = chain_cache(self.model.config, self._chain(hashes[:have]), cached)
+        computing = time.perf_counter()
         logits = self._forward(prompt[cached:], past)
+        self._saw_compute(len(prompt) - cached, computing)
         # References, not copies: decoding rebinds the layers to new tensors (torch.cat).
         pending = Pending(_freeze(past), have, len(hashes)) if keep and have < len(hashes) else None
         stored: PrefillResult | None = None
@@ -237,11 +324,15 @@ class TorchEngine(PrefixEngine[Pending]):
             yield GenerationStep(index, token, text)
             logits = self._forward([token], past)
 
-    def _reusable(self, hashes: list[str]) -> tuple[CacheEntry | None, int]:
-        """An entry holding the longest cached chain of `hashes` (whoever stored it) and how
-        many of its leading blocks this engine has tensors for."""
+    def _reusable(self, hashes: list[str], tenant: str) -> tuple[CacheEntry | None, int]:
+        """An entry holding the longest cached chain of `hashes` (whoever stored it, on the
+        device or restored from the disk tier) and how many leading blocks have tensors."""
         entry, matched = self._lookup(hashes)
         have = self._stored_run(hashes[:matched])
+        if have == matched and self.tier is not None:
+            restored = self._restore(hashes, have, tenant)
+            if restored > have:
+                entry, have = self.cache.get(hashes[restored - 1]), restored
         return (entry, have) if have else (None, 0)
 
     def _keep_prompt(
