@@ -90,9 +90,8 @@ class TierIndex:
         """
         if not self.admissible(block.nbytes):
             raise ValueError(f"block of {block.nbytes} bytes exceeds max_bytes={self.max_bytes}")
-        old = self._blocks.get(block.block_hash)
-        if old is not None:
-            self.remark(block.block_hash, block.marks)
+        if block.block_hash in self._blocks:
+            self.narrow(block.block_hash, block.marks)
             self._lru.move_to_end(block.block_hash)
             return []
         evicted = self._make_room(block.nbytes, keep=block.parent)
@@ -105,16 +104,20 @@ class TierIndex:
         self._index_marks(block.block_hash, block.marks)
         return evicted
 
-    def remark(self, block_hash: str, marks: Iterable[ChunkKey]) -> bool:
-        """Add chunk marks to a held block; whether any was new (its file needs rewriting)."""
+    def narrow(self, block_hash: str, marks: Iterable[ChunkKey]) -> bool:
+        """Keep only the marks of a held block that `marks` also has; whether any went (its
+        file needs rewriting). Every estimate of a block's chunks errs on the side of too
+        many, so two estimates together are at least as right as either."""
         block = self._blocks[block_hash]
-        new = frozenset(marks) - block.marks
-        if not new:
+        gone = block.marks - frozenset(marks)
+        if not gone:
             return False
         self._blocks[block_hash] = TierBlock(
-            block.block_hash, block.parent, block.tenant, block.nbytes, block.marks | new
+            block.block_hash, block.parent, block.tenant, block.nbytes, block.marks - gone
         )
-        self._index_marks(block_hash, new)
+        for ref in gone:
+            _discard(self._by_chunk, ref, block_hash)
+            _discard(self._by_chunk_id, ref[0], block_hash)
         return True
 
     def touch(self, chain: Sequence[str]) -> None:

@@ -22,13 +22,14 @@ from workers.tier_index import TierBlock
 class TierOps:
     """Blocks to write (their tensors still on the device) and what to drop from disk."""
 
-    writes: dict[str, TierBlock] = field(default_factory=dict)
+    writes: dict[str, TierBlock] = field(default_factory=dict)  # of managed entries
+    spills: dict[str, TierBlock] = field(default_factory=dict)  # of entries evicted for room
     cut: set[str] = field(default_factory=set)  # hashes whose chains are stale from there on
     refs: set[ChunkKey] = field(default_factory=set)
     chunk_ids: set[str] = field(default_factory=set)
 
     def __bool__(self) -> bool:
-        return bool(self.writes or self.cut or self.refs or self.chunk_ids)
+        return bool(self.writes or self.spills or self.cut or self.refs or self.chunk_ids)
 
 
 class TierJournal:
@@ -44,32 +45,36 @@ class TierJournal:
     def placed(
         self, entry: CacheEntry, pool: BlockPool, entries: Mapping[str, CacheEntry]
     ) -> None:
-        """A managed entry was stored or refreshed: write its blocks through."""
+        """A managed entry was stored or refreshed: write its blocks through. Its chunk refs
+        are taken as complete (as the device's invalidation takes them), so its blocks also
+        narrow the marks of blocks already on disk."""
         if entry.managed:
-            self._write(entry, range(entry.n_blocks), pool, entries)
+            self._write(self._ops.writes, entry, range(entry.n_blocks), pool, entries)
 
     def evicting(
         self, entry: CacheEntry, pool: BlockPool, entries: Mapping[str, CacheEntry]
     ) -> None:
         """`entry` is about to leave for room: the blocks only it holds spill to disk."""
         only = [i for i, h in enumerate(entry.block_hashes) if pool[h].refs == 1]
-        self._write(entry, only, pool, entries)
+        self._write(self._ops.spills, entry, only, pool, entries)
 
     def cutting(self, doomed: set[str], stale: Stale | None) -> None:
         """Blocks `doomed` (and all after them) are stale; so is whatever `stale` names."""
         self._ops.cut |= doomed
         # Stale blocks queued in this same round (and those after them) need no writing.
         gone = set(doomed)
-        for h, block in list(self._ops.writes.items()):  # chains are queued head first
-            if h in gone or block.parent in gone:
-                gone.add(h)
-                del self._ops.writes[h]
+        for queue in (self._ops.writes, self._ops.spills):
+            for h, block in list(queue.items()):  # chains are queued head first
+                if h in gone or block.parent in gone:
+                    gone.add(h)
+                    del queue[h]
         if stale is not None:
             self._ops.refs |= stale.refs
             self._ops.chunk_ids |= stale.chunk_ids
 
     def _write(
         self,
+        queue: dict[str, TierBlock],
         entry: CacheEntry,
         indexes: range | list[int],
         pool: BlockPool,
@@ -80,9 +85,9 @@ class TierJournal:
         for i in indexes:
             h = chain[i]
             parent = chain[i - 1] if i else None
-            old = self._ops.writes.get(h)
-            merged = marks[i] | (old.marks if old else frozenset())
-            self._ops.writes[h] = TierBlock(h, parent, entry.tenant, pool[h].nbytes, merged)
+            old = queue.get(h)
+            both = marks[i] & old.marks if old is not None else marks[i]
+            queue[h] = TierBlock(h, parent, entry.tenant, pool[h].nbytes, both)
 
 
 def chain_marks(

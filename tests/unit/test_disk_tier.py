@@ -69,11 +69,12 @@ def test_the_least_recently_used_leaves_go_first() -> None:
     assert index.bytes_used == 40
 
 
-def test_new_marks_merge_into_a_held_block() -> None:
+def test_a_second_estimate_narrows_a_held_blocks_marks() -> None:
     c = chain(1)
-    index = filled(c)
-    assert index.remark(c[0], {REF})
-    assert not index.remark(c[0], {REF})
+    index = filled(c, marks={REF, OTHER})
+    assert index.narrow(c[0], {REF})
+    assert not index.narrow(c[0], {REF, OTHER})
+    assert index.invalidate([OTHER]) == []
     assert index.invalidate([REF]) == c
 
 
@@ -125,8 +126,8 @@ def test_blocks_evicted_for_room_spill_with_their_chunk_marks() -> None:
     ops = cache.tier.drain()
     # The oldest entry left; its unshared block spills. Block 1 is shared by an entry that
     # does not list REF, so REF starts after it.
-    assert list(ops.writes) == [chain(1, 2)[1]]
-    assert ops.writes[chain(1, 2)[1]].marks == {REF}
+    assert list(ops.spills) == [chain(1, 2)[1]] and not ops.writes
+    assert ops.spills[chain(1, 2)[1]].marks == {REF}
 
 
 def test_a_chunk_seen_with_nothing_before_it_marks_the_whole_chain() -> None:
@@ -161,3 +162,21 @@ def test_a_restarted_worker_with_a_disk_tier_is_routed_to_for_what_it_kept() -> 
     )  # fmt: skip
     assert after.epoch == 2 and after.prefixes == [kept[-1]]
     assert choose_worker([after], kept) == "w"
+
+
+def test_a_warm_prefix_sharing_a_head_narrows_the_heads_marks() -> None:
+    cache, _ = journaled()
+    cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=20, pin=True, chunk_refs=[REF])
+    first = cache.tier.drain()
+    assert first.writes[chain(1)[0]].marks == {REF}  # nothing yet says where REF starts
+    cache.admit(tenant="t1", hashes=chain(1, 3), nbytes=20, pin=True, chunk_refs=[OTHER])
+    second = cache.tier.drain()
+    # Block 1 is shared with an entry listing REF only: OTHER starts after it, and a tier
+    # holding block 1 marked REF keeps only what both estimates say: nothing.
+    assert second.writes[chain(1)[0]].marks == frozenset()
+    index = TierIndex(1000)
+    for block in first.writes.values():
+        index.add(block)
+    for block in second.writes.values():
+        index.add(block)
+    assert sorted(index.invalidate([REF])) == [chain(1, 2)[1]]

@@ -129,10 +129,15 @@ class DiskTier:
 
     def apply(self, ops: TierOps, tensors: dict[str, torch.Tensor]) -> list[str]:
         """Write the blocks `ops` names whose tensors are given, then drop what it says is
-        stale; returns the hashes dropped."""
+        stale; returns the hashes dropped. A spilled block already here is left as it is: an
+        evicted request entry's refs say nothing about the chunks it does not list."""
         for h, block in ops.writes.items():
             data = tensors.get(h)
             if data is not None:
+                self.put(block, data)
+        for h, block in ops.spills.items():
+            data = tensors.get(h)
+            if data is not None and h not in self.index:
                 self.put(block, data)
         removed = self.index.remove(ops.cut)
         removed += self.index.invalidate(ops.refs, ops.chunk_ids)
@@ -140,10 +145,10 @@ class DiskTier:
         return removed
 
     def put(self, block: TierBlock, data: torch.Tensor) -> None:
-        """Hold `block` on disk (new marks of a held one rewrite its header)."""
+        """Hold `block` on disk (a held one keeps only the marks both have)."""
         index = self.index
         if block.block_hash in index:
-            if index.remark(block.block_hash, block.marks):
+            if index.narrow(block.block_hash, block.marks):
                 self._write(index.get(block.block_hash) or block, data)
             index.touch([block.block_hash])
             return

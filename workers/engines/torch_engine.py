@@ -185,7 +185,8 @@ class TorchEngine(PrefixEngine[Pending]):
         if self.tier is not None and journal is not None:
             ops = journal.drain()
             if ops:
-                tensors = {h: self._blocks[h].data for h in ops.writes if h in self._blocks}
+                queued = [*ops.writes, *ops.spills]
+                tensors = {h: self._blocks[h].data for h in queued if h in self._blocks}
                 self.tier.apply(ops, tensors)
         freed = 0
         for h in self.cache.drain_freed():
