@@ -57,6 +57,13 @@ class WorkerSettings(BaseSettings):
     ttl_s: float = Field(
         default=3600.0, gt=0, description="Lifetime of a cached prefix unless a command sets one."
     )
+    prefill_chunk_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tokens per forward pass when prefilling a long prompt (chunked prefill: "
+        "bounded activation memory). Unset, by device class (seed 000): A10G-class cards "
+        "(<= 24 GiB) 768, 24-40 GiB 1,024, A100-80G-class 1,536, CPU 512.",
+    )
     disk_tier: bool = Field(
         default=False,
         description="Keep a disk KV tier below device memory (torch engine): warm prefixes are "

@@ -93,21 +93,6 @@ def measure(engine: Any, prefix: list[int], suffix: list[int], runs: int) -> Row
     def first_token(tenant: str) -> None:
         next(engine.generate(prompt, max_tokens=1, tenant=tenant))
 
-    restored = [0]
-
-    def restore() -> float:
-        # Off the device, still on disk: an explicit clear neither spills nor cuts.
-        engine.cache.clear()
-        engine.sync()
-        engine.tier.costs = RestoreCosts()  # measure the restore even where it would lose
-        start = time.perf_counter()
-        steps = engine.generate(prompt, max_tokens=1, tenant="bench")
-        step = next(steps)
-        elapsed = time.perf_counter() - start
-        while step.result is None:
-            step = next(steps)
-        restored[0] = step.result.cached_tokens
-        return elapsed
 
     def floor() -> float:
         # The copy into a fresh cache is not timed: only the suffix forward is.
@@ -129,7 +114,7 @@ def measure(engine: Any, prefix: list[int], suffix: list[int], runs: int) -> Row
         c = _time(lambda: first_token(f"cold-{len(prefix)}-{run}"))  # noqa: B023
         w = _time(lambda: first_token("bench"))
         f = floor()
-        r = restore()  # leaves the prefix on the device again for the next warm run
+        r, restored = restore_first_token(engine, prompt)  # leaves it on the device again
         if run:
             cold.append(c)
             warm.append(w)
@@ -148,8 +133,24 @@ def measure(engine: Any, prefix: list[int], suffix: list[int], runs: int) -> Row
         floor_min_ms=round(min(floors) * 1000, 2),
         restore_ms=median_ms(restores),
         restore_min_ms=round(min(restores) * 1000, 2),
-        restored_tokens=restored[0],
+        restored_tokens=restored,
     )
+
+
+def restore_first_token(engine: Any, prompt: list[int]) -> tuple[float, int]:
+    """Seconds to the first token with the prefix on the disk tier only, and the prompt
+    tokens the answer reports cached."""
+    # Off the device, still on disk: an explicit clear neither spills nor cuts.
+    engine.cache.clear()
+    engine.sync()
+    engine.tier.costs = RestoreCosts()  # measure the restore even where it would lose
+    start = time.perf_counter()
+    steps = engine.generate(prompt, max_tokens=1, tenant="bench")
+    step = next(steps)
+    elapsed = time.perf_counter() - start
+    while step.result is None:
+        step = next(steps)
+    return elapsed, step.result.cached_tokens
 
 
 def check_targets(rows: list[Row]) -> dict[str, bool]:

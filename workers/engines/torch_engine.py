@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from workers.budgets import chunk_spans, prefill_chunk_tokens
 from workers.cache import CacheEntry, PrefixCache, WarmupRefused
 from workers.engines.base import (
     GenerationResult,
@@ -127,6 +128,7 @@ class TorchEngine(PrefixEngine[Pending]):
         self.model_id = model_id
         self.device = str(next(model.parameters()).device)
         self.block_size = settings.block_size
+        self.prefill_chunk = settings.prefill_chunk_tokens or default_prefill_chunk(self.device)
         _require_full_attention(model.config)
         # `is None`, not `or`: an empty cache is falsy (it has a length).
         self.cache = cache if cache is not None else _default_cache(self.device, settings)
@@ -359,10 +361,14 @@ class TorchEngine(PrefixEngine[Pending]):
     # -- model -----------------------------------------------------------------------
 
     def _forward(self, tokens: list[int], past: DynamicCache) -> torch.Tensor:
-        """Run `tokens` after `past` (which grows); the logits of the last position."""
+        """Run `tokens` after `past` (which grows), `prefill_chunk` tokens a pass; the
+        logits of the last position."""
         with torch.inference_mode():
-            ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-            out = self.model(input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1)
+            for start, end in chunk_spans(len(tokens), self.prefill_chunk):
+                ids = torch.tensor([tokens[start:end]], dtype=torch.long, device=self.device)
+                out = self.model(
+                    input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1
+                )
             return out.logits[0, -1]
 
 
@@ -392,6 +398,12 @@ class _TextStream:
         delta = text[self._emitted :]
         self._emitted = len(text)
         return delta
+
+
+def default_prefill_chunk(device: str) -> int:
+    """The seed's prefill chunk for the device's class, read from its memory."""
+    accelerator = not device.startswith("cpu")
+    return prefill_chunk_tokens(device_memory(device), accelerator=accelerator)
 
 
 def _default_cache(device: str, settings: WorkerSettings) -> PrefixCache:
