@@ -413,6 +413,8 @@ class PrefixCache:
         before = holding(entry)
         entry.pinned, entry.kind, entry.expires_at = pinned, kind, expires_at
         self.pool.change(entry.block_hashes, before, holding(entry))
+        if self.tier is not None and entry.managed and not before.managed:
+            self.tier.placed(entry, self.pool, self._entries)  # warm again: write through
         if entry.pinned:
             self._policy.discard(entry.prefix_hash)
         self._track(entry)

@@ -74,3 +74,55 @@ def test_an_evicted_prefix_spills_to_disk_and_comes_back_bit_for_bit(
     assert all(torch.equal(x.data, y) for x, y in zip(back, kept, strict=True))
     cold = load_torch_engine(model_path, WorkerSettings(device="cpu", threads=1))
     assert _answer(cold, ids + question, "a")[0] == tokens
+
+
+def test_a_tier_directory_is_rebuilt_from_its_headers_and_strangers_are_dropped(
+    tmp_path: Path,
+) -> None:
+    from workers.engines.disk_tier import DiskTier, Layout
+    from workers.tier_index import TierBlock
+
+    layout = Layout("float32", (4, 1, 16, 8))
+    tier = DiskTier(tmp_path, 10**6, layout, "cpu")
+    tier.scan()
+    data = torch.arange(4 * 16 * 8, dtype=torch.float32).reshape(4, 1, 16, 8)
+    head = TierBlock("aa" * 16, None, "t", layout.nbytes, frozenset({("d#0", "ff" * 16)}))
+    tail = TierBlock("bb" * 16, head.block_hash, "t", layout.nbytes)
+    tier.put(head, data)
+    other = DiskTier(tmp_path, 10**6, Layout("float16", layout.shape), "cpu")
+    assert other.scan() == 0  # another dtype's blocks are not this engine's: dropped
+    assert not any(tmp_path.rglob("*.safetensors"))
+    tier = DiskTier(tmp_path, 10**6, layout, "cpu")
+    tier.scan()
+    tier.put(head, data)
+    tier.put(tail, data + 1)
+    (tmp_path / "cc").mkdir()
+    (tmp_path / "cc" / ("cc" * 16 + ".safetensors")).write_bytes(b"not a safetensors file")
+    (tmp_path / "aa" / ".leftover.tmp").write_bytes(b"half a write")
+
+    again = DiskTier(tmp_path, 10**6, layout, "cpu")
+    assert again.scan() == 2
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(
+        [head.block_hash + ".safetensors", tail.block_hash + ".safetensors"]
+    )
+    assert again.index.chain_ends() == [tail.block_hash]
+    loaded = again.load([head.block_hash, tail.block_hash])
+    assert torch.equal(loaded[1], data + 1)
+    # The chunk mark survived the restart: invalidating the chunk drops the head and its tail.
+    from workers.tier_journal import TierOps
+
+    gone = again.apply(TierOps(refs={("d#0", "ff" * 16)}), {})
+    assert sorted(gone) == sorted([head.block_hash, tail.block_hash])
+    assert not any(tmp_path.rglob("*.safetensors"))
+
+
+def test_a_failing_disk_drops_the_block_instead_of_failing_the_caller(tmp_path: Path) -> None:
+    from workers.engines.disk_tier import DiskTier, Layout
+    from workers.tier_index import TierBlock
+
+    layout = Layout("float32", (2, 1, 16, 4))
+    tier = DiskTier(tmp_path / "tier", 10**6, layout, "cpu")
+    tier.scan()
+    (tmp_path / "tier" / "aa").write_text("a file where the block's folder should be")
+    tier.put(TierBlock("aa" * 16, None, "t", layout.nbytes), torch.zeros(layout.shape))
+    assert len(tier.index) == 0

@@ -158,12 +158,19 @@ class DiskTier:
         self._write(block, data)
 
     def _write(self, block: TierBlock, data: torch.Tensor) -> None:
+        """Write one block's file; on a disk error (full, read-only) the block leaves the
+        tier instead: the tier is a cache, and a request must never fail for it."""
         path = self._path(block.block_hash)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         meta = {_META_KEY: encode_header(block, self.layout)}
-        save_file({"kv": data.detach().contiguous().cpu()}, str(tmp), metadata=meta)
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_file({"kv": data.detach().contiguous().cpu()}, str(tmp), metadata=meta)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("disk tier: cannot write block %s (%s); dropped", block.block_hash, exc)
+            tmp.unlink(missing_ok=True)
+            self._unlink(self.index.remove([block.block_hash]))
 
     def _unlink(self, hashes: Iterable[str]) -> None:
         for h in hashes:
