@@ -48,6 +48,9 @@ class Snapshot:
 
 
 EMPTY = Snapshot(0, 0, 0, ())
+# Tier chain ends one status event lists at most (the latest stored): with 65,536 warm
+# prefixes beside them the record stays under the codec's 4 MB bound.
+MAX_TIER_PREFIXES = 16_384
 
 
 def chunk_keys(refs: Iterable[ChunkRef]) -> list[ChunkKey]:
@@ -282,7 +285,7 @@ class WorkerRuntime:
             pinned_bytes=snap.pinned_bytes,
             entries=len(snap.entries),
             warm_prefixes=snap.prefixes,
-            tier_prefixes=list(snap.tier_prefixes),
+            tier_prefixes=list(snap.tier_prefixes[-MAX_TIER_PREFIXES:]),
             tier_bytes=snap.tier_bytes,
         )
 

@@ -163,9 +163,21 @@ class WorkerLifecycle:
             report("joining warmup.commands")
             self.consumer = self._consumer(runtime)
             self.consumer.start()
+            if engine.tier_state()[0]:
+                self._catch_up(self.consumer, report)
         stored = apply_warm_set(runtime, items, report)
         log.info("startup warm set: %d of %d items stored", stored, len(items))
         return runtime
+
+    def _catch_up(self, consumer: CommandConsumer, report: Callable[[str], None]) -> None:
+        """A disk tier kept across a restart may hold chunks changed while the worker was
+        down: their invalidations wait in warmup.commands. Serve nothing before they ran."""
+        report("applying the commands sent while down (the disk tier holds prefixes)")
+        if not consumer.wait_caught_up(self.settings.broker_wait_s):
+            raise RuntimeError(
+                "warmup.commands not caught up after "
+                f"{self.settings.broker_wait_s:.0f} s: the disk tier may hold stale prefixes"
+            )
 
     def _consumer(self, runtime: WorkerRuntime) -> CommandConsumer:
         def refuse(reason: str, command_id: str | None) -> None:

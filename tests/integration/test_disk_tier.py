@@ -1,5 +1,6 @@
 """The disk KV tier in a real `ragwarm worker`: a SIGKILLed worker restarted on the same disk
-serves its warm prefixes at once, and a chunk's invalidation reaches its blocks on disk."""
+serves its warm prefixes at once, and a chunk's invalidation reaches its blocks on disk, one
+sent while the worker was down included."""
 
 from __future__ import annotations
 
@@ -69,6 +70,18 @@ def test_a_killed_worker_restarted_on_its_disk_serves_warm_prefixes_at_once(
     env = {"RAGWARM_WORKER_DISK_TIER": "true", "RAGWARM_WORKER_DISK_TIER_PATH": str(root)}
     events = Events(kafka_bootstrap, namespace + WORKER_EVENTS, worker_id, from_start=True)
 
+    def invalidation(chunk_id: str) -> WarmupCommand:
+        return WarmupCommand(
+            command_id=f"c-{uuid.uuid4().hex[:8]}",
+            op="invalidate",
+            tenant=TENANT,
+            chunk_refs=[ref(chunk_id)],
+        )
+
+    def send(command: WarmupCommand) -> None:
+        kafka_producer.send(namespace + WARMUP_COMMANDS, key=b"0" * 32, value=encode(command))
+        kafka_producer.flush()
+
     def start(args: list[str]) -> WorkerProc:
         proc = worker_factory(
             worker_id, kafka_bootstrap=kafka_bootstrap, topic_prefix=namespace, env=env, args=args
@@ -86,32 +99,34 @@ def test_a_killed_worker_restarted_on_its_disk_serves_warm_prefixes_at_once(
         assert first.proc is not None
         os.killpg(first.proc.pid, signal.SIGKILL)
         first.proc.wait(30)
+        # While it is down, the second chunk changes: its invalidation waits in the topic.
+        send(invalidation("mill.md#1"))
 
         second = start([])  # no warm set, and no prefill command is ever sent
         ready = events.wait_for(lambda e: e.kind == "ready" and e.epoch != boot1, "second ready")
-        assert {chains[c][-1] for c in chains} <= set(ready.tier_prefixes)
+        # The missed invalidation ran before `ready`: only the first prefix is still held.
+        assert chains["mill.md#0"][-1] in ready.tier_prefixes
+        assert chains["mill.md#1"][-1] not in ready.tier_prefixes
         assert ready.tier_bytes > 0
+        stale_while_down = chains["mill.md#1"]
+        assert not tier_file(root, stale_while_down[-1]).exists()
         after = completion(second, question, TENANT)
         held = len(chains["mill.md#0"]) * 16
         assert after["usage"]["prompt_tokens_details"]["cached_tokens"] >= held
         assert after["choices"][0]["text"] == before["choices"][0]["text"]
 
-        invalidate = WarmupCommand(
-            command_id=f"c-{uuid.uuid4().hex[:8]}",
-            op="invalidate",
-            tenant=TENANT,
-            chunk_refs=[ref("mill.md#0")],
-        )
-        kafka_producer.send(namespace + WARMUP_COMMANDS, key=b"0" * 32, value=encode(invalidate))
-        kafka_producer.flush()
+        invalidate = invalidation("mill.md#0")
+        send(invalidate)
         events.wait_for(
             lambda e: e.kind == "invalidated" and e.command_id == invalidate.command_id,
             "invalidated",
         )
-        stale, kept = chains["mill.md#0"], chains["mill.md#1"]
-        assert not tier_file(root, stale[-1]).exists()
-        shared = next(i for i, (a, b) in enumerate(zip(stale, kept, strict=False)) if a != b)
+        stale, other = chains["mill.md#0"], chains["mill.md#1"]
+        shared = next(i for i, (a, b) in enumerate(zip(stale, other, strict=False)) if a != b)
+        assert shared > 0
         assert not any(tier_file(root, h).exists() for h in stale[shared:])
-        assert all(tier_file(root, h).is_file() for h in kept)
+        assert not any(tier_file(root, h).exists() for h in other[shared:])
+        # The system prompt's blocks pass through neither chunk: they stay.
+        assert all(tier_file(root, h).is_file() for h in stale[:shared])
     finally:
         events.close()

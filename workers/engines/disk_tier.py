@@ -10,6 +10,7 @@ unreadable files and blocks of another layout (dtype or model shape). Bookkeepin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -169,12 +170,16 @@ class DiskTier:
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("disk tier: cannot write block %s (%s); dropped", block.block_hash, exc)
-            tmp.unlink(missing_ok=True)
             self._unlink(self.index.remove([block.block_hash]))
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
     def _unlink(self, hashes: Iterable[str]) -> None:
         for h in hashes:
-            self._path(h).unlink(missing_ok=True)
+            try:
+                self._path(h).unlink(missing_ok=True)
+            except OSError as exc:  # out of the index already: at worst a stray file stays
+                log.warning("disk tier: cannot remove block %s: %s", h, exc)
 
     def _path(self, block_hash: str) -> Path:
         return self.root / block_hash[:2] / f"{block_hash}{_SUFFIX}"
