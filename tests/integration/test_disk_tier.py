@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +16,9 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
+from ragwarm.kafka.admin import admin_client
 from ragwarm.models import llm_dir, load_tokenizer
-from ragwarm.settings import ModelSettings
+from ragwarm.settings import KafkaSettings, ModelSettings
 from schemas import WarmupCommand, encode
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
 from tests.integration.test_worker_service import Events, completion
@@ -36,6 +38,18 @@ QUESTION = "\nQuestion: How many stones does the mill turn? Answer:"
 
 def tier_file(root: Path, block_hash: str) -> Path:
     return root / block_hash[:2] / f"{block_hash}.safetensors"
+
+
+def wait_group_empty(bootstrap: str, group: str, timeout_s: float = 90.0) -> None:
+    """Until the broker drops a killed member from `group` (its session times out): a
+    member joining before that waits for the dead one through a whole rebalance timeout."""
+    with admin_client(bootstrap, KafkaSettings().client_options(), timeout_s) as admin:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not admin.describe_groups([group])[group]["members"]:
+                return
+            time.sleep(1.0)
+    raise AssertionError(f"group {group} still has members after {timeout_s} s")
 
 
 def ref(chunk_id: str) -> dict[str, str]:
@@ -99,6 +113,7 @@ def test_a_killed_worker_restarted_on_its_disk_serves_warm_prefixes_at_once(
         assert first.proc is not None
         os.killpg(first.proc.pid, signal.SIGKILL)
         first.proc.wait(30)
+        wait_group_empty(kafka_bootstrap, f"{namespace}ragwarm-worker-{worker_id}")
         # While it is down, the second chunk changes: its invalidation waits in the topic.
         send(invalidation("mill.md#1"))
 

@@ -33,11 +33,11 @@ def _answer(engine: TorchEngine, prompt: list[int], tenant: str) -> tuple[tuple[
 
 def test_chunked_prefill_stores_the_same_kv_as_one_pass(model_path: Path) -> None:
     engine = load_torch_engine(model_path, WorkerSettings(device="cpu", threads=1))
-    assert engine.prefill_chunk == 512  # the seed's CPU default
+    assert engine.prefill_chunk_tokens == 512  # the seed's CPU default
     ids = engine.tokenize(TEXT)[:160]
-    engine.prefill_chunk = 10_000
+    engine.prefill_chunk_tokens = 10_000
     whole = engine.prefill(ids, tenant="whole")
-    engine.prefill_chunk = 48  # not a multiple of the block size
+    engine.prefill_chunk_tokens = 48  # not a multiple of the block size
     chunked = engine.prefill(ids, tenant="chunked")
     a, b = engine.stored_kv(whole.prefix_hash), engine.stored_kv(chunked.prefix_hash)
     assert a is not None and b is not None

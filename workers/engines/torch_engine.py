@@ -128,7 +128,9 @@ class TorchEngine(PrefixEngine[Pending]):
         self.model_id = model_id
         self.device = str(next(model.parameters()).device)
         self.block_size = settings.block_size
-        self.prefill_chunk = settings.prefill_chunk_tokens or default_prefill_chunk(self.device)
+        self.prefill_chunk_tokens = (
+            settings.prefill_chunk_tokens or default_prefill_chunk(self.device)
+        )
         _require_full_attention(model.config)
         # `is None`, not `or`: an empty cache is falsy (it has a length).
         self.cache = cache if cache is not None else _default_cache(self.device, settings)
@@ -210,9 +212,7 @@ class TorchEngine(PrefixEngine[Pending]):
             return Pending(None, have, have), 0
         base = have * self.block_size
         past = chain_cache(self.model.config, self._chain(hashes[:have]), base)
-        start = time.perf_counter()
         self._forward(tokens[base:], past)
-        self._saw_compute(len(tokens) - base, start)
         return Pending(_freeze(past), have, len(hashes)), len(tokens) - base
 
     def _keep(self, entry: CacheEntry, held: Pending) -> None:
@@ -290,9 +290,7 @@ class TorchEngine(PrefixEngine[Pending]):
         # At least the last prompt token must run through the model to give logits.
         cached = min(have * self.block_size, len(prompt) - 1)
         past = chain_cache(self.model.config, self._chain(hashes[:have]), cached)
-        computing = time.perf_counter()
         logits = self._forward(prompt[cached:], past)
-        self._saw_compute(len(prompt) - cached, computing)
         # References, not copies: decoding rebinds the layers to new tensors (torch.cat).
         pending = Pending(_freeze(past), have, len(hashes)) if keep and have < len(hashes) else None
         stored: PrefillResult | None = None
@@ -361,15 +359,18 @@ class TorchEngine(PrefixEngine[Pending]):
     # -- model -----------------------------------------------------------------------
 
     def _forward(self, tokens: list[int], past: DynamicCache) -> torch.Tensor:
-        """Run `tokens` after `past` (which grows), `prefill_chunk` tokens a pass; the
+        """Run `tokens` after `past` (which grows), `prefill_chunk_tokens` a pass; the
         logits of the last position."""
+        began = time.perf_counter()
         with torch.inference_mode():
-            for start, end in chunk_spans(len(tokens), self.prefill_chunk):
+            for start, end in chunk_spans(len(tokens), self.prefill_chunk_tokens):
                 ids = torch.tensor([tokens[start:end]], dtype=torch.long, device=self.device)
                 out = self.model(
                     input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1
                 )
-            return out.logits[0, -1]
+            logits = out.logits[0, -1]
+        self._saw_compute(len(tokens), began)
+        return logits
 
 
 class _TextStream:
