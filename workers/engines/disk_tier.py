@@ -18,11 +18,14 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from workers.kv_sizing import kv_dims
+from workers.settings import WorkerSettings
 from workers.tier_index import RestoreCosts, TierBlock, TierIndex
 from workers.tier_journal import TierOps
 
@@ -213,3 +216,17 @@ class DiskTier:
         if tuple(data.shape) != self.layout.shape or data.dtype != self.layout.torch_dtype:
             return None
         return data
+
+
+def open_tier(model: Any, settings: WorkerSettings, default_path: Path | None) -> DiskTier:
+    """The disk tier of this model's block layout, its index rebuilt from the files."""
+    root = settings.disk_tier_path or default_path
+    if root is None:
+        raise ValueError("the disk tier needs a directory: set RAGWARM_WORKER_DISK_TIER_PATH")
+    layers, kv_heads, head_dim = kv_dims(model.config)
+    dtype = str(model.dtype).removeprefix("torch.")
+    layout = Layout(dtype, (2 * layers, kv_heads, settings.block_size, head_dim))
+    device = str(next(model.parameters()).device)
+    tier = DiskTier(root, settings.disk_tier_bytes, layout, device)
+    tier.scan()
+    return tier

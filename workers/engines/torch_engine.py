@@ -23,9 +23,10 @@ from workers.engines.base import (
     PrefixEngine,
     Request,
 )
-from workers.engines.disk_tier import DiskTier, Layout
-from workers.engines.kv_blocks import KV, BlockKV, as_block, chain_cache, cut_blocks, join
-from workers.kv_sizing import cache_for, kv_bytes_per_token, kv_dims
+from workers.engines.disk_tier import DiskTier, open_tier
+from workers.engines.kv_blocks import KV, BlockKV, chain_cache, cut_blocks, join
+from workers.engines.tiered import Tiered
+from workers.kv_sizing import cache_for, kv_bytes_per_token
 from workers.settings import WorkerSettings
 from workers.tier_journal import TierJournal
 
@@ -82,20 +83,6 @@ def load_torch_engine(
     )
 
 
-def open_tier(model: Any, settings: WorkerSettings, default_path: Path | None) -> DiskTier:
-    """The disk tier of this model's block layout, its index rebuilt from the files."""
-    root = settings.disk_tier_path or default_path
-    if root is None:
-        raise ValueError("the disk tier needs a directory: set RAGWARM_WORKER_DISK_TIER_PATH")
-    layers, kv_heads, head_dim = kv_dims(model.config)
-    dtype = str(model.dtype).removeprefix("torch.")
-    layout = Layout(dtype, (2 * layers, kv_heads, settings.block_size, head_dim))
-    device = str(next(model.parameters()).device)
-    tier = DiskTier(root, settings.disk_tier_bytes, layout, device)
-    tier.scan()
-    return tier
-
-
 @dataclass(frozen=True)
 class Pending:
     """A chain's KV waiting for the cache's admission: `kv` covers at least its blocks
@@ -106,7 +93,7 @@ class Pending:
     n_blocks: int
 
 
-class TorchEngine(PrefixEngine[Pending]):
+class TorchEngine(Tiered, PrefixEngine[Pending]):
     """Runs a transformers causal LM and keeps the KV of the blocks the cache holds.
 
     Tensors live here, per block hash (`_blocks`); the cache decides which blocks stay and
@@ -185,13 +172,7 @@ class TorchEngine(PrefixEngine[Pending]):
     def sync(self) -> int:
         """Drop the tensors of blocks the cache freed (spilling the evicted ones to the disk
         tier first, and dropping stale ones from it); returns the bytes freed."""
-        journal = self.cache.tier
-        if self.tier is not None and journal is not None:
-            ops = journal.drain()
-            if ops:
-                queued = [*ops.writes, *ops.spills]
-                tensors = {h: self._blocks[h].data for h in queued if h in self._blocks}
-                self.tier.apply(ops, tensors)
+        self._apply_tier()
         freed = 0
         for h in self.cache.drain_freed():
             if h not in self.cache.pool and h in self._blocks:
@@ -233,51 +214,6 @@ class TorchEngine(PrefixEngine[Pending]):
 
     def _chain(self, hashes: list[str]) -> list[BlockKV]:
         return [self._blocks[h] for h in hashes]
-
-    # -- disk tier -------------------------------------------------------------------
-
-    def tier_state(self) -> tuple[list[str], int]:
-        """Ends of the chains the disk tier holds (what a restarted worker still serves) and
-        its bytes; recomputed only when the tier changed."""
-        if self.tier is None:
-            return [], 0
-        index = self.tier.index
-        if self._tier_view[0] != index.version:
-            self._tier_view = (index.version, index.chain_ends())
-        return list(self._tier_view[1]), index.bytes_used
-
-    def _restore(self, hashes: list[str], have: int, tenant: str) -> int:
-        """Read the blocks after the first `have` of `hashes` back from the disk tier when
-        that beats recomputing them; how many leading blocks are on the device after it."""
-        tier = self.tier
-        if tier is None:
-            return have
-        n = tier.index.run(hashes, have)
-        if n == 0 or not tier.costs.worth_restoring(n * self.block_size, n * self.block_bytes):
-            return have
-        datas = tier.load(hashes[have : have + n])
-        if not datas:
-            return have
-        chain = hashes[: have + len(datas)]
-        try:
-            # A request entry: evictable; warmup may claim the blocks as its own later.
-            self.cache.admit(
-                tenant=tenant, hashes=chain, nbytes=len(chain) * self.block_bytes, kind="request"
-            )
-        except WarmupRefused:
-            return have
-        for h, data in zip(chain[have:], datas, strict=True):
-            self._blocks.setdefault(h, as_block(data))
-            # The chunks each block passes through, so invalidation finds it on the device.
-            held = tier.index.get(h)
-            for ref in held.marks if held is not None else ():
-                self.cache.pool.mark([h], ref, 0)
-        self.sync()  # spills what the admission evicted
-        return len(chain)
-
-    def _saw_compute(self, n_tokens: int, start: float) -> None:
-        if self.tier is not None and n_tokens >= self.block_size:
-            self.tier.costs.saw_compute(n_tokens, time.perf_counter() - start)
 
     # -- generation ------------------------------------------------------------------
 
