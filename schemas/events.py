@@ -206,8 +206,8 @@ class WarmupCommand(WarmupCommandV1):
         return self.expires_at is not None and now >= self.expires_at
 
 
-class WorkerEvent(WorkerEventV1):
-    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+class WorkerEventV2(WorkerEventV1):
+    """Version 2 of `WorkerEvent` (a new epoch meant an empty cache); still read, upgraded.
 
     v2: `epoch` identifies the worker's boot (its start time in microseconds, so a later
     boot has a larger one): a new epoch means the cache was lost, an older one is a
@@ -227,6 +227,22 @@ class WorkerEvent(WorkerEventV1):
     # HMAC-SHA256 (hex) of this record with `signature` null, under the workers' shared
     # secret (schemas.signing); the streams app ignores unsigned events when it has one.
     signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+
+
+class WorkerEvent(WorkerEventV2):
+    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+
+    v3: a worker with a disk KV tier keeps prefixes across restarts, so a new `epoch` no
+    longer means that everything is gone: `ready` and `heartbeat` list in `tier_prefixes`
+    the ends of the chains its disk tier holds (served at once, read back on a hit), and
+    `tier_bytes` their size. A worker without a tier reports none, as v2 did.
+    """
+
+    VERSION: ClassVar[int] = 3
+
+    schema_version: Literal[3] = 3  # type: ignore[assignment]
+    tier_prefixes: list[Hash] = Field(default_factory=list, max_length=65_536)
+    tier_bytes: int = Field(default=0, ge=0)
 
 
 class DeadLetter(DeadLetterV1):
@@ -252,4 +268,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     DeadLetter,
 )
 # Older versions still read: `schemas.codec.decode` upgrades them to the current model.
-LEGACY_TYPES: tuple[type[Event], ...] = (WarmupCommandV1, WorkerEventV1, DeadLetterV1)
+LEGACY_TYPES: tuple[type[Event], ...] = (
+    WarmupCommandV1,
+    WorkerEventV1,
+    WorkerEventV2,
+    DeadLetterV1,
+)
