@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
@@ -19,12 +20,16 @@ from hypothesis import strategies as st
 from schemas import KbChange, QueryEvent, SchemaError, WarmupCommand, WorkerEvent, decode, encode
 from schemas.generate import schema_file
 
+# A fixed timestamp: the same bytes on every run.
+AT = datetime(2026, 1, 1, tzinfo=UTC)
 VALID = {
-    KbChange: KbChange(op="upsert", doc_id="d.md", version=3, text="hello"),
-    QueryEvent: QueryEvent(question="why?", prefix_hash="ab" * 16, block_hashes=["ab" * 16]),
-    WarmupCommand: WarmupCommand(command_id="c1", op="prefill", token_ids=[1, 2, 3], ttl_s=60),
-    WorkerEvent: WorkerEvent(worker_id="w1", kind="heartbeat", url="http://w1"),
-}
+    KbChange: KbChange(op="upsert", doc_id="d.md", version=3, text="hello", timestamp=AT),
+    QueryEvent: QueryEvent(question="why?", prefix_hash="ab" * 16, block_hashes=["ab" * 16],
+                           timestamp=AT),
+    WarmupCommand: WarmupCommand(command_id="c1", op="prefill", token_ids=[1, 2, 3], ttl_s=60,
+                                 timestamp=AT),
+    WorkerEvent: WorkerEvent(worker_id="w1", kind="heartbeat", url="http://w1", timestamp=AT),
+}  # fmt: skip
 # One value of each JSON type (and the non-JSON NaN/Infinity); `retype` picks one of a type
 # the field's schema does not allow.
 BY_TYPE: dict[str, list[Any]] = {
