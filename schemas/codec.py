@@ -13,6 +13,10 @@ E = TypeVar("E", bound=Event)
 
 # Bounds a single record so a hostile producer cannot make a consumer parse megabytes of JSON.
 MAX_RECORD_BYTES = 4_000_000
+# Events nest three levels at most. A bound well below the interpreter's recursion limit
+# makes deep JSON fail the same way wherever it is decoded: how deep `json.loads` gets
+# depends on the caller's stack (a consumer thread has less left than a main thread).
+MAX_DEPTH = 64
 
 registry: dict[tuple[str, int], type[Event]] = {
     (t.SCHEMA, t.VERSION): t for t in (*LEGACY_TYPES, *EVENT_TYPES)
@@ -81,11 +85,35 @@ def _parse(data: bytes | str) -> dict:
         raise SchemaError("", f"expected bytes or str, got {type(data).__name__}")
     try:
         obj = json.loads(data)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except RecursionError:
+        raise _too_deep() from None
+    except json.JSONDecodeError as exc:
         raise SchemaError("", f"not JSON: {exc}") from None
+    # Counting brackets (quoted ones too) is fast and bounds the depth from above.
+    if data.count("[") + data.count("{") > MAX_DEPTH and _depth(obj) > MAX_DEPTH:
+        raise _too_deep()
     if not isinstance(obj, dict):
         raise SchemaError("", f"expected a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def _too_deep() -> SchemaError:
+    return SchemaError("", f"JSON nested deeper than {MAX_DEPTH} levels")
+
+
+def _depth(obj: object) -> int:
+    """Nesting depth of parsed JSON, without recursion (the input may be deep)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            node = list(node.values())
+        if isinstance(node, list):
+            deepest = max(deepest, level)
+            if deepest > MAX_DEPTH:
+                return deepest
+            stack.extend((child, level + 1) for child in node if isinstance(child, dict | list))
+    return deepest
 
 
 def _first_error(exc: ValidationError) -> SchemaError:

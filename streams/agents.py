@@ -15,7 +15,7 @@ import weakref
 import faust
 from faust.streams import _current_event
 
-from schemas import KbChange, WarmupCommand, encode
+from schemas import KbChange, WarmupCommand, deadletter, encode
 from schemas.topics import kb_key
 from streams import batch, faults, handlers
 from streams.handlers import HandlerDeps
@@ -61,7 +61,9 @@ class RecordRunner:
         self.p, self.topics, self.route = p, topics, route
         s = p.settings
         self.backoff = faults.Backoff(s.retry_initial_s, s.retry_max_s, s.retry_attempts)
-        self.max_value = faults.value_limit(s.producer_max_request_bytes, s.deadletter_max_bytes)
+        self.max_value = deadletter.value_limit(
+            s.producer_max_request_bytes, s.deadletter_max_bytes
+        )
 
     async def process(self, event: faust.EventT) -> None:
         msg = event.message
@@ -93,12 +95,12 @@ class RecordRunner:
             prefix = "" if faults.is_permanent(error) else "transient failure, retries exhausted: "
             await self.dead_letter(_origin(event), error, prefix)
 
-    async def dead_letter(self, origin: faults.Origin, exc: BaseException, prefix: str) -> None:
+    async def dead_letter(self, origin: deadletter.Origin, exc: BaseException, prefix: str) -> None:
         """Send the dead letter, retrying until it is sent: the record's offset is committed
         once this returns, so a letter that was never sent would lose it."""
         reason, field = faults.reason_of(exc)
-        letter = faults.dead_letter(origin, prefix + reason, field, self.max_value)
-        key = (origin.key or b"")[: faults.MAX_REASON] or None
+        letter = deadletter.dead_letter(origin, prefix + reason, field, self.max_value)
+        key = deadletter.letter_key(origin)
         delay = self.backoff.initial_s
         while True:
             try:
@@ -169,9 +171,9 @@ def _as_current(event: faust.EventT):
         _current_event.reset(token)
 
 
-def _origin(event: faust.EventT) -> faults.Origin:
+def _origin(event: faust.EventT) -> deadletter.Origin:
     msg = event.message
-    return faults.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
+    return deadletter.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
 
 
 def partition_of(key: str, partitions: int) -> int:

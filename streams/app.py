@@ -47,6 +47,6 @@ def create_app(settings: StreamsSettings, broker: BrokerOptions, data_dir: Path)
         broker_max_poll_interval=600.0,
         stream_wait_empty=False,
         producer_acks=broker.acks,
-        # Dead letters are sized against this (streams.faults.value_limit): keep them equal.
+        # Dead letters are sized against this (schemas.deadletter.value_limit): keep them equal.
         producer_max_request_size=settings.producer_max_request_bytes,
     )

@@ -1,4 +1,5 @@
-"""How the app tells a bad record from a bad moment: fault classes, backoff, dead letters.
+"""How the app tells a bad record from a bad moment: fault classes and backoff (the dead
+letters themselves are built by `schemas.deadletter`, shared with the workers).
 
 Pure: no Faust, no Kafka. `streams/agents.py` applies these to records and timers.
 """
@@ -6,21 +7,15 @@ Pure: no Faust, no Kafka. `streams/agents.py` applies these to records and timer
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from schemas import DeadLetter, SchemaError
+from schemas import SchemaError
 
 log = logging.getLogger(__name__)
-
-# Bytes of a dead letter besides the payload: the key, reason and fields, with room.
-ENVELOPE_BYTES = 16 * 1024
-MAX_REASON = 4096
 
 
 def is_permanent(exc: BaseException) -> bool:
@@ -79,49 +74,6 @@ async def retry(
                 return exc
             on_retry(exc, backoff.attempts, delay)
             await sleep(delay)
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where a record came from: what a dead letter must name to find the original."""
-
-    topic: str
-    partition: int | None
-    offset: int | None
-    key: bytes | None
-    value: bytes | None
-
-
-def dead_letter(
-    origin: Origin, reason: str, field: str | None, max_value_bytes: int
-) -> DeadLetter:
-    """The dead letter of `origin`. A payload over `max_value_bytes` keeps only its head,
-    with the original's size and sha256; the original stays in its topic at its offset."""
-    value = origin.value or b""
-    head = value[:max_value_bytes]
-    key = (origin.key or b"")[:MAX_REASON]
-    truncated = len(head) < len(value)
-    if truncated:
-        reason = f"{reason} (payload of {len(value)} bytes truncated to {len(head)})"
-    return DeadLetter(
-        source_topic=origin.topic,
-        partition=origin.partition,
-        offset=origin.offset,
-        key_b64=base64.b64encode(key).decode() if origin.key else None,
-        value_b64=base64.b64encode(head).decode(),
-        value_bytes=len(value),
-        value_sha256=hashlib.sha256(value).hexdigest(),
-        truncated=truncated,
-        reason=reason[:MAX_REASON],
-        error_field=field,
-    )
-
-
-def value_limit(max_request_bytes: int, setting: int) -> int:
-    """Payload bytes a dead letter may carry: base64 grows it by 4/3 and the envelope must
-    fit too, so the letter stays under the producer's max request size."""
-    fits = (max_request_bytes - ENVELOPE_BYTES) * 3 // 4
-    return max(0, min(setting, fits))
 
 
 def guarded(

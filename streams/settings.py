@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas import deadletter
+
 
 class StreamsSettings(BaseSettings):
     """The Faust app: identity, web views, TTLs, hot-token windows and budgets."""
@@ -68,11 +70,13 @@ class StreamsSettings(BaseSettings):
         "dead-lettered (with the last error); 12 from 0.5 s doubling to 30 s: about 3.5 min."
     )
     deadletter_max_bytes: int = Field(
-        default=256 * 1024, ge=0, description="Payload bytes a dead letter carries; a larger "
+        default=deadletter.PAYLOAD_BYTES, ge=0,
+        description="Payload bytes a dead letter carries; a larger "
         "record keeps its head, size and sha256 (the original stays in its topic)."
     )
     producer_max_request_bytes: int = Field(
-        default=1_000_000, ge=65_536, description="The producer's max request size."
+        default=deadletter.MAX_REQUEST_BYTES, ge=65_536,
+        description="The producer's max request size.",
     )
     resend_s: float = Field(
         default=10.0, gt=0, description="How often prefills no worker confirmed are re-sent."

@@ -1,4 +1,5 @@
-"""Kafka I/O of a worker: consume `warmup.commands`, publish `worker.events`."""
+"""Kafka I/O of a worker: consume `warmup.commands`, publish `worker.events`, and dead-letter
+the commands it cannot read (as the streams app does for its topics, `schemas.deadletter`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
-from schemas import SchemaError, WarmupCommand, WorkerEvent, decode, encode
+from schemas import DeadLetter, SchemaError, WarmupCommand, WorkerEvent, decode, encode
+from schemas.deadletter import Origin, dead_letter, letter_key, value_limit
 from schemas.signing import sign
-from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
+from schemas.topics import DEADLETTER, WARMUP_COMMANDS, WORKER_EVENTS
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,8 @@ class NullSink:
 
 
 class KafkaEventSink:
-    """Publishes `WorkerEvent`s on `worker.events`, keyed by worker id (thread-safe)."""
+    """Publishes `WorkerEvent`s on `worker.events`, keyed by worker id, and dead letters on
+    `ragwarm.deadletter` (thread-safe)."""
 
     def __init__(
         self,
@@ -83,6 +86,7 @@ class KafkaEventSink:
         worker_id: str,
         *,
         topic: str = WORKER_EVENTS,
+        deadletter_topic: str = DEADLETTER,
         connect_wait_s: float = BROKER_WAIT_S,
         secret: bytes | None = None,
     ) -> None:
@@ -97,6 +101,7 @@ class KafkaEventSink:
         )
         self._key = worker_id.encode()
         self._topic = topic
+        self._deadletter_topic = deadletter_topic
         self._secret = secret
 
     def send(self, event: WorkerEvent) -> None:
@@ -104,6 +109,12 @@ class KafkaEventSink:
             event = sign(event, self._secret)
         future = self._producer.send(self._topic, key=self._key, value=encode(event))
         future.add_errback(lambda exc: log.error("could not publish %s: %s", event.kind, exc))
+
+    def dead_letter(self, letter: DeadLetter, key: bytes | None) -> None:
+        """Send a dead letter; the producer retries it until its delivery timeout."""
+        where = f"{letter.source_topic}[{letter.partition}]@{letter.offset}"
+        future = self._producer.send(self._deadletter_topic, key=key, value=encode(letter))
+        future.add_errback(lambda exc: log.error("could not dead-letter %s: %s", where, exc))
 
     def close(self) -> None:
         self._producer.flush(timeout=10)
@@ -134,17 +145,30 @@ def addressing(value: bytes | None) -> tuple[str | None, str | None]:
         return None, None
     cid, wid = obj.get("command_id"), obj.get("worker_id")
     return (
-        cid[:1024] if isinstance(cid, str) and cid else None,
+        cid[:1024] if isinstance(cid, str) and cid and _encodable(cid) else None,
         wid if isinstance(wid, str) else None,
     )
+
+
+def _encodable(text: str) -> bool:
+    """Whether `text` can be sent back in an event (JSON's "\\ud800" is no UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class CommandConsumer:
     """A thread consuming `warmup.commands` in the group `[topic prefix]ragwarm-worker-<id>`.
 
     A new group starts at the end of the topic ("latest"): a new worker does not replay
-    old commands; a restarted one resumes from its committed offsets. Bad records are
-    logged, counted and skipped; an error while handling a command never stops the loop.
+    old commands; a restarted one resumes from its committed offsets. A record that is not
+    a valid command, addressed to this worker or to none, is refused (`on_malformed`) and
+    dead-lettered (`on_dead_letter`) with the decoder's reason; one addressed to another
+    worker is that worker's to refuse. Every worker reads every command (a group each), so
+    an unaddressed bad record gets one letter per worker, all naming the same origin. An
+    error while handling a command never stops the loop.
     """
 
     def __init__(
@@ -155,6 +179,7 @@ class CommandConsumer:
         handle: Callable[[WarmupCommand], object],
         *,
         on_malformed: Callable[[str, str | None], None] = lambda _reason, _cid: None,
+        on_dead_letter: Callable[[DeadLetter, bytes | None], None] | None = None,
         on_expired: Callable[[WarmupCommand], None] | None = None,
         topic: str = WARMUP_COMMANDS,
         group_prefix: str = "",
@@ -167,6 +192,7 @@ class CommandConsumer:
         self._worker_id = worker_id
         self._handle = handle
         self._on_malformed = on_malformed
+        self._on_dead_letter = on_dead_letter
         self._on_expired = on_expired or _log_expired
         self._connect_wait_s = connect_wait_s
         self._clock = clock
@@ -211,8 +237,9 @@ class CommandConsumer:
                 batches = consumer.poll(timeout_ms=POLL_MS)
                 self._mark_assigned(consumer)
                 for records in batches.values():
-                    for record in records:
-                        self._dispatch(record.value)
+                    for r in records:
+                        origin = Origin(r.topic, r.partition, r.offset, r.key, r.value)
+                        self._dispatch_safely(origin)
                 self._mark_caught_up(consumer)
         finally:
             consumer.close()
@@ -260,13 +287,21 @@ class CommandConsumer:
         if all(consumer.position(tp) >= end for tp, end in self._ends.items()):
             self._caught_up.set()
 
-    def _dispatch(self, value: bytes | None) -> None:
+    def _dispatch_safely(self, origin: Origin) -> None:
+        try:
+            self._dispatch(origin.value, origin)
+        except Exception:  # noqa: BLE001 - one record must never stop the consumer thread
+            log.exception("%s[%s]@%s: not handled; skipped",
+                          origin.topic, origin.partition, origin.offset)  # fmt: skip
+
+    def _dispatch(self, value: bytes | None, origin: Origin | None = None) -> None:
         try:
             command = parse_command(value, self._worker_id)
         except SchemaError as exc:
             command_id, worker_id = addressing(value)
             if worker_id in (None, self._worker_id):
                 log.warning("refusing malformed command %s: %s", command_id, exc)
+                self._dead_letter(origin or Origin(self._topic, None, None, None, value), exc)
                 self._on_malformed(str(exc), command_id)
             return
         if command is None:
@@ -279,6 +314,12 @@ class CommandConsumer:
         except Exception:
             log.exception("command %s (%s) failed", command.command_id, command.op)
 
+    def _dead_letter(self, origin: Origin, exc: SchemaError) -> None:
+        if self._on_dead_letter is not None:
+            # The size limits of the streams app's defaults: the worker's producer keeps
+            # kafka-python's max request size, over the 1 MB these letters are cut to fit.
+            letter = dead_letter(origin, str(exc), exc.field, value_limit())
+            self._on_dead_letter(letter, letter_key(origin))
 
 
 def _log_expired(command: WarmupCommand) -> None:

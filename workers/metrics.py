@@ -78,7 +78,7 @@ class WorkerMetrics:
         )
         self.malformed = Counter(
             "worker_commands_malformed",
-            "Records on warmup.commands that were skipped.",
+            "Records on warmup.commands that were not valid commands (refused, dead-lettered).",
             registry=r,
         )
         self.events = Counter("worker_events_published", "Events sent.", ["kind"], registry=r)

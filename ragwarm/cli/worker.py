@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings, keyring
-from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
+from schemas.topics import DEADLETTER, WARMUP_COMMANDS, WORKER_EVENTS
 from workers.api import Limits, PrefillRequest, WarmSetError, parse_warm_set
 from workers.cache import WarmupRefused
 from workers.commands import CommandConsumer, EventSink, KafkaEventSink, NullSink
@@ -134,6 +134,7 @@ class WorkerLifecycle:
         self.url = url
         self.consumer: CommandConsumer | None = None
         self.sink: EventSink = NullSink()
+        self.kafka_sink: KafkaEventSink | None = None
 
     def start(self, report: Callable[[str], None]) -> WorkerRuntime:
         s = self.settings
@@ -142,11 +143,12 @@ class WorkerLifecycle:
         engine = make_engine(s, self.models)
         if s.kafka:
             report(f"connecting to Kafka at {self.kafka.servers}")
-            self.sink = KafkaEventSink(
+            self.sink = self.kafka_sink = KafkaEventSink(
                 self.kafka.servers,
                 self.kafka.producer_options(),
                 s.worker_id,
                 topic=self.kafka.topic(WORKER_EVENTS),
+                deadletter_topic=self.kafka.topic(DEADLETTER),
                 connect_wait_s=s.broker_wait_s,
                 secret=s.events_secret.get_secret_value().encode() if s.events_secret else None,
             )
@@ -190,6 +192,7 @@ class WorkerLifecycle:
             self.settings.worker_id,
             runtime.apply,
             on_malformed=refuse,
+            on_dead_letter=self.kafka_sink.dead_letter if self.kafka_sink else None,
             on_expired=runtime.skip_expired,
             topic=self.kafka.topic(WARMUP_COMMANDS),
             group_prefix=self.kafka.topic_prefix,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ragwarm.kafka.deadletter import Letter, plan_redrive, select, summary
-from streams.faults import Origin, dead_letter
+from schemas.deadletter import Origin, dead_letter
 
 BIG = b"y" * 5000
 

@@ -196,3 +196,28 @@ def test_no_pickle_in_project():
         if "import pickle" in p.read_text() or "pickle.load" in p.read_text()
     ]
     assert offenders == []
+
+
+@pytest.mark.parametrize("depth", [65, 500, 950, 100_000])
+def test_deep_json_is_refused_the_same_way_at_any_stack_depth(depth):
+    # Found by the topic fuzz: 1,000 levels parsed in a main thread but not in a worker's
+    # consumer thread, so the same record was refused for two different reasons.
+    record = {"schema_name": "kb_change", "op": "delete", "doc_id": "d", "version": 1}
+    raw = json.dumps({**record, "metadata": None}).replace("null", "[" * depth + "]" * depth)
+
+    def refuse(stack_left: int) -> str:
+        if stack_left:
+            return refuse(stack_left - 1)
+        with pytest.raises(SchemaError) as refused:
+            decode(raw.encode(), KbChange)
+        return str(refused.value)
+
+    shallow, deep = refuse(0), refuse(400)
+    assert shallow == deep == "<record>: JSON nested deeper than 64 levels"
+
+
+def test_json_of_64_levels_is_read():
+    nested = json.loads("[" * 62 + "]" * 62)  # in the record and metadata: 64 levels
+    with pytest.raises(SchemaError, match="metadata"):  # a list is no metadata value
+        decode(json.dumps({"schema_name": "kb_change", "op": "delete", "doc_id": "d",
+                           "version": 1, "metadata": {"k": nested}}), KbChange)  # fmt: skip

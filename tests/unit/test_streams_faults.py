@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from ragwarm.bench.strategies.streams_sim import run_sync
-from schemas import KbChange, SchemaError, WarmupCommand, WorkerEvent, decode, encode
+from schemas import KbChange, SchemaError, WarmupCommand, WorkerEvent, deadletter, decode, encode
 from streams import faults, handlers
 from streams.logic import apply_worker_event, epoch_order, needs_resend, plan_prefix_op
 from streams.records import DocLink, PrefixOp, PrefixState, WorkerState
@@ -90,8 +90,8 @@ def test_permanent_failure_is_not_retried():
 
 
 def test_small_dead_letter_keeps_the_payload():
-    origin = faults.Origin("kb.changes", 2, 41, b"k", b"not json")
-    letter = faults.dead_letter(origin, "bad", None, 1024)
+    origin = deadletter.Origin("kb.changes", 2, 41, b"k", b"not json")
+    letter = deadletter.dead_letter(origin, "bad", None, 1024)
     assert base64.b64decode(letter.value_b64) == b"not json"
     assert not letter.truncated and letter.value_bytes == 8
     assert decode(encode(letter)) == letter
@@ -99,8 +99,9 @@ def test_small_dead_letter_keeps_the_payload():
 
 def test_large_dead_letter_fits_the_producer_limit():
     value = b"x" * 800_000
-    limit = faults.value_limit(1_000_000, 10**9)
-    letter = faults.dead_letter(faults.Origin("kb.changes", 0, 7, b"k", value), "bad", None, limit)
+    limit = deadletter.value_limit(1_000_000, 10**9)
+    origin = deadletter.Origin("kb.changes", 0, 7, b"k", value)
+    letter = deadletter.dead_letter(origin, "bad", None, limit)
     assert len(encode(letter)) < 1_000_000
     assert letter.truncated and letter.value_bytes == 800_000
     assert letter.value_sha256 == hashlib.sha256(value).hexdigest()
