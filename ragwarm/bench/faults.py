@@ -71,7 +71,7 @@ class QueryLoad:
                 if reason not in self.reasons:  # each kind of failure once, with its text
                     self.reasons.add(reason)
                     self.say(f"  query failed ({reason}: {str(exc)[:200]})")
-                self.stop.wait(2.0)
+                self.stop.wait(5.0)  # the app or a worker is down: do not spend the budget
             self.stop.wait(self.gap_s)
 
     def _ask(self, question: str) -> plan.Asked:
@@ -156,8 +156,9 @@ class Replay:
 def settle(stack: FaultStack, expected: dict[str, plan.Expected], say: Say) -> None:
     """Wait until the app's docs table holds every final version (or give up after START_S)."""
     want = {d: e.version for d, e in expected.items()}
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
+    started = time.monotonic()
+    told = started
+    while time.monotonic() < started + START_S:
         try:
             got = table_versions(stack)
         except httpx.HTTPError:
@@ -165,6 +166,10 @@ def settle(stack: FaultStack, expected: dict[str, plan.Expected], say: Say) -> N
         behind = [d for d, v in want.items() if got.get(d) != v]
         if not behind:
             return
+        if time.monotonic() - told > 30:
+            told = time.monotonic()
+            say(f"  {len(want) - len(behind)} of {len(want)} final versions applied "
+                f"after {told - started:.0f} s")
         time.sleep(2.0)
     say(f"the docs table still lacks {len(behind)} final versions, e.g. {behind[:3]}")
 
