@@ -303,6 +303,8 @@ def run(stack: FaultStack, sliced: plan.Slice, o: Options, say: Say) -> dict[str
         expected = plan.oracle([*sliced.initial, *sliced.edits])
         end = finish(stack, expected, chunker_of(client), o.grace_s, say)
         client.close()
+    hits = sum(a.cached_tokens > 0 for a in load.asked)
+    say(f"{len(load.asked)} queries answered, {hits} of them with cached KV")
     rewarm = replay.rewarm
     if rewarm is not None and rewarm.seconds is None:
         say(f"the killed worker lacks {len(rewarm.missing)} of {len(rewarm.held)} prefixes")
