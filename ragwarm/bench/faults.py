@@ -35,7 +35,7 @@ START_S = 600.0  # each start or recovery may take this long on a loaded 2-core 
 @dataclass
 class QueryLoad:
     """Asks questions one at a time in a thread (Zipf popularity, seeded) until stopped or
-    `limit` were asked; records each answered one and counts the failed ones."""
+    `limit` were answered; records each answered one and counts the failed ones."""
 
     stack: FaultStack
     client: Any
@@ -61,7 +61,8 @@ class QueryLoad:
     def _run(self) -> None:
         rng = random.Random(self.seed)
         weights = [1 / (i + 1) for i in range(len(self.questions))]
-        while not self.stop.is_set() and self.count < self.limit:
+        # Failures do not spend the budget: the load then lasts through the app's downtimes.
+        while not self.stop.is_set() and len(self.asked) < self.limit:
             question = rng.choices(self.questions, weights)[0]
             try:
                 self.asked.append(self._ask(question))
@@ -110,9 +111,12 @@ class Replay:
         self.pending.extend(enumerate(edits))
         while self.pending:
             n, _ = self.send_next()
-            for fault in [f for f in self.faults if f.after_edit == n]:
-                self.inject(fault.kind)
+            self.inject_after(n)
             time.sleep(self.edit_gap_s)
+
+    def inject_after(self, n: int) -> None:
+        for fault in [f for f in self.faults if f.after_edit == n]:
+            self.inject(fault.kind)
 
     def send_next(self) -> tuple[int, Any]:
         n, event = self.pending.popleft()
@@ -145,11 +149,15 @@ class Replay:
         self.stack.kill_worker(worker, START_S)
 
     def _outage(self) -> None:
+        sent: list[int] = []
+
         def during() -> None:  # an edit arrives while the index cannot be written
             if self.pending:
-                self.send_next()
+                sent.append(self.send_next()[0])
 
         self.stack.store_outage(during)
+        for n in sent:  # the faults planned after that edit come once the store is back
+            self.inject_after(n)
 
 
 # --- the end: settle and compare with the oracle -----------------------------------------------
@@ -351,7 +359,8 @@ ORDER = ("faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalida
 @click.option("--hot", type=int, default=4, show_default=True,
               help="Most popular questions asked and warmed before the replay.")
 @click.option("--queries", type=int, default=60, show_default=True,
-              help="Most queries asked during the replay (one at a time).")
+              help="Most queries answered during the replay (one at a time; failed ones "
+              "are counted apart).")
 @click.option("--query-gap-s", type=float, default=2.0, show_default=True)
 @click.option("--edit-gap-s", type=float, default=2.0, show_default=True)
 @click.option("--grace-s", type=float, default=30.0, show_default=True,
