@@ -178,9 +178,12 @@ def recovery_figures(seconds: Sequence[float]) -> dict[str, float | None]:
             "streams_recovery_s_max": round(max(seconds), 1)}
 
 
-def passed(result: Mapping) -> list[str]:
-    """The issue's acceptance checks that fail on `result` (empty: all hold)."""
+def passed(result: Mapping, planned: Sequence[Fault] = ()) -> list[str]:
+    """The issue's acceptance checks that fail on `result` (empty: all hold), and whether
+    every `planned` fault was injected."""
     failing = []
+    if planned and result["faults"] != fault_counts(f.kind for f in planned):
+        failing.append(f"faults injected {result['faults']} differ from the plan")
     if result["kb_versions_indexed"] != result["kb_versions_expected"]:
         failing.append("kb_versions_indexed != kb_versions_expected")
     for key in ("lost_invalidations", "stale_served", "transient_dead_letters"):

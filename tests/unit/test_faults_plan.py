@@ -116,3 +116,9 @@ def test_recovery_figures_and_the_checks():
     assert plan.passed(ok) == []
     bad = ok | {"kb_versions_indexed": 2, "stale_served": 1, "worker_rewarm_s": None}
     assert len(plan.passed(bad)) == 3
+    planned = plan.plan_faults(10, 2, seed=4)
+    done = ok | {"faults": plan.fault_counts(f.kind for f in planned)}
+    assert plan.passed(done, planned) == []
+    short = done | {"faults": plan.fault_counts(f.kind for f in planned[:-1])}
+    assert plan.passed(short, planned) == [f"faults injected {short['faults']} differ from "
+                                           "the plan"]
