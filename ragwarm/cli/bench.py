@@ -12,6 +12,7 @@ BENCHES: dict[str, str] = {
     "pipeline": "ragwarm.bench.pipeline:pipeline",
     "strategies": "ragwarm.bench.strategies.command:strategies",
     "blend": "ragwarm.bench.blend:blend",
+    "faults": "ragwarm.bench.faults:faults",
 }
 
 

@@ -1,0 +1,124 @@
+"""`bench faults`' pure parts: the slice, the fault plan, the oracle and the accounting."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rag.trace import Question, TraceEvent
+from ragwarm.bench import faults_plan as plan
+
+T = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+def ev(seq: int, doc: str, text: str | None = "x", initial: bool = False,
+       op: str = "upsert") -> TraceEvent:
+    return TraceEvent(seq=seq, timestamp=T, op=op, doc_id=doc,
+                      text=None if op == "delete" else text, metadata={"initial": initial})
+
+
+def words(doc_id: str, text: str) -> dict[str, str]:
+    """A stand-in chunker: one chunk per line, hashed by its text."""
+    return {f"{doc_id}#{i}": line for i, line in enumerate(text.splitlines())}
+
+
+TRACE = [
+    ev(0, "a.md", "a0", True), ev(1, "b.md", "b0", True), ev(2, "c.md", "c0", True),
+    ev(3, "c.md", "c1"), ev(4, "a.md", "a1\nmore"), ev(5, "new.md", "n0"),
+    ev(6, "b.md", op="delete"), ev(7, "big.md", "y" * 50),
+]
+QUESTIONS = [Question(qid="q1", question="What is b?", doc_id="b.md"),
+             Question(qid="q2", question="Later", doc_id="new.md", first_seq=5)]
+
+
+def test_the_slice_prefers_answering_docs_then_those_edited_first_and_drops_oversize():
+    s = plan.pick_slice(TRACE, QUESTIONS, docs=2, edits=10, max_bytes=20)
+    assert [e.doc_id for e in s.initial] == ["b.md", "c.md"]
+    assert [e.seq for e in s.edits] == [3, 6]
+    assert [q.qid for q in s.questions] == ["q1"]  # q2 is not live at the initial state
+
+
+def test_docs_zero_takes_every_document_and_edits_limit_the_replay():
+    s = plan.pick_slice(TRACE, QUESTIONS, docs=0, edits=3, max_bytes=10_000)
+    assert [e.doc_id for e in s.initial] == ["a.md", "b.md", "c.md"]
+    assert [e.seq for e in s.edits] == [3, 4, 5]
+
+
+def test_the_oracle_is_the_last_event_of_each_document_deletes_included():
+    expected = plan.oracle(TRACE)
+    assert expected["a.md"] == plan.Expected(4, False, "a1\nmore")
+    assert expected["b.md"].deleted and expected["b.md"].version == 6
+    assert plan.current_chunks(expected, words) == {
+        "a.md#0": "a1", "a.md#1": "more", "c.md#0": "c1", "new.md#0": "n0", "big.md#0": "y" * 50,
+    }
+
+
+def test_versions_indexed_needs_the_version_the_delete_flag_and_the_exact_chunks():
+    expected = plan.oracle(TRACE[:7])
+    index = {
+        "a.md": plan.IndexedDoc(4, False, {"a.md#0": "a1", "a.md#1": "more"}),
+        "b.md": plan.IndexedDoc(6, True, {}),
+        "c.md": plan.IndexedDoc(3, False, {"c.md#0": "c0"}),  # right version, old chunk
+        "new.md": plan.IndexedDoc(4, False, {"new.md#0": "n0"}),  # version behind
+    }
+    assert plan.versions_indexed(expected, index, words) == 2
+    index["c.md"] = plan.IndexedDoc(3, False, {"c.md#0": "c1"})
+    index["new.md"] = plan.IndexedDoc(5, False, {"new.md#0": "n0"})
+    assert plan.versions_indexed(expected, index, words) == 4
+
+
+def test_a_held_entry_with_any_old_chunk_is_a_lost_invalidation():
+    current = {"a#0": "h1", "a#1": "h2"}
+    held = [
+        {"chunk_refs": [{"chunk_id": "a#0", "content_hash": "h1"}]},
+        {"chunk_refs": [{"chunk_id": "a#0", "content_hash": "h1"},
+                        {"chunk_id": "a#1", "content_hash": "old"}]},
+        {"chunk_refs": [{"chunk_id": "gone#0", "content_hash": "h"}]},
+        {"chunk_refs": []},
+    ]
+    assert plan.lost_invalidations(held, current) == 2
+
+
+def test_stale_needs_a_cache_hit_on_a_chunk_older_than_the_table_said():
+    old = plan.Asked((("a", 3), ("b", 9)), {"a": 4, "b": 9}, cached_tokens=512)
+    assert plan.stale(old)
+    assert not plan.stale(plan.Asked(old.chunk_versions, old.table_versions, 0))
+    assert not plan.stale(plan.Asked((("a", 4),), {"a": 4}, 512))
+    assert not plan.stale(plan.Asked((("z", 1),), {}, 512))  # a doc the table has not yet
+
+
+@given(st.integers(1, 200), st.integers(0, 12), st.integers())
+def test_the_plan_has_every_fault_once_but_kills_in_edit_order(n, kills, seed):
+    faults = plan.plan_faults(n, kills, seed)
+    assert faults == plan.plan_faults(n, kills, seed)
+    assert all(0 <= f.after_edit < n for f in faults)
+    assert [f.after_edit for f in faults] == sorted(f.after_edit for f in faults)
+    counts = plan.fault_counts(f.kind for f in faults)
+    assert counts == {"streams_kills": kills, "worker_kills": 1, "broker_restarts": 1,
+                      "store_outages": 1, "host_moves": 1 if kills else 0}
+    (worker,) = [f for f in faults if f.kind == plan.WORKER_KILL]
+    assert worker.after_edit >= n // 2
+
+
+def test_no_edits_no_plan():
+    with pytest.raises(ValueError, match="at least one edit"):
+        plan.plan_faults(0, 5, 1)
+
+
+def test_recovery_figures_and_the_checks():
+    assert plan.recovery_figures([3.0, 10.0, 5.0]) == {"streams_recovery_s_p50": 5.0,
+                                                       "streams_recovery_s_max": 10.0}
+    ok = {"kb_versions_expected": 3, "kb_versions_indexed": 3, "lost_invalidations": 0,
+          "stale_served": 0, "transient_dead_letters": 0, "worker_rewarm_s": 12.0}
+    assert plan.passed(ok) == []
+    bad = ok | {"kb_versions_indexed": 2, "stale_served": 1, "worker_rewarm_s": None}
+    assert len(plan.passed(bad)) == 3
+    planned = plan.plan_faults(10, 2, seed=4)
+    done = ok | {"faults": plan.fault_counts(f.kind for f in planned)}
+    assert plan.passed(done, planned) == []
+    short = done | {"faults": plan.fault_counts(f.kind for f in planned[:-1])}
+    assert plan.passed(short, planned) == [f"faults injected {short['faults']} differ from "
+                                           "the plan"]
