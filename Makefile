@@ -34,7 +34,7 @@ llama-server: $(STAMP)
 
 test-llama: models llama-server
 	$(BIN)/ragwarm models gguf
-	$(BIN)/pytest -p no:cacheprovider -ra tests/integration/test_llama_cpp.py
+	$(BIN)/pytest -p no:cacheprovider -rA tests/integration/test_llama_cpp.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

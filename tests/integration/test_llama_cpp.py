@@ -91,6 +91,10 @@ def test_a_warmed_prefix_is_reused_by_the_next_request(
     assert timings["cache_n"] >= full
     assert timings["cache_n"] + timings["prompt_n"] == len(prompt)
     assert answer["tokens_evaluated"] == len(prompt)
+    # Shown by `make test-llama` (-rA) for docs/benchmarks.md: the server's own figures.
+    print(f"llama-server: prompt {len(prompt)} tokens, warmed prefix {full}; "
+          f"cache_n {timings['cache_n']}, prompt_n {timings['prompt_n']}, "
+          f"prompt_ms {timings['prompt_ms']:.1f}")
 
 
 def test_generation_reports_the_servers_cached_tokens(
@@ -106,10 +110,10 @@ def test_generation_reports_the_servers_cached_tokens(
     assert final.prompt_tokens == len(prompt)
     assert full <= final.cached_tokens < len(prompt)
     assert "".join(s.text for s in steps) == final.text
-    # Greedy: the native endpoint over the same tokens gives the same text.
-    assert llama.completion(prompt, n_predict=6)["content"] == final.text
     # The slot that answered says the same as the usage the adapter read.
     assert any(s.get("n_prompt_tokens_cache") == final.cached_tokens for s in llama.slots_state())
+    # Greedy: the native endpoint over the same tokens gives the same text.
+    assert llama.completion(prompt, n_predict=6)["content"] == final.text
 
 
 def test_invalidation_erases_the_slot_holding_the_prefix(
@@ -126,8 +130,11 @@ def test_invalidation_erases_the_slot_holding_the_prefix(
     assert engine.erased_slots >= 1
     text = engine.detokenize(prefix)
     assert not any(str(s.get("prompt") or "").startswith(text) for s in llama.slots_state())
-    # No slot holds it any more: the server computes the whole prompt again.
-    assert llama.completion(prompt)["timings"]["cache_n"] == 0
+    # No slot holds it any more: the server computes the prompt again (another test's slot
+    # may share its first few words, never a block of it).
+    again = llama.completion(prompt)["timings"]
+    assert again["cache_n"] < engine.block_size
+    assert again["cache_n"] + again["prompt_n"] == len(prompt)
 
 
 def test_a_worker_warms_and_serves_through_llama_cpp(
