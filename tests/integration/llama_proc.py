@@ -34,6 +34,7 @@ class LlamaServer:
     workdir: Path
     alias: str
     slots: int = 2
+    show_prompts: bool = True
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
 
@@ -56,10 +57,12 @@ class LlamaServer:
             "--slot-save-path", str(self.workdir / "slots"), "--cache-ram", "0",
         ]  # fmt: skip
         (self.workdir / "slots").mkdir(exist_ok=True)
+        # Slot prompts on /slots, so invalidation erases only the slots holding the prefix.
+        env = {**os.environ, "LLAMA_SERVER_SLOTS_DEBUG": "1"} if self.show_prompts else None
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                start_new_session=True, env=env,
             )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

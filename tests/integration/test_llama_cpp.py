@@ -110,8 +110,6 @@ def test_generation_reports_the_servers_cached_tokens(
     assert final.prompt_tokens == len(prompt)
     assert full <= final.cached_tokens < len(prompt)
     assert "".join(s.text for s in steps) == final.text
-    # The slot that answered says the same as the usage the adapter read.
-    assert any(s.get("n_prompt_tokens_cache") == final.cached_tokens for s in llama.slots_state())
     # Greedy: the native endpoint over the same tokens gives the same text.
     assert llama.completion(prompt, n_predict=6)["content"] == final.text
 

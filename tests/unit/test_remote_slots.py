@@ -34,4 +34,13 @@ def test_a_prompt_shorter_than_the_prefix_or_empty_holds_nothing_of_it() -> None
 
 
 def test_nothing_dropped_names_no_slot() -> None:
-    assert slots_holding([slot(0, "abcdefgh")], {}, hashes_of) == []
+    assert slots_holding([slot(0, "abcdefgh"), {"id": 1, "n_prompt_tokens": 9}], {},
+                         hashes_of) == []
+
+
+def test_a_server_that_hides_prompts_gets_every_slot_holding_tokens_reset() -> None:
+    # Without LLAMA_SERVER_SLOTS_DEBUG, /slots shows counts only: what a slot holds is unknown.
+    dropped = {hashes_of("abcdefgh", "t1")[-1]: "t1"}
+    slots = [{"id": 0, "n_ctx": 2048}, {"id": 1, "n_prompt_tokens": 11},
+             {"id": 2, "n_prompt_tokens": 0}]
+    assert slots_holding(slots, dropped, hashes_of) == [1]

@@ -78,18 +78,24 @@ def slots_holding(
     dropped: Mapping[str, str],
     hashes_of: Callable[[str, str], Sequence[str]],
 ) -> list[int]:
-    """Ids of llama.cpp slots whose prompt starts with a dropped prefix.
+    """Ids of llama.cpp slots that hold a dropped prefix, or may.
 
     `dropped` maps each dropped prefix hash to its tenant; `hashes_of(prompt, tenant)` are
-    the block hashes of a slot's prompt text as that tenant would have sent it.
+    the block hashes of a slot's prompt text as that tenant would have sent it. llama.cpp
+    shows a slot's prompt only when started with LLAMA_SERVER_SLOTS_DEBUG=1: then a slot is
+    named when its prompt starts with a dropped prefix. Otherwise every slot holding tokens
+    is named (a reset: the server offers nothing finer).
     """
+    if not dropped:
+        return []
     tenants = set(dropped.values())
     found = []
     for slot in slots:
         prompt = slot.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            continue  # never used, or already erased
-        if any(set(hashes_of(prompt, tenant)) & dropped.keys() for tenant in tenants):
+        if isinstance(prompt, str):
+            if prompt and any(set(hashes_of(prompt, t)) & dropped.keys() for t in tenants):
+                found.append(int(slot["id"]))
+        elif slot.get("n_prompt_tokens"):  # holds tokens it does not show
             found.append(int(slot["id"]))
     return found
 
