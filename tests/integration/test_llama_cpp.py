@@ -35,10 +35,15 @@ pytestmark = [
 QUESTION = "Question: when was the lamp electrified?\nAnswer:"
 
 
+# Each context's first word starts with its own letter: no two share even a first token, so
+# llama.cpp (which reuses any common start of a slot's prompt) reuses nothing across tests.
+OPENINGS = iter(("Harbour", "Granite", "Meadow", "Copper", "Willow", "Falcon", "Ember"))
+
+
 def context(tag: str) -> str:
     """A retrieved-context prefix of its own per test, so no test reuses another's KV."""
     return (
-        f"You answer questions about lighthouse {tag} from the notes below.\n"
+        f"{next(OPENINGS)} notes. You answer questions about lighthouse {tag} from them.\n"
         "Note 1: The lighthouse stands on the northern cape and was lit in 1874.\n"
         "Note 2: Its lamp was electrified in 1931; the keeper's cottage is now a museum.\n"
     )
@@ -127,12 +132,11 @@ def test_invalidation_erases_the_slot_holding_the_prefix(
     engine.sync()
     assert engine.erased_slots >= 1
     text = engine.detokenize(prefix)
-    assert not any(str(s.get("prompt") or "").startswith(text) for s in llama.slots_state())
-    # No slot holds it any more: the server computes the prompt again (another test's slot
-    # may share its first few words, never a block of it).
+    holding = [s for s in llama.slots_state() if s.get("n_prompt_tokens")]
+    assert not any(str(s.get("prompt") or "").startswith(text) for s in holding)
+    # No slot holds it any more: the server computes the whole prompt again.
     again = llama.completion(prompt)["timings"]
-    assert again["cache_n"] < engine.block_size
-    assert again["cache_n"] + again["prompt_n"] == len(prompt)
+    assert (again["cache_n"], again["prompt_n"]) == (0, len(prompt))
 
 
 def test_a_worker_warms_and_serves_through_llama_cpp(

@@ -11,13 +11,15 @@ def hashes_of(prompt: str, tenant: str) -> list[str]:
     return block_hashes([ord(c) for c in prompt], tenant=tenant, model="m", block_size=4)
 
 
-def slot(slot_id: int, prompt: str | None) -> dict:
-    return {"id": slot_id, "n_ctx": 4096} | ({} if prompt is None else {"prompt": prompt})
+def slot(slot_id: int, prompt: str | None, held: int = 11) -> dict:
+    shown = {} if prompt is None else {"prompt": prompt}
+    return {"id": slot_id, "n_ctx": 4096, "n_prompt_tokens": held} | shown
 
 
 def test_a_slot_whose_prompt_starts_with_a_dropped_prefix_is_named() -> None:
     dropped_prefix = hashes_of("abcdefgh", "t1")[-1]
-    slots = [slot(0, "abcdefgh and a question"), slot(1, "zzzzzzzz other"), slot(2, None)]
+    slots = [slot(0, "abcdefgh and a question"), slot(1, "zzzzzzzz other"),
+             slot(2, "abcdefgh erased", held=0)]
     assert slots_holding(slots, {dropped_prefix: "t1"}, hashes_of) == [0]
 
 

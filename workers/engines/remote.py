@@ -82,9 +82,10 @@ def slots_holding(
 
     `dropped` maps each dropped prefix hash to its tenant; `hashes_of(prompt, tenant)` are
     the block hashes of a slot's prompt text as that tenant would have sent it. llama.cpp
-    shows a slot's prompt only when started with LLAMA_SERVER_SLOTS_DEBUG=1: then a slot is
-    named when its prompt starts with a dropped prefix. Otherwise every slot holding tokens
-    is named (a reset: the server offers nothing finer).
+    shows a slot's last prompt only when started with LLAMA_SERVER_SLOTS_DEBUG=1: then a
+    slot is named when its prompt starts with a dropped prefix. Otherwise every slot holding
+    tokens is named (a reset: the server offers nothing finer). `n_prompt_tokens` is what the
+    slot's KV holds; an erased slot keeps showing its last prompt with 0 tokens held.
     """
     if not dropped:
         return []
@@ -92,10 +93,12 @@ def slots_holding(
     found = []
     for slot in slots:
         prompt = slot.get("prompt")
+        if not slot.get("n_prompt_tokens"):
+            continue  # holds nothing: never used, or erased
         if isinstance(prompt, str):
             if prompt and any(set(hashes_of(prompt, t)) & dropped.keys() for t in tenants):
                 found.append(int(slot["id"]))
-        elif slot.get("n_prompt_tokens"):  # holds tokens it does not show
+        else:  # holds tokens it does not show
             found.append(int(slot["id"]))
     return found
 
