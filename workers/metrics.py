@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -22,6 +23,25 @@ class Served:
     full_blocks: int
     ttft_s: float
     cache_was_empty: bool
+
+
+Outcome = Literal["lookup", "hit", "miss", "cold"]
+
+
+def classify(served: Served) -> frozenset[Outcome]:
+    """What one request was, for every counter that counts requests (both name sets):
+    `lookup` a prompt with a full block (one a cache could serve), `hit` served with cached
+    tokens, `miss` a lookup that matched nothing, `cold` served while the cache was empty."""
+    found: set[Outcome] = set()
+    if served.full_blocks > 0:
+        found.add("lookup")
+    if served.cached_tokens > 0:
+        found.add("hit")
+    elif served.full_blocks > 0:
+        found.add("miss")
+    if served.cache_was_empty:
+        found.add("cold")
+    return frozenset(found)
 
 
 class WorkerMetrics:
@@ -87,6 +107,7 @@ class WorkerMetrics:
         self.named = NamedMetrics(r, model_name)
         self._n_requests = 0
         self._n_hits = 0
+        self._by_outcome = {"hit": self.hits, "miss": self.misses, "cold": self.cold_starts}
 
     def _cache_gauges(self, r: CollectorRegistry) -> None:
         """What the KV cache holds: entries, bytes and blocks by kind."""
@@ -116,16 +137,14 @@ class WorkerMetrics:
         self.ttft.observe(served.ttft_s)
         self.queries.inc(served.prompt_tokens)
         self.token_hits.inc(served.cached_tokens)
-        if served.cached_tokens > 0:
-            self.hits.inc()
-        elif served.full_blocks > 0:
-            self.misses.inc()
-        if served.cache_was_empty:
-            self.cold_starts.inc()
+        outcomes = classify(served)
+        for outcome in outcomes:
+            if outcome in self._by_outcome:
+                self._by_outcome[outcome].inc()
         self._n_requests += 1
-        self._n_hits += served.cached_tokens > 0
+        self._n_hits += "hit" in outcomes
         self.hit_rate.set(self._n_hits / self._n_requests)
-        self.named.observe(served)
+        self.named.observe(served, outcomes)
 
     def cache_state(self, *, used: int, capacity: int, entries: int, pinned: int) -> None:
         self.cache_bytes.set(used)
@@ -201,21 +220,17 @@ class NamedMetrics:
         self.vllm_usage = Gauge("vllm:kv_cache_usage_perc",
                                 "KV-cache usage, 1 means 100 percent (vLLM-compatible).",
                                 ["model_name"], registry=r).labels(**model)
+        self._by_outcome = {"lookup": self.lookups, "hit": self.hits, "miss": self.misses,
+                            "cold": self.cold_starts}
 
-    def observe(self, served: Served) -> None:
+    def observe(self, served: Served, outcomes: frozenset[Outcome] | None = None) -> None:
         self.requests.inc()
         self.ttft.observe(served.ttft_s)
         self.vllm_ttft.observe(served.ttft_s)
         self.prompt_tokens.inc(served.prompt_tokens)
         self.cached_tokens.inc(served.cached_tokens)
-        if served.full_blocks > 0:
-            self.lookups.inc()
-        if served.cached_tokens > 0:
-            self.hits.inc()
-        elif served.full_blocks > 0:
-            self.misses.inc()
-        if served.cache_was_empty:
-            self.cold_starts.inc()
+        for outcome in classify(served) if outcomes is None else outcomes:
+            self._by_outcome[outcome].inc()
 
     def cache_state(self, used: int, capacity: int, entries: int) -> None:
         self.usage_bytes.set(used)

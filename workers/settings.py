@@ -154,6 +154,11 @@ class WorkerSettings(BaseSettings):
         default=None, description="Engine `remote`: served model name; the first one if unset."
     )
     remote_timeout_s: float = Field(default=120.0, gt=0, description="Engine `remote`: timeout.")
+    remote_erase_slots: bool = Field(
+        default=False,
+        description="Engine `remote` on llama.cpp's server: erase the slots holding a prefix "
+        "ragwarm dropped (the server needs --slot-save-path).",
+    )
     vllm_gpu_memory_utilization: float = Field(
         default=0.85, gt=0, le=1, description="Engine `vllm`: share of GPU memory vLLM may use."
     )

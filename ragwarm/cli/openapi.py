@@ -44,6 +44,8 @@ ROUTES: dict[str, list[tuple[str, str, str, Body]]] = {
         ("get", "/health/live", "200 while the process runs.", None),
         ("get", "/health/ready", "200 once the streams app answered and the tokenizer loaded.",
          None),
+        ("get", "/metrics", "Prometheus metrics (ragwarm_gateway_*): requests by route and "
+         "status, latency, cached tokens, retrieval latency, failovers.", None),
         ("get", "/v1/models", "The model the gateway serves.", None),
         ("post", "/v1/chat/completions", "Retrieval + canonical prompt + warm worker; the last "
          "user message is the question.", ChatRequest),

@@ -17,6 +17,7 @@ from ragwarm.client.arag import AsyncRagClient, PartialAnswerLost
 from ragwarm.client.rag import Answer, PreparedQuery
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import ClientError, NoWorker, RequestRejected, StreamsUnavailable
+from ragwarm.gateway.metrics import CONTENT_TYPE, UNMATCHED, GatewayMetrics
 from ragwarm.gateway.protocol import (
     DONE,
     ChatRequest,
@@ -48,6 +49,7 @@ class GatewayState:
     client: AsyncRagClient | None = None
     not_ready: str = "starting"
     started: int = field(default_factory=lambda: int(time.time()))
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
 
     @property
     def keys(self) -> Keys:
@@ -78,6 +80,28 @@ def client_error(exc: ClientError) -> GatewayError:
     if isinstance(exc, RequestRejected):
         return GatewayError(400, str(exc))
     return GatewayError(502, str(exc), kind="server_error", code="upstream_failed")
+
+
+def measure(metrics: GatewayMetrics) -> Any:
+    """Count every request by route and status, and time it (outermost, so errors count)."""
+
+    @web.middleware
+    async def timed(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else UNMATCHED
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            metrics.request(route, status, time.perf_counter() - started)
+
+    return timed
 
 
 @web.middleware
@@ -112,6 +136,10 @@ class Handlers:
             return json_response({"status": "not ready", "reason": self.state.not_ready}, 503)
         return json_response({"status": "ready", "model": self.state.model_id})
 
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.state.metrics.render(),
+                            headers={"Content-Type": CONTENT_TYPE})
+
     async def models(self, request: web.Request) -> web.Response:
         tenant_for(self.state.keys, request.headers)
         return json_response(models_body(self.state.model_id, self.state.started))
@@ -128,16 +156,20 @@ class Handlers:
         body = await _json(request)
         req = parse_request(kind, body, self.state.model_id, self.state.settings.max_tokens)
         client = self.state.live_client()
+        started = time.perf_counter()  # the answer's time to first token counts retrieval
         prepared = await client.prepare(req.question(), tenant)
         reply = Reply.new(chat, self.state.model_id)
         if req.stream:
-            return await _stream(request, client, prepared, req, reply)
-        answer = await client.ask(prepared, req.token_limit(), temperature=req.temperature)
+            return await _stream(request, self.state, prepared, req, reply, started)
+        answer = await client.ask(prepared, req.token_limit(), started=started,
+                                  temperature=req.temperature)
+        self.state.metrics.answered(answer, stream=False)
         return json_response(reply.body(answer))
 
 
-async def _stream(request: web.Request, client: AsyncRagClient, prepared: PreparedQuery,
-                  req: ChatRequest | CompletionRequest, reply: Reply) -> web.StreamResponse:
+async def _stream(request: web.Request, state: GatewayState, prepared: PreparedQuery,
+                  req: ChatRequest | CompletionRequest, reply: Reply,
+                  started: float) -> web.StreamResponse:
     """SSE chunks as the worker streams; an error after the headers is an error event."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
@@ -149,14 +181,18 @@ async def _stream(request: web.Request, client: AsyncRagClient, prepared: Prepar
         await response.write(sse(reply.chunk(text)))
 
     try:
-        answer: Answer = await client.ask(prepared, req.token_limit(), forward,
-                                          temperature=req.temperature, restart_on_retry=False)
+        answer: Answer = await state.live_client().ask(
+            prepared, req.token_limit(), forward, started, temperature=req.temperature,
+            restart_on_retry=False)
+        state.metrics.answered(answer, stream=True)
         await response.write(sse(reply.chunk("", answer.finish_reason)))
         if req.include_usage:
             await response.write(sse(reply.usage_chunk(answer)))
     except PartialAnswerLost as exc:
+        state.metrics.stream_errors.inc()
         await response.write(sse(GatewayError(502, str(exc), kind="server_error").body()))
     except ClientError as exc:
+        state.metrics.stream_errors.inc()
         await response.write(sse(client_error(exc).body()))
     except ConnectionResetError:
         log.info("the app went away during a stream")
@@ -187,12 +223,14 @@ def auth(state: GatewayState) -> Any:
 
 def build_app(state: GatewayState) -> web.Application:
     """The aiohttp application; the client is opened in the background when it starts."""
-    app = web.Application(middlewares=[errors, auth(state)], client_max_size=1 << 20)
+    app = web.Application(middlewares=[measure(state.metrics), errors, auth(state)],
+                          client_max_size=1 << 20)
     app[STATE] = state
     h = Handlers(state)
     app.add_routes([
         web.get("/health/live", h.live),
         web.get("/health/ready", h.ready),
+        web.get("/metrics", h.metrics),
         web.get("/v1/models", h.models),
         web.post("/v1/chat/completions", h.chat),
         web.post("/v1/completions", h.completions),

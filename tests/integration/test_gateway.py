@@ -75,9 +75,9 @@ def test_the_openai_sdk_gets_warm_answers_through_the_gateway(
     assert max(v for (n, _), v in served.items() if n == "vllm:kv_cache_usage_perc") > 0
 
 
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
+def scrape(url: str, headers: dict[str, str] | None = None) -> dict[tuple[str, tuple], float]:
     """`/metrics` of a process as {(sample name, sorted labels): value}."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for f in text_string_to_metric_families(text) for s in f.samples}
 
@@ -112,3 +112,13 @@ def ask_twice_stream_and_refuse(client: OpenAI, base_url: str, bootstrap: str,
 
     logged = logged_query(bootstrap, namespace + RAG_QUERIES, extra["qid"])
     assert logged.cached_tokens == cached and logged.worker_id == "g1"
+
+    gateway = scrape(base_url.removesuffix("/v1"), {"Authorization": f"Bearer {KEY}"})
+    chat = "/v1/chat/completions"
+    assert gateway[("ragwarm_gateway_requests_total", (("route", chat), ("status", "200")))] == 3
+    assert gateway[("ragwarm_gateway_requests_total", (("route", chat), ("status", "401")))] == 1
+    assert gateway[("ragwarm_gateway_request_duration_seconds_count", (("route", chat),))] == 4
+    assert gateway[("ragwarm_gateway_answers_total", (("stream", "true"),))] == 1
+    assert gateway[("ragwarm_gateway_cached_tokens_total", ())] >= 2 * cached
+    assert gateway[("ragwarm_gateway_retrieval_duration_seconds_count", ())] == 4
+    assert gateway[("ragwarm_gateway_failovers_total", ())] == 0

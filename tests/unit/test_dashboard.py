@@ -1,4 +1,4 @@
-"""Every metric the Grafana dashboard queries is one the worker or the streams app exports."""
+"""Every metric the Grafana dashboard queries is one the worker, streams app or gateway exports."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ragwarm.client.rag import Answer
+from ragwarm.gateway.metrics import GatewayMetrics
 from streams.metrics import StreamsMetrics, snapshot
 from workers.metrics import Served, WorkerMetrics
 
@@ -26,11 +28,23 @@ def exported() -> set[str]:
     streams.commands.labels(op="prefill").inc()
     streams.watch(lambda: snapshot({"kb_events": 1}, {"docs": 1}, 0, {"t": 1}, {"t": 1},
                                    {("t", 0): 0}))
+    gateway = GatewayMetrics()
+    gateway.request("/v1/chat/completions", 200, 0.5)
+    gateway.answered(answer(), stream=True)
+    gateway.stream_errors.inc()
     names = set()
-    for text in (worker.render(), streams.render()):
+    for text in (worker.render(), streams.render(), gateway.render()):
         for family in text_string_to_metric_families(text.decode()):
             names |= {s.name for s in family.samples}
     return names
+
+
+def answer(failed: tuple[str, ...] = ()) -> Answer:
+    return Answer(question="q", tenant="t", qid="1", text="a", worker_id="w", ttft_ms=30.0,
+                  worker_ttft_ms=20.0, e2e_ttft_ms=45.0, total_ms=90.0, retrieve_ms=12.0,
+                  route_ms=1.0, prompt_tokens=100, cached_tokens=64, completion_tokens=4,
+                  prefix_tokens=80, prefix_hash="h", matched_blocks=4, chunk_refs=(),
+                  doc_ids=("d",), finish_reason="stop", failed_workers=failed)
 
 
 def queried() -> set[str]:
@@ -50,5 +64,20 @@ def test_the_dashboard_shows_the_metrics_operators_look_for() -> None:
     for wanted in ("ragwarm_time_to_first_token_seconds_bucket", "ragwarm_cold_starts_total",
                    "ragwarm_warmup_hits_total", "ragwarm_kv_cache_misses_total",
                    "vllm:kv_cache_usage_perc", "ragwarm_streams_dead_letters_total",
-                   "ragwarm_streams_event_to_warm_seconds_bucket"):
+                   "ragwarm_streams_event_to_warm_seconds_bucket",
+                   "ragwarm_gateway_requests_total", "ragwarm_gateway_cached_tokens_total",
+                   "ragwarm_gateway_request_duration_seconds_bucket",
+                   "ragwarm_gateway_retrieval_duration_seconds_bucket",
+                   "ragwarm_gateway_failovers_total"):
         assert wanted in names
+
+
+def test_an_answer_counts_its_tokens_retrieval_time_and_failovers() -> None:
+    metrics = GatewayMetrics()
+    metrics.answered(answer(failed=("w1", "w2")), stream=False)
+    registry = metrics.registry
+    assert registry.get_sample_value("ragwarm_gateway_cached_tokens_total") == 64
+    assert registry.get_sample_value("ragwarm_gateway_prompt_tokens_total") == 100
+    assert registry.get_sample_value("ragwarm_gateway_failovers_total") == 2
+    assert registry.get_sample_value("ragwarm_gateway_retrieval_duration_seconds_sum") == 0.012
+    assert registry.get_sample_value("ragwarm_gateway_answers_total", {"stream": "false"}) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from ragwarm.client.settings import ClientSettings
@@ -45,3 +46,22 @@ async def test_models_lists_the_model_and_requests_wait_for_the_client() -> None
                                   json={"model": "smollm2", "prompt": "why?"})
         assert early.status == 503
         assert (await early.json())["error"]["code"] == "not_ready"
+
+
+async def test_metrics_count_every_request_by_route_and_status() -> None:
+    auth = {"Authorization": "Bearer sk-acme"}
+    async with TestClient(TestServer(build_app(state()))) as client:
+        await client.post("/v1/chat/completions", json={}, headers={"Authorization": "Bearer x"})
+        await client.post("/v1/completions", headers=auth, json={"model": "smollm2", "prompt": "?"})
+        await client.get("/no/such/path", headers=auth)
+        assert (await client.get("/metrics")).status == 401  # behind the key, like /v1
+        text = await (await client.get("/metrics", headers=auth)).text()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    requests = "ragwarm_gateway_requests_total"
+    assert samples[(requests, (("route", "/v1/chat/completions"), ("status", "401")))] == 1
+    assert samples[(requests, (("route", "/v1/completions"), ("status", "503")))] == 1
+    assert samples[(requests, (("route", "unmatched"), ("status", "404")))] == 1
+    assert samples[(requests, (("route", "/metrics"), ("status", "401")))] == 1
+    duration = "ragwarm_gateway_request_duration_seconds_count"
+    assert samples[(duration, (("route", "/v1/completions"),))] == 1

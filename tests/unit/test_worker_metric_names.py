@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.metrics import Served, WorkerMetrics
+from workers.metrics import Served, WorkerMetrics, classify
 
 
 def test_named_metrics_follow_each_request() -> None:
@@ -29,3 +29,28 @@ def test_named_metrics_follow_each_request() -> None:
     assert r.get_sample_value("vllm:time_to_first_token_seconds_count", model) == 3
     assert r.get_sample_value("vllm:kv_cache_usage_perc", model) == 0.25
     assert r.get_sample_value("ragwarm_kv_cache_usage_bytes") == 300
+
+
+@pytest.mark.parametrize(("cached", "blocks", "empty", "expected"), [
+    (0, 2, True, {"lookup", "miss", "cold"}),
+    (32, 2, False, {"lookup", "hit"}),
+    (0, 0, False, set()),  # shorter than a block: nothing a cache could serve
+    (8, 0, False, {"hit"}),  # a server that caches below block size still reports a hit
+])
+def test_one_classification_of_a_request(cached, blocks, empty, expected) -> None:
+    served = Served(prompt_tokens=40, cached_tokens=cached, full_blocks=blocks, ttft_s=0.1,
+                    cache_was_empty=empty)
+    assert classify(served) == expected
+
+
+def test_both_name_sets_count_the_same_outcomes() -> None:
+    m = WorkerMetrics(worker_id="w", model_name="m")
+    for cached, blocks, empty in ((0, 2, True), (32, 2, False), (0, 2, False), (0, 0, False)):
+        m.observe(Served(prompt_tokens=40, cached_tokens=cached, full_blocks=blocks,
+                         ttft_s=0.1, cache_was_empty=empty))
+    r = m.registry
+    for seed, named in (("worker_prefix_hits_total", "ragwarm_warmup_hits_total"),
+                        ("kv_cache_miss_total", "ragwarm_kv_cache_misses_total"),
+                        ("cold_start_count_total", "ragwarm_cold_starts_total")):
+        assert r.get_sample_value(seed) == r.get_sample_value(named)
+    assert r.get_sample_value("warmup_hit_rate") == 0.25

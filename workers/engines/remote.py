@@ -4,21 +4,25 @@ The server keeps the KV; this adapter keeps the bookkeeping. Warmup is a complet
 `max_tokens=1` over the prefix, which makes the server's automatic prefix caching hold it.
 Cached tokens come from `usage.prompt_tokens_details.cached_tokens` when the server sends
 it, else from the delta of its Prometheus counters `vllm:prefix_cache_hits` (a delta is
-only exact while no other client uses the server). The server cannot drop one prefix:
-invalidation frees bookkeeping only. Stale KV is never hit, because prefix identity is
-the token sequence and changed chunks tokenize differently.
+only exact while no other client uses the server). vLLM cannot drop one prefix:
+invalidation frees bookkeeping only. llama.cpp's server can erase a slot, which keeps one
+sequence: with `remote_erase_slots`, dropping a prefix erases the slots whose prompt starts
+with it (docs/llama-cpp.md says where the two views still drift). Stale KV is never hit
+either way, because prefix identity is the token sequence and changed chunks tokenize
+differently.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from workers.cache import CacheEntry
 from workers.engines.base import (
     GenerationResult,
     GenerationStep,
@@ -69,6 +73,36 @@ def cached_from_usage(usage: dict[str, Any] | None) -> int | None:
     return int(cached) if cached is not None else None
 
 
+def slots_holding(
+    slots: Sequence[dict[str, Any]],
+    dropped: Mapping[str, str],
+    hashes_of: Callable[[str, str], Sequence[str]],
+) -> list[int]:
+    """Ids of llama.cpp slots that hold a dropped prefix, or may.
+
+    `dropped` maps each dropped prefix hash to its tenant; `hashes_of(prompt, tenant)` are
+    the block hashes of a slot's prompt text as that tenant would have sent it. llama.cpp
+    shows a slot's last prompt only when started with LLAMA_SERVER_SLOTS_DEBUG=1: then a
+    slot is named when its prompt starts with a dropped prefix. Otherwise every slot holding
+    tokens is named (a reset: the server offers nothing finer). `n_prompt_tokens` is what the
+    slot's KV holds; an erased slot keeps showing its last prompt with 0 tokens held.
+    """
+    if not dropped:
+        return []
+    tenants = set(dropped.values())
+    found = []
+    for slot in slots:
+        prompt = slot.get("prompt")
+        if not slot.get("n_prompt_tokens"):
+            continue  # holds nothing: never used, or erased
+        if isinstance(prompt, str):
+            if prompt and any(set(hashes_of(prompt, t)) & dropped.keys() for t in tenants):
+                found.append(int(slot["id"]))
+        else:  # holds tokens it does not show
+            found.append(int(slot["id"]))
+    return found
+
+
 class RemoteError(RuntimeError):
     """The server refused a request or could not be reached."""
 
@@ -100,8 +134,40 @@ class RemoteEngine(ServerKVEngine):
         self._held: dict[str, int] = {}
         # Learned from the first answer: does the server put cached_tokens in usage?
         self._usage_reports_cache: bool | None = None
+        self.erase_slots = settings.remote_erase_slots
+        self.erased_slots = 0  # slots erased on the server so far
+        self._tenants: dict[str, str] = {}  # prefix hash -> tenant, for matching slots
 
     # -- cache -----------------------------------------------------------------------
+
+    def _keep(self, entry: CacheEntry, held: int) -> None:
+        super()._keep(entry, held)
+        self._tenants[entry.prefix_hash] = entry.tenant
+
+    def sync(self) -> int:
+        dropped = {k: self._tenants.pop(k, "default") for k in self._held if k not in self.cache}
+        freed = super().sync()
+        if dropped and self.erase_slots:
+            self.erased_slots += self._erase_slots(dropped)
+        return freed
+
+    def _erase_slots(self, dropped: Mapping[str, str]) -> int:
+        """Erase the server's slots that hold a dropped prefix (llama.cpp's `/slots`)."""
+        response = self.client.get("/slots")
+        if response.status_code != 200:
+            raise RemoteError(f"{response.status_code} from /slots: {response.text[:300]}")
+        ids = slots_holding(
+            response.json(),
+            dropped,
+            lambda prompt, tenant: self.block_hashes(self.tokenize(prompt), tenant=tenant),
+        )
+        for slot_id in ids:
+            erased = self.client.post(f"/slots/{slot_id}", params={"action": "erase"})
+            if erased.status_code != 200:
+                raise RemoteError(
+                    f"{erased.status_code} erasing slot {slot_id}: {erased.text[:300]}"
+                )
+        return len(ids)
 
     def server_counters(self) -> tuple[float, float] | None:
         """(prefix cache queries, hits) in tokens from the server's /metrics, if it has them."""
