@@ -169,7 +169,10 @@ async def apply_indexed(
         return
     links = p.tables.doc_prefixes.get(key) or {}
     dependents = {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
-    plan = logic.plan_kb_change(change, prior, new_chunks, dependents, p.clock())
+    now = p.clock()
+    # Popularity in the hot window orders the re-warms (the tracker is this process's view).
+    popularity = {h: c for h, c, _ in p.tracker.ranked(now) if h in dependents}
+    plan = logic.plan_kb_change(change, prior, new_chunks, dependents, now, popularity)
     assert plan.state is not None  # not stale, so the plan carries the new state
     p.tables.docs[key] = plan.state.model_dump(mode="json")
     p.stats["kb_events"] += 1

@@ -49,12 +49,15 @@ def plan_kb_change(
     new_chunks: Mapping[str, str],
     dependents: Mapping[str, Sequence[ChunkRef]],
     now: float,
+    popularity: Mapping[str, float] | None = None,
 ) -> KbPlan:
     """Compare the document's new chunk hashes with what each dependent prefix was built from.
 
     `new_chunks` is chunk_id -> content hash after indexing (empty on delete);
     `dependents` is prefix hash -> the refs of this document's chunks it depends on.
     A prefix with any ref no longer current is invalidated; the others get a longer TTL.
+    Ops go least popular first (`popularity`: prefix hash -> recent queries): each may
+    re-warm its questions, and the worker's LRU then keeps the most asked of them longest.
     """
     if change.is_stale(prior.version if prior else None):
         return KbPlan(stale=True)
@@ -66,7 +69,9 @@ def plan_kb_change(
     )
     doc_changed = prior is None or dict(new_chunks) != prior.chunks
     ops = []
-    for prefix_hash, refs in sorted(dependents.items()):
+    rank = popularity or {}
+    order = sorted(dependents, key=lambda h: (rank.get(h, 0.0), h))
+    for prefix_hash, refs in ((h, dependents[h]) for h in order):
         changed = [r for r in refs if new_chunks.get(r.chunk_id) != r.content_hash]
         ops.append(
             PrefixOp(
@@ -178,17 +183,29 @@ def _invalidate(op, state, workers, now, ttl_s) -> PrefixPlan:
     plan = PrefixPlan(commands=[cmd], counters={"invalidations": 1})
     if state is not None:
         plan.links = _links(op.prefix_hash, state.chunk_refs, state.tenant, link=False)
-        if _warm_now(op.prefix_hash, state, workers):
+        if rewarm_on_edit(op.prefix_hash, state, workers, now):
             plan.rewarm_questions = list(state.questions)
             plan.rewarm_pin = state.hot
     return plan
 
 
-def _warm_now(prefix_hash: str, state: PrefixState, workers: Sequence[WorkerState]) -> bool:
-    """Whether an edit should re-warm this prefix's questions: it is hot, or some worker
-    holds it. A tracked prefix the cache already evicted was cold before the edit; warming
-    its questions then would only push out KV that is in use."""
-    return state.hot or bool(holders_of(prefix_hash, workers))
+def rewarm_on_edit(
+    prefix_hash: str, state: PrefixState, workers: Sequence[WorkerState], now: float
+) -> bool:
+    """Whether an edit to a document this prefix depends on re-warms its questions.
+
+    Yes when it is hot or some worker holds it, and also when the cache evicted it but it
+    is still in use: asked within its TTL (each ask moves the expiry). An edit is when a
+    question about the document is likely asked again, and an evicted prefix's next ask
+    would otherwise reuse only the system prompt. The budget stays the workers': the
+    re-warm is unpinned unless the prefix is hot, so LRU still decides what stays within
+    memory; a worker whose pinned share is over the threshold takes none (`choose_worker`);
+    at most `rewarm_questions` questions per prefix. A prefix past its TTL that nobody
+    holds was cold before the edit: warming it would only push out KV in use.
+    """
+    if state.hot or holders_of(prefix_hash, workers):
+        return True
+    return state.expires_at > now and choose_worker(workers, [prefix_hash]) is not None
 
 
 def _extend_command(op: PrefixOp, tenant: str, ttl_s: float) -> WarmupCommand:
@@ -213,7 +230,7 @@ def _extend_ttl(op, state, workers, now, ttl_s) -> PrefixPlan:
         counters={"ttl_extensions": 1},
         rewarm_questions=(
             list(state.questions)
-            if op.recheck and _warm_now(op.prefix_hash, state, workers)
+            if op.recheck and rewarm_on_edit(op.prefix_hash, state, workers, now)
             else []
         ),
         rewarm_pin=state.hot,
