@@ -268,31 +268,32 @@ class RetrievingPort(Port):
         return WarmPrefix(prefix_hash="f" * 64, token_ids=[8] * 32, chunk_refs=refs)
 
 
-def test_an_edit_rewarms_evicted_dependents_still_in_use_most_asked_last():
+def test_an_edit_rewarms_evicted_dependents_asked_recently_within_its_budget():
     port = RetrievingPort({("default", "d.md#0"): "2" * 64})
-    p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False)
+    # 1,000 bytes of worker memory, 1 byte a token: 40 tokens for one edit's re-warms.
+    p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False, kv_bytes_per_token=1,
+                      edit_rewarm_share=0.04)
     popular, rare = "1" * 64, "2" * 64
     for name, question in ((popular, "popular?"), (rare, "rare?")):
-        p.tables.prefixes[name] = PrefixState(  # tracked, unexpired, held by no worker
+        p.tables.prefixes[name] = PrefixState(  # tracked, held by no worker
             tenant="default", chunk_refs=REFS, token_ids=[7] * 32, questions=[question],
             expires_at=150.0,
         ).model_dump(mode="json")
+        asks = 3 if name == popular else 1
+        for _ in range(asks):
+            p.tracker.observe(name, HotPayload("default", question, tuple(REFS), 32), 100.0)
     key = doc_key("default", "d.md")
     p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": "1" * 64}).model_dump(mode="json")
     p.tables.doc_prefixes[key] = {h: [r.model_dump(mode="json") for r in REFS]
                                   for h in (popular, rare)}
-    payload = HotPayload("default", "popular?", tuple(REFS), 32)
-    for _ in range(3):
-        p.tracker.observe(popular, payload, 100.0)
     change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
     run_sync(handlers.apply_indexed(p, change, {"d.md#0": "2" * 64}))
     invalidations = list(out.ops)
-    assert [(o.op, o.prefix_hash) for o in invalidations] == [
-        ("invalidate", rare), ("invalidate", popular)
+    # Least asked first; only the most asked fits the budget (32 of 40 tokens).
+    assert [(o.op, o.prefix_hash, o.rewarm) for o in invalidations] == [
+        ("invalidate", rare, False), ("invalidate", popular, True)
     ]
     out.ops.clear()
     for op in invalidations:
         run_sync(handlers.on_prefix_op(p, op))
-    assert [(o.op, o.question, o.pin) for o in out.ops] == [
-        ("warm", "rare?", False), ("warm", "popular?", False)
-    ]
+    assert [(o.op, o.question, o.pin) for o in out.ops] == [("warm", "popular?", False)]
