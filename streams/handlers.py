@@ -169,12 +169,27 @@ async def apply_indexed(
         return
     links = p.tables.doc_prefixes.get(key) or {}
     dependents = {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
-    plan = logic.plan_kb_change(change, prior, new_chunks, dependents, p.clock())
+    now = p.clock()
+    # The hot window (this process's view of rag.queries) ranks the dependents' re-warms.
+    recent = [
+        logic.HotCandidate(h, c, pl.prefix_tokens)
+        for h, c, pl in p.tracker.ranked(now) if h in dependents
+    ]
+    plan = logic.plan_kb_change(
+        change, prior, new_chunks, dependents, now, recent, edit_rewarm_tokens(p)
+    )
     assert plan.state is not None  # not stale, so the plan carries the new state
     p.tables.docs[key] = plan.state.model_dump(mode="json")
     p.stats["kb_events"] += 1
     for op in plan.ops:
         await p.out.op(op)
+
+
+def edit_rewarm_tokens(p: HandlerDeps) -> int:
+    """Tokens of KV one KB change may re-warm into prefixes no worker holds any more."""
+    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    memory = sum(w.mem_total for w in p.live_workers() if w.ready)
+    return int(p.settings.edit_rewarm_share * memory) // max(1, per_token)
 
 
 # --- ragwarm.prefix-ops (key prefix hash) ----------------------------------------------------

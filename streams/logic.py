@@ -49,12 +49,18 @@ def plan_kb_change(
     new_chunks: Mapping[str, str],
     dependents: Mapping[str, Sequence[ChunkRef]],
     now: float,
+    recent: Sequence[HotCandidate] = (),
+    rewarm_tokens: int = 0,
 ) -> KbPlan:
     """Compare the document's new chunk hashes with what each dependent prefix was built from.
 
     `new_chunks` is chunk_id -> content hash after indexing (empty on delete);
     `dependents` is prefix hash -> the refs of this document's chunks it depends on.
     A prefix with any ref no longer current is invalidated; the others get a longer TTL.
+    `recent` are the prefixes asked in the hot window (count, size): the invalidated ones
+    among them, most asked first, may re-warm even if no worker holds them any more, within
+    `rewarm_tokens` (`edit_rewarm`). Ops go least asked first: each may re-warm its
+    questions, and the worker's LRU then keeps the most asked of them longest.
     """
     if change.is_stale(prior.version if prior else None):
         return KbPlan(stale=True)
@@ -66,7 +72,14 @@ def plan_kb_change(
     )
     doc_changed = prior is None or dict(new_chunks) != prior.chunks
     ops = []
-    for prefix_hash, refs in sorted(dependents.items()):
+    stale = {
+        h for h, refs in dependents.items()
+        if any(new_chunks.get(r.chunk_id) != r.content_hash for r in refs)
+    }
+    rewarm = edit_rewarm(stale, recent, rewarm_tokens)
+    rank = {c.prefix_hash: c.count for c in recent}
+    order = sorted(dependents, key=lambda h: (rank.get(h, 0.0), h))
+    for prefix_hash, refs in ((h, dependents[h]) for h in order):
         changed = [r for r in refs if new_chunks.get(r.chunk_id) != r.content_hash]
         ops.append(
             PrefixOp(
@@ -81,9 +94,31 @@ def plan_kb_change(
                 # Still valid, but new or edited chunks of the document may now rank in
                 # its questions' top-3: retrieve again and warm what they would use.
                 recheck=not changed and doc_changed,
+                rewarm=prefix_hash in rewarm,
             )
         )
     return KbPlan(stale=False, state=state, ops=ops)
+
+
+def edit_rewarm(
+    stale: Iterable[str], recent: Sequence[HotCandidate], budget_tokens: int
+) -> set[str]:
+    """The invalidated prefixes an edit re-warms wherever they are (held or evicted).
+
+    An edit makes their KV wrong on every worker, and request caching cannot rebuild it
+    before the next ask, which would reuse only the system prompt. Those asked in the hot
+    window qualify, most asked first, while their tokens fit `budget_tokens`: unbounded,
+    an edit to a hub document re-prefilled a dozen rarely asked prefixes into a budget of
+    about as many and pushed out the KV in use. A prefix too large for what is left is
+    skipped, smaller ones after it may still fit.
+    """
+    wanted = set(stale)
+    chosen, used = set(), 0
+    for cand in sorted(recent, key=lambda c: (-c.count, c.prefix_hash)):
+        if cand.prefix_hash in wanted and used + cand.tokens <= budget_tokens:
+            chosen.add(cand.prefix_hash)
+            used += cand.tokens
+    return chosen
 
 
 def _reason(change: KbChange, changed: Sequence[ChunkRef]) -> str:
@@ -178,16 +213,16 @@ def _invalidate(op, state, workers, now, ttl_s) -> PrefixPlan:
     plan = PrefixPlan(commands=[cmd], counters={"invalidations": 1})
     if state is not None:
         plan.links = _links(op.prefix_hash, state.chunk_refs, state.tenant, link=False)
-        if _warm_now(op.prefix_hash, state, workers):
+        if op.rewarm or _warm_now(op.prefix_hash, state, workers):
             plan.rewarm_questions = list(state.questions)
             plan.rewarm_pin = state.hot
     return plan
 
 
 def _warm_now(prefix_hash: str, state: PrefixState, workers: Sequence[WorkerState]) -> bool:
-    """Whether an edit should re-warm this prefix's questions: it is hot, or some worker
-    holds it. A tracked prefix the cache already evicted was cold before the edit; warming
-    its questions then would only push out KV that is in use."""
+    """Whether an edit re-warms this prefix's questions without the KB plan's say: it is
+    hot, or some worker holds it (its re-warm replaces KV the edit frees). An evicted one
+    re-warms only when the plan chose it (`PrefixOp.rewarm`, within the edit's budget)."""
     return state.hot or bool(holders_of(prefix_hash, workers))
 
 

@@ -95,6 +95,8 @@ class PrefixOp(_Record):
     target_worker: str | None = None
     pin: bool = False
     recheck: bool = False
+    # The KB plan chose it to re-warm even if no worker holds it (`logic.edit_rewarm`).
+    rewarm: bool = False
     reason: str = ""
     origin_ts: float | None = None
 

@@ -44,6 +44,12 @@ class StreamsSettings(BaseSettings):
         "chunks, so a KB change re-warms what its questions retrieve; off: hot prefixes only.",
     )
     rewarm_questions: int = Field(default=4, description="Hot questions re-warmed per prefix.")
+    edit_rewarm_share: float = Field(
+        default=0.18, ge=0.0, le=0.5,
+        description="Share of the ready workers' KV memory one KB change may re-warm into "
+        "prefixes it invalidated that no worker held any more (asked in the hot window, most "
+        "asked first); held or hot ones are re-warmed whatever this says.",
+    )
     worker_stale_s: float = Field(
         default=30.0, description="Heartbeat age that marks a worker gone."
     )

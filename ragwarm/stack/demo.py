@@ -59,9 +59,10 @@ class DemoStack:
         self.stack = Stack(kafka=self.kafka)
         extra = {"RAGWARM_KAFKA_TOPIC_PREFIX": self.prefix}
         for proc in self.stack.workers:
-            # No reactive caching of answered prompts: every warm hit in the demo is then the
-            # pipeline's doing (hot-token pins, re-prefills), and repeated asks measure it.
-            proc.env = {**proc.env, **extra, "RAGWARM_WORKER_CACHE_REQUESTS": "false"}
+            # The product default: warmup on top of the worker's own request caching. Before
+            # the edits both workers hit on a repeat; after them the new prompts were never
+            # asked, so a hit on ragwarm's worker is the pipeline's re-prefill.
+            proc.env = {**proc.env, **extra, "RAGWARM_WORKER_CACHE_REQUESTS": "true"}
         self.stack.streams.env = {
             **self.stack.streams.env, **extra,
             "RAGWARM_STREAMS_APP_ID": self.prefix + "ragwarm-streams",
@@ -257,9 +258,9 @@ class Scenario:
 
     def run(self, client: Any) -> None:
         questions = self.pick(client)
-        self.say(f"asking {len(questions)} questions {COLD_ASKS} times (ragwarm's worker caches "
-                 "no answered prompt, so its hits are the pipeline's doing; the plain-caching "
-                 "worker beside it caches what it answers, as vLLM APC does)")
+        self.say(f"asking {len(questions)} questions {COLD_ASKS} times (both workers cache the "
+                 "prompts they answer, as vLLM APC does; ragwarm's also gets the pipeline's "
+                 "warmups: hot-token pins now, re-prefills after the edits)")
         for _ in range(COLD_ASKS):
             self.ask(client, questions)
         prefixes = {r.prefix_hash for r in self.rows if r.prefix_hash}

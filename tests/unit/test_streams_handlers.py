@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import pytest
 
 from ragwarm.bench.strategies.streams_sim import run_sync
-from schemas import ChunkRef, QueryEvent, WarmupCommand, WorkerEvent
+from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
 from streams import handlers
-from streams.hot import HotTracker
+from streams.hot import HotPayload, HotTracker
 from streams.ports import WarmPrefix
-from streams.records import DocLink, PrefixOp, PrefixState, WorkerState
+from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState, doc_key
 from streams.settings import StreamsSettings
 
 P1 = "a" * 64
@@ -258,3 +258,42 @@ def test_a_prefix_used_again_after_the_sweep_chose_it_is_kept():
     run_sync(handlers.on_prefix_op(p, out.ops[1]))
     run_sync(handlers.on_prefix_op(p, forget))
     assert P1 in p.tables.prefixes and p.stats["forgotten"] == 0
+
+
+class RetrievingPort(Port):
+    """A port whose questions retrieve the edited chunk's new version."""
+
+    def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
+        refs = [ChunkRef(chunk_id="d.md#0", content_hash="2" * 64)]
+        return WarmPrefix(prefix_hash="f" * 64, token_ids=[8] * 32, chunk_refs=refs)
+
+
+def test_an_edit_rewarms_evicted_dependents_asked_recently_within_its_budget():
+    port = RetrievingPort({("default", "d.md#0"): "2" * 64})
+    # 1,000 bytes of worker memory, 1 byte a token: 40 tokens for one edit's re-warms.
+    p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False, kv_bytes_per_token=1,
+                      edit_rewarm_share=0.04)
+    popular, rare = "1" * 64, "2" * 64
+    for name, question in ((popular, "popular?"), (rare, "rare?")):
+        p.tables.prefixes[name] = PrefixState(  # tracked, held by no worker
+            tenant="default", chunk_refs=REFS, token_ids=[7] * 32, questions=[question],
+            expires_at=150.0,
+        ).model_dump(mode="json")
+        asks = 3 if name == popular else 1
+        for _ in range(asks):
+            p.tracker.observe(name, HotPayload("default", question, tuple(REFS), 32), 100.0)
+    key = doc_key("default", "d.md")
+    p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": "1" * 64}).model_dump(mode="json")
+    p.tables.doc_prefixes[key] = {h: [r.model_dump(mode="json") for r in REFS]
+                                  for h in (popular, rare)}
+    change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
+    run_sync(handlers.apply_indexed(p, change, {"d.md#0": "2" * 64}))
+    invalidations = list(out.ops)
+    # Least asked first; only the most asked fits the budget (32 of 40 tokens).
+    assert [(o.op, o.prefix_hash, o.rewarm) for o in invalidations] == [
+        ("invalidate", rare, False), ("invalidate", popular, True)
+    ]
+    out.ops.clear()
+    for op in invalidations:
+        run_sync(handlers.on_prefix_op(p, op))
+    assert [(o.op, o.question, o.pin) for o in out.ops] == [("warm", "popular?", False)]

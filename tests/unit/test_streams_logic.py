@@ -55,6 +55,32 @@ class TestKbChange:
         assert plan.state.chunks == {"d.md#0": H3, "d.md#1": H2}
         assert plan.state.version == 2
 
+    def test_ops_go_least_asked_first_so_lru_keeps_the_most_asked_rewarms(self):
+        prior = DocState(version=1, chunks={"d.md#0": H1})
+        p3 = "3" * 32
+        deps = {P1: [ref("d.md#0", H1)], P2: [ref("d.md#0", H1)], p3: [ref("d.md#0", H1)]}
+        recent = [HotCandidate(P1, 5.0, 10), HotCandidate(P2, 1.0, 10)]
+        plan = plan_kb_change(upsert(2), prior, {"d.md#0": H3}, deps, 0.0, recent, 100)
+        assert [op.prefix_hash for op in plan.ops] == [p3, P2, P1]
+        unranked = plan_kb_change(upsert(2), prior, {"d.md#0": H3}, deps, 0.0)
+        assert [op.prefix_hash for op in unranked.ops] == sorted(deps)
+        assert not any(op.rewarm for op in unranked.ops)  # no budget: held or hot only
+
+    def test_edit_rewarms_invalidated_recent_prefixes_most_asked_first_within_budget(self):
+        prior = DocState(version=1, chunks={"d.md#0": H1, "d.md#1": H2})
+        p3, p4 = "3" * 32, "4" * 32
+        deps = {P1: [ref("d.md#0", H1)], P2: [ref("d.md#0", H1)], p3: [ref("d.md#0", H1)],
+                p4: [ref("d.md#1", H2)]}  # p4 depends on an unchanged chunk
+        recent = [HotCandidate(P1, 1.0, 10), HotCandidate(P2, 4.0, 30),
+                  HotCandidate(p3, 2.0, 10), HotCandidate(p4, 9.0, 10)]
+        new = {"d.md#0": H3, "d.md#1": H2}
+        plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent, 40)
+        # P2 (most asked) then p3 fit 40 tokens; P1 does not; p4 is still valid.
+        assert {op.prefix_hash for op in plan.ops if op.rewarm} == {P2, p3}
+        # A prefix asked outside the hot window is not chosen, whatever the budget.
+        plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent[1:], 10_000)
+        assert {op.prefix_hash for op in plan.ops if op.rewarm} == {P2, p3}
+
     def test_identical_reingest_only_extends(self):
         prior = DocState(version=3, chunks={"d.md#0": H1})
         plan = plan_kb_change(upsert(3), prior, {"d.md#0": H1}, {P1: [ref("d.md#0", H1)]}, 0.0)
@@ -128,12 +154,16 @@ class TestPrefixOps:
         plan = plan_prefix_op(PrefixOp(op="extend_ttl", prefix_hash=P1), state(), [], 100.0, 60.0)
         assert plan.commands[0].op == "extend_ttl" and plan.state.expires_at == 160.0
 
-    def test_edit_to_a_prefix_no_worker_holds_rewarms_nothing_unless_hot(self):
+    def test_edit_to_a_prefix_no_worker_holds_rewarms_nothing_unless_hot_or_chosen(self):
         op = PrefixOp(op="invalidate", prefix_hash=P1, reason="edit")
         cold = plan_prefix_op(op, state(), [worker("w1")], 0.0, 60.0)
         assert cold.rewarm_questions == [] and [c.op for c in cold.commands] == ["invalidate"]
         hot = plan_prefix_op(op, state(hot=True), [worker("w1")], 0.0, 60.0)
         assert hot.rewarm_questions == ["why?"] and hot.rewarm_pin
+        # Evicted, but the KB plan chose it within the edit's budget: re-warmed, unpinned.
+        chosen = plan_prefix_op(op.model_copy(update={"rewarm": True}), state(),
+                                [worker("w1")], 0.0, 60.0)
+        assert chosen.rewarm_questions == ["why?"] and not chosen.rewarm_pin
         recheck = PrefixOp(op="extend_ttl", prefix_hash=P1, recheck=True, reason="edit")
         assert plan_prefix_op(recheck, state(), [worker("w1")], 0.0, 60.0).rewarm_questions == []
         held = [worker("w1", prefixes=[P1])]
