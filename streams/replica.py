@@ -147,11 +147,8 @@ class ChunkReplica:
         consumer = self.make_consumer()
         await consumer.start()
         try:
-            await consumer.topics()  # metadata of every topic, this one's partitions included
-            parts = [TopicPartition(self.name, n)
-                     for n in sorted(consumer.partitions_for_topic(self.name) or ())]
-            if not parts:
-                raise RuntimeError(f"topic {self.name} not found")
+            # The partitions the publisher sends to (the topic's spec; ensure_topics made it).
+            parts = [TopicPartition(self.name, n) for n in range(self.partitions)]
             consumer.assign(parts)
             stored = await self.p.blocking(self.store.replica_offsets, self.name)
             for tp in parts:
