@@ -44,7 +44,7 @@ def whole_kb(app: StreamsApp) -> dict[str, tuple[str, int]]:
 
 @pytest.mark.timeout(1500)
 def test_an_instance_with_an_empty_home_retrieves_the_whole_kb_without_embedding(
-    kafka_producer, namespace, streams_factory, tmp_path
+    kafka_bootstrap, kafka_producer, namespace, streams_factory, tmp_path
 ):
     docs = initial_docs()
     send_docs(kafka_producer, namespace + KB_CHANGES, list(docs.values()))
@@ -54,9 +54,11 @@ def test_an_instance_with_an_empty_home_retrieves_the_whole_kb_without_embedding
     kb = whole_kb(first)
     assert {cid.rpartition("#")[0] for cid in kb} == set(docs)
 
-    # Same app id (same consumer group, tables), another port, nothing on disk.
+    # Same app id (same consumer group, tables), another port, nothing on disk (its own
+    # workdir, so its log and pid file are its own).
     home = tmp_path / "empty-home"
-    second = streams_factory(namespace, "replica", {
+    home.mkdir()
+    second = StreamsApp(kafka_bootstrap, namespace, "replica", home, {
         "RAGWARM_HOME": str(home),
         "RAGWARM_QDRANT_PATH": str(home / "qdrant"),
         "RAGWARM_STREAMS_DATA_DIR": str(home / "faust"),
