@@ -132,6 +132,10 @@ def _plan_doc(record: IndexedDoc, view: ReplicaView, plan: ReplicaPlan) -> None:
         return
     slots = max(record.slots, held.slots if held else 0)
     new = DocRecord(record.doc_id, record.tenant, record.version, record.deleted, slots)
+    if new == held:
+        # Committed before, and pruned then; older chunk records are skipped since.
+        plan.skipped += 1
+        return
     view.docs[key] = plan.docs[key] = new
     for ordinal in range(slots):
         one = (record.tenant, chunk_id(record.doc_id, ordinal))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from ragwarm.models import llm_dir
 from schemas import KbChange
 from schemas.topics import KB_CHANGES
 from tests.integration.streams_proc import StreamsApp
@@ -55,11 +56,12 @@ def test_an_instance_with_an_empty_home_retrieves_the_whole_kb_without_embedding
     assert {cid.rpartition("#")[0] for cid in kb} == set(docs)
 
     # Same app id (same consumer group, tables), another port, nothing on disk (its own
-    # workdir, so its log and pid file are its own).
+    # workdir, so its log and pid file are its own); only the model copy is shared.
     home = tmp_path / "empty-home"
     home.mkdir()
     second = StreamsApp(kafka_bootstrap, namespace, "replica", home, {
         "RAGWARM_HOME": str(home),
+        "RAGWARM_MODEL_LLM_PATH": str(llm_dir()),
         "RAGWARM_QDRANT_PATH": str(home / "qdrant"),
         "RAGWARM_STREAMS_DATA_DIR": str(home / "faust"),
     }).start()
