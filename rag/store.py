@@ -237,7 +237,7 @@ class ChunkStore:
     ) -> None:
         """Write what a replica batch decided: chunks (each with its version) and their
         vectors by hash, then deletes of (tenant, chunk_id), then the document records."""
-        for tenant in sorted({s.tenant for s in chunks} | {r.tenant for r in records}):
+        for tenant in sorted({s.tenant for s, _ in chunks} | {r.tenant for r in records}):
             self._register_tenant(tenant)
         points = [
             qm.PointStruct(
