@@ -106,7 +106,9 @@ def chunk_replica(deps: Any, topics: Any, kafka: KafkaSettings, rag_port: Any) -
             auto_offset_reset="earliest", **aiokafka_options(kafka),
         )
 
-    follow = bool(getattr(rag_port, "replicated", False))
+    follow = bool(getattr(rag_port, "replicated", False)) and deps.settings.index_replica
+    if not follow and hasattr(rag_port, "replicated"):
+        rag_port.replicated = False  # nobody follows: publish nothing
     return ChunkReplica(deps, rag_port, topics.chunks, topics.deadletter, consumer, follow)
 
 

@@ -70,6 +70,7 @@ def test_an_instance_with_an_empty_home_retrieves_the_whole_kb_without_embedding
     for question in QUESTIONS:
         assert top(second, question) == top(first, question)
     counters = second.counters()
+    print(f"{len(kb)} chunks; second instance: {counters}")
     assert counters.get("chunks_embedded", 0) == 0
     assert counters.get("index_recovered", 0) == 0
     assert counters["replica_written"] >= len(kb)
