@@ -87,3 +87,27 @@ def test_a_batch_keeps_the_good_records_in_order_and_names_the_bad_ones():
     assert [(m.offset, e.field) for m, e in bad] == [(4, f"headers.{VERSION_HEADER}"),
                                                      (5, "key")]
     assert next_offsets(msgs) == {0: 6, 1: 13}
+
+
+def test_recovery_rebuilds_from_the_replica_before_it_re_indexes_anything():
+    from streams.records import DocState
+    from streams.recovery import recover_index
+    from tests.unit.test_streams_recovery import IndexPort
+
+    port = IndexPort({})  # an empty disk
+    p, _ = pipeline(port)
+    p.tables.docs["a"] = DocState(version=2, tenant="default").model_dump(mode="json")
+    p.tables.docs["b"] = DocState(version=1, tenant="default").model_dump(mode="json")
+    order: list[str] = []
+
+    class Rebuilding(Replica):
+        async def caught_up(self) -> bool:
+            self.waits += 1
+            port.indexed[("default", "a")] = 2  # rag.chunks held a, never b
+            return self.waits > 1  # the first wait runs out, the second completes
+
+    p.replica = Rebuilding(port, {}, order)
+    kb = [KbChange(op="upsert", doc_id="b", version=1, text="b")]
+    assert asyncio.run(recover_index(p, lambda wanted: kb)) == 1
+    assert [c.doc_id for c in port.applied] == ["b"]  # only what no instance published
+    assert order == ["publish"] and p.replica.waits == 2
