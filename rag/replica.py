@@ -44,14 +44,15 @@ def outgoing(
     tenant, doc_id = record.tenant, record.doc_id
     assert record.version is not None  # a committed version is always known
     part = chunk_partition_key(tenant, doc_id)
+    version = record.version
     out = [
-        Outgoing(chunk_key(tenant, c.chunk_id), encode(_chunk_event(tenant, c, record.version,
-                                                                    vectors[c.content_hash])), part)
+        Outgoing(chunk_key(tenant, c.chunk_id),
+                 encode(_chunk_event(tenant, c, version, vectors[c.content_hash])), part)
         for c in chunks
     ]
-    header = ((VERSION_HEADER, str(record.version).encode("ascii")),)
+    header = ((VERSION_HEADER, str(version).encode("ascii")),)
     out += [Outgoing(chunk_key(tenant, cid), None, part, header) for cid in removed]
-    doc = IndexedDoc(tenant=tenant, doc_id=doc_id, version=record.version,
+    doc = IndexedDoc(tenant=tenant, doc_id=doc_id, version=version,
                      deleted=record.deleted, slots=record.slots)
     out.append(Outgoing(indexed_doc_key(tenant, doc_id), encode(doc), part))
     return out
