@@ -208,12 +208,64 @@ class ChunkStore:
         points = self.client.retrieve(self.vectors, ids, with_payload=True, with_vectors=True)
         return {(p.payload or {})["content_hash"]: _vector(p.vector) for p in points}
 
+    def chunk_vectors(self, chunk_ids: Sequence[str], tenant: str) -> dict[str, np.ndarray]:
+        """content hash -> vector of these stored chunks (read from the chunk points)."""
+        ids = [point_id(tenant, c) for c in chunk_ids]
+        points = self.client.retrieve(self.collection, ids, with_payload=True, with_vectors=True)
+        return {(p.payload or {})["content_hash"]: _vector(p.vector) for p in points}
+
     def save_vectors(self, vectors: Mapping[str, np.ndarray]) -> None:
         points = [
             qm.PointStruct(id=vector_point_id(h), vector=_floats(v), payload={"content_hash": h})
             for h, v in vectors.items()
         ]
         self._upsert(self.vectors, points)
+
+    # --- the replica of rag.chunks (rag.replica) -----------------------------------------
+    def doc_records_of(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], DocRecord]:
+        """Stored records of these (tenant, doc_id) keys; keys never seen are absent."""
+        ids = [doc_point_id(t, d) for t, d in sorted(set(keys))]
+        found = (_record(p.payload or {}) for p in self.client.retrieve(self.docs, ids)) if ids \
+            else ()
+        return {(r.tenant, r.doc_id): r for r in found}
+
+    def apply_replicated(
+        self,
+        chunks: Sequence[tuple[StoredChunk, np.ndarray]],
+        deletes: Sequence[tuple[str, str]],
+        records: Sequence[DocRecord],
+    ) -> None:
+        """Write what a replica batch decided: chunks (each with its version) and their
+        vectors by hash, then deletes of (tenant, chunk_id), then the document records."""
+        for tenant in sorted({s.tenant for s, _ in chunks} | {r.tenant for r in records}):
+            self._register_tenant(tenant)
+        points = [
+            qm.PointStruct(
+                id=point_id(s.tenant, s.chunk.chunk_id),
+                vector=_floats(v),
+                payload=_payload(s.chunk, s.tenant, s.version),
+            )
+            for s, v in chunks
+        ]
+        self._upsert(self.collection, points)
+        self.save_vectors({s.chunk.content_hash: v for s, v in chunks})
+        if deletes:
+            ids: list[Any] = [point_id(t, c) for t, c in deletes]
+            self.client.delete(self.collection, points_selector=qm.PointIdsList(points=ids))
+        for record in records:
+            self._put_record(record)
+
+    def replica_offsets(self, name: str) -> dict[int, int]:
+        """partition -> next offset to read of the topic `name` this store replicates."""
+        found = self.client.retrieve(self.docs, [_offsets_id(name)], with_payload=True)
+        raw = (found[0].payload or {}).get("offsets", {}) if found else {}
+        return {int(k): int(v) for k, v in raw.items()}
+
+    def save_replica_offsets(self, name: str, offsets: Mapping[int, int]) -> None:
+        # Written after the records they follow: a crash between re-applies them (idempotent).
+        payload = {"topic": name, "offsets": {str(k): v for k, v in offsets.items()}}
+        point = qm.PointStruct(id=_offsets_id(name), vector={}, payload=payload)
+        self.client.upsert(self.docs, [point])
 
     # --- internals ----------------------------------------------------------------------
     def _ensure_collections(self) -> None:
@@ -306,6 +358,10 @@ class ChunkStore:
             yield from points
             if offset is None:
                 return
+
+
+def _offsets_id(name: str) -> str:
+    return str(uuid.uuid5(_NAMESPACE, f"replica-offsets\x00{name}"))
 
 
 def _record(payload: dict[str, Any]) -> DocRecord:

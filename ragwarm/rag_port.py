@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rag.index import Indexer
+from rag import replica
+from rag.index import Indexer, IndexResult
 from rag.prompt import PromptBuilder
 from rag.retrieve import Retriever
 from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
 from ragwarm.settings import ModelSettings, qdrant_settings
 from schemas import ChunkRef, KbChange
+from schemas.chunks import Outgoing, ReplicaRecord
 from schemas.prefix import BLOCK_SIZE, PromptParams, prefix_chain
 from streams.ports import WarmPrefix
 
@@ -30,6 +32,7 @@ class RagService:
         prompts: PromptBuilder,
         model_salt: str,
         block_size: int = BLOCK_SIZE,
+        replicated: bool = False,
     ):
         self.store = store
         self.indexer = indexer
@@ -37,6 +40,11 @@ class RagService:
         self.prompts = prompts
         self.model_salt = model_salt
         self.block_size = block_size
+        # Local mode: this store is one instance's replica, so what it indexes is published
+        # on rag.chunks for the others. A Qdrant server is shared: nothing to publish.
+        self.replicated = replicated
+        self._outgoing: list[Outgoing] = []
+        self._embedded = 0
 
     @classmethod
     def open(
@@ -52,13 +60,15 @@ class RagService:
         embedder = load_embedder(
             models, rag.embed_batch_size, rag.embed_precision, rag.embed_threads
         )
-        store = ChunkStore.open(qdrant or qdrant_settings(), rag.collection, embedder.dim)
+        qdrant = qdrant or qdrant_settings()
+        store = ChunkStore.open(qdrant, rag.collection, embedder.dim)
         return cls(
             store,
             Indexer.from_settings(store, embedder, tokenizer, rag),
             Retriever(store, embedder, rag.top_k),
             PromptBuilder(tokenizer, rag.system_prompt),
             models.llm_name,
+            replicated=qdrant.local,
         )
 
     def close(self) -> None:
@@ -73,10 +83,41 @@ class RagService:
         return self.index_many([change])[0]
 
     def index_many(self, changes: Sequence[KbChange]) -> list[dict[str, str] | None]:
-        return [
-            {c.chunk_id: c.content_hash for c in r.chunks} if r.applied else None
-            for r in self.indexer.index_documents(changes)
-        ]
+        results = self.indexer.index_documents(changes)
+        self._embedded += sum(r.embedded for r in results)
+        if self.replicated:
+            for r in results:
+                if r.applied:
+                    self._outgoing.extend(self._replica_records(r))
+        return [{c.chunk_id: c.content_hash for c in r.chunks} if r.applied else None
+                for r in results]
+
+    # --- the index replica (streams.replica) -----------------------------------------------
+    def take_outgoing(self) -> tuple[list[Outgoing], int]:
+        """The rag.chunks records of what was indexed since the last call, and how many
+        chunk embeddings that computed."""
+        out, embedded = self._outgoing, self._embedded
+        self._outgoing, self._embedded = [], 0
+        return out, embedded
+
+    def apply_replicated(self, records: Sequence[ReplicaRecord]) -> dict[str, int]:
+        return vars(replica.apply_batch(self.store, records))
+
+    def replica_offsets(self, name: str) -> dict[int, int]:
+        return self.store.replica_offsets(name)
+
+    def save_replica_offsets(self, name: str, offsets: dict[int, int]) -> None:
+        self.store.save_replica_offsets(name, offsets)
+
+    def _replica_records(self, result: IndexResult) -> list[Outgoing]:
+        record = self.store.doc_record(result.doc_id, result.tenant)
+        assert record is not None  # just written
+        vectors = self.store.vectors_by_hash(c.content_hash for c in result.chunks)
+        missing = [c.chunk_id for c in result.chunks if c.content_hash not in vectors]
+        if missing:  # a store written before vectors were kept by hash
+            vectors.update(self.store.chunk_vectors(missing, result.tenant))
+        removed = [r.chunk_id for r in result.diff.removed]
+        return replica.outgoing(record, result.chunks, vectors, removed)
 
     def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
         hits = self.retriever.retrieve(question, tenant).chunks

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import math
+import struct
 from datetime import UTC, datetime
 from typing import Annotated, ClassVar, Literal
 
@@ -260,12 +264,100 @@ class DeadLetter(DeadLetterV1):
     truncated: bool = False
 
 
+# --- rag.chunks: the index replicated (chunks are embedded once, by the owning instance) --
+# A vector travels as base64 of little-endian float32 (`vector_b64`, a third of the JSON
+# size) or, for producers in other languages, as a JSON list of floats (`vector`).
+
+MAX_DIM = 8192
+# The Kafka header of a `rag.chunks` tombstone (a null value): the document version it
+# deletes its chunk at, as ASCII digits (a replica holding a newer version keeps the chunk).
+VERSION_HEADER = "ragwarm-version"
+# The chunk records of one document never outnumber its ordinals (a document is at most
+# MAX_TEXT_BYTES; a chunk has at least one character).
+MAX_SLOTS = MAX_TEXT_BYTES
+
+
+def pack_vector(values: list[float]) -> str:
+    """`vector_b64` of `values`: base64 of little-endian float32."""
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode("ascii")
+
+
+def unpack_vector(b64: str) -> list[float]:
+    raw = base64.b64decode(b64, validate=True)
+    if not raw or len(raw) % 4:
+        raise ValueError("vector_b64: not a whole number of float32 values")
+    return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+
+
+class IndexedChunk(Event):
+    """One chunk as indexed at document `version`: identity, text, and its embedding.
+
+    Every chunk current at a version is published again at that version (its `version` is
+    the document's), so the latest record of each key is whole after compaction.
+    """
+
+    SCHEMA: ClassVar[str] = "indexed_chunk"
+
+    schema_name: Literal["indexed_chunk"] = "indexed_chunk"
+    tenant: Id
+    doc_id: Id
+    ordinal: int = Field(ge=0, lt=MAX_SLOTS)
+    content_hash: Hash
+    text: str = Field(max_length=MAX_TEXT_BYTES)
+    tokens: int = Field(ge=0)
+    version: int = Field(ge=0, le=MAX_VERSION)
+    vector_b64: str | None = Field(default=None, max_length=MAX_DIM * 8)
+    vector: list[float] | None = Field(default=None, max_length=MAX_DIM)
+
+    @model_validator(mode="after")
+    def _one_finite_vector(self) -> IndexedChunk:
+        if (self.vector is None) == (self.vector_b64 is None):
+            raise ValueError("vector_b64: exactly one of vector and vector_b64 is required")
+        try:
+            values = self.floats()
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"vector_b64: not base64 of float32 values ({exc})") from None
+        if not values or len(values) > MAX_DIM:
+            raise ValueError(f"vector: needs 1 to {MAX_DIM} values")
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError("vector: NaN or infinity")
+        return self
+
+    @property
+    def chunk_id(self) -> str:
+        return f"{self.doc_id}#{self.ordinal}"
+
+    def floats(self) -> list[float]:
+        """The vector, whichever way it travelled."""
+        if self.vector is not None:
+            return list(self.vector)
+        assert self.vector_b64 is not None
+        return unpack_vector(self.vector_b64)
+
+
+class IndexedDoc(Event):
+    """A document's version committed to the index: published after its chunks, so a
+    replica that applies it holds every chunk of that version; `slots` bounds the ordinals
+    ever written (chunks stamped with an older version are no longer current)."""
+
+    SCHEMA: ClassVar[str] = "indexed_doc"
+
+    schema_name: Literal["indexed_doc"] = "indexed_doc"
+    tenant: Id
+    doc_id: Id
+    version: int = Field(ge=0, le=MAX_VERSION)
+    deleted: bool = False
+    slots: int = Field(default=0, ge=0, le=MAX_SLOTS)
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     KbChange,
     QueryEvent,
     WarmupCommand,
     WorkerEvent,
     DeadLetter,
+    IndexedChunk,
+    IndexedDoc,
 )
 # Older versions still read: `schemas.codec.decode` upgrades them to the current model.
 LEGACY_TYPES: tuple[type[Event], ...] = (

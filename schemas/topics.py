@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 DAY_MS = 24 * 3600 * 1000
@@ -20,6 +21,7 @@ RAG_QUERIES = "rag.queries"
 WARMUP_COMMANDS = "warmup.commands"
 WORKER_EVENTS = "worker.events"
 DEADLETTER = "ragwarm.deadletter"
+RAG_CHUNKS = "rag.chunks"
 
 TOPICS: dict[str, TopicSpec] = {
     t.name: t
@@ -33,6 +35,13 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec(WARMUP_COMMANDS, "prefix hash", 4, {"retention.ms": str(DAY_MS)}),
         TopicSpec(WORKER_EVENTS, "worker id", 4, {"retention.ms": str(DAY_MS)}),
         TopicSpec(DEADLETTER, "original key", 1, {"retention.ms": str(30 * DAY_MS)}),
+        # Compacted, keyed by chunk (`chunk_key`) or document (`indexed_doc_key`), each
+        # record sent to its document's partition (`chunk_partition_key`), so a replica
+        # reads a document's chunks before the record committing their version. The latest
+        # record per key stays: a new instance rebuilds its index from it without
+        # embedding; a removed chunk's tombstone deletes it from every replica.
+        TopicSpec(RAG_CHUNKS, "tenant + chunk id (partitioned by document)", 4,
+                  {"cleanup.policy": "compact"}),
     )
 }
 
@@ -47,6 +56,34 @@ def split_kb_key(key: str) -> tuple[str, str]:
     """(tenant, doc_id) of a `kb_key` read as text; a key without U+001F is the default's."""
     tenant, sep, doc_id = key.partition("\x1f")
     return (tenant, doc_id) if sep else ("default", key)
+
+
+def chunk_key(tenant: str, chunk_id: str) -> bytes:
+    """The `rag.chunks` key of a chunk (JSON, so no doc or chunk id can collide)."""
+    return json.dumps(["chunk", tenant, chunk_id], separators=(",", ":")).encode("utf-8")
+
+
+def indexed_doc_key(tenant: str, doc_id: str) -> bytes:
+    """The `rag.chunks` key of a document's committed version."""
+    return json.dumps(["doc", tenant, doc_id], separators=(",", ":")).encode("utf-8")
+
+
+def split_chunks_key(key: bytes) -> tuple[str, str, str]:
+    """("chunk" or "doc", tenant, chunk or doc id) of a `rag.chunks` key; ValueError if
+    it is not one."""
+    try:
+        parts = json.loads(key.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a rag.chunks key: {exc}") from None
+    ok = isinstance(parts, list) and len(parts) == 3 and all(isinstance(p, str) for p in parts)
+    if not ok or parts[0] not in ("chunk", "doc") or not parts[1] or not parts[2]:
+        raise ValueError('not a rag.chunks key (["chunk"|"doc", tenant, id])')
+    return parts[0], parts[1], parts[2]
+
+
+def chunk_partition_key(tenant: str, doc_id: str) -> bytes:
+    """What picks the `rag.chunks` partition of every record of a document."""
+    return kb_key(tenant, doc_id)
 
 
 def prefixed(prefix: str) -> list[TopicSpec]:

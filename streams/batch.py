@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from schemas import KbChange
-from streams.handlers import HandlerDeps
+from streams.handlers import HandlerDeps, publish_indexed
 from streams.records import DocState, doc_key
 
 
@@ -35,4 +35,6 @@ async def index_batch(p: HandlerDeps, changes: Sequence[KbChange]) -> list[dict[
     live = live_changes(p.tables.docs, changes)
     todo = [c for c, ok in zip(changes, live, strict=True) if ok]
     indexed = iter(await p.blocking(p.rag.index_many, todo) if todo else [])
+    if todo:
+        await publish_indexed(p)
     return [next(indexed) if ok else None for ok in live]

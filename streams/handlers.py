@@ -21,7 +21,7 @@ from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
 from schemas.signing import authentic
 from streams import logic
 from streams.hot import HotPayload, HotTracker
-from streams.ports import RagPort, WarmPrefix
+from streams.ports import IndexReplica, RagPort, WarmPrefix
 from streams.records import (
     DocLink,
     DocState,
@@ -103,6 +103,8 @@ class HandlerDeps:
     readiness: Readiness = field(default_factory=Readiness)
     # The partition of a table key among n (the producer's partitioner in the app).
     partition_of: Callable[[str, int], int] = field(default=lambda key, n: 0)
+    # The index replica fed by rag.chunks (streams.replica); None: nothing to publish.
+    replica: IndexReplica | None = None
 
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:
@@ -147,7 +149,26 @@ async def on_kb_change(p: HandlerDeps, change: KbChange) -> None:
     if stale_in_table(p, change):
         await apply_indexed(p, change, None)
         return
-    await apply_indexed(p, change, await p.blocking(p.rag.index, change))
+    indexed = await p.blocking(p.rag.index, change)
+    await publish_indexed(p)
+    await apply_indexed(p, change, indexed)
+
+
+async def publish_indexed(p: HandlerDeps) -> None:
+    """Publish what was just indexed before anything that depends on it is sent (the ops
+    it leads to may be handled by an instance whose replica must hold the new chunks)."""
+    if p.replica is not None:
+        await p.replica.publish()
+
+
+async def refs_current(p: HandlerDeps, refs: list[ChunkRef], tenant: str) -> bool:
+    """Whether the refs are current in the local index; if not, the index may be a replica
+    that has not yet applied what another instance indexed: catch up and ask again."""
+    if await p.blocking(p.rag.refs_current, refs, tenant):
+        return True
+    if p.replica is None or not await p.replica.caught_up():
+        return False
+    return await p.blocking(p.rag.refs_current, refs, tenant)
 
 
 def stale_in_table(p: HandlerDeps, change: KbChange) -> bool:
@@ -196,9 +217,7 @@ def edit_rewarm_tokens(p: HandlerDeps) -> int:
 
 
 async def on_prefix_op(p: HandlerDeps, op: PrefixOp) -> None:
-    if op.op in ("warm", "warm_on") and not await p.blocking(
-        p.rag.refs_current, op.chunk_refs, op.tenant
-    ):
+    if op.op in ("warm", "warm_on") and not await refs_current(p, op.chunk_refs, op.tenant):
         # Freshness: never prefill KV from chunk text that is no longer current.
         p.stats["stale_warm_skipped"] += 1
         return

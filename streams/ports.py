@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from schemas import ChunkRef, KbChange
+from schemas.chunks import Outgoing, ReplicaRecord
 from schemas.prefix import PromptParams
 
 
@@ -45,3 +46,31 @@ class RagPort(Protocol):
 
     def prompt_params(self) -> PromptParams:
         """What the canonical prompts are built with; clients must build theirs alike."""
+
+
+class ReplicaStore(Protocol):
+    """What the index replica (`streams.replica`) needs from the RAG layer's store."""
+
+    def take_outgoing(self) -> tuple[list[Outgoing], int]:
+        """The rag.chunks records of what was indexed since the last call (none with a
+        shared Qdrant server), and how many chunk embeddings that computed."""
+
+    def apply_replicated(self, records: Sequence[ReplicaRecord]) -> Mapping[str, int]:
+        """Apply rag.chunks records in order; counts of what was written, deleted, skipped."""
+
+    def replica_offsets(self, name: str) -> dict[int, int]:
+        """partition -> next offset of topic `name` the store has applied."""
+
+    def save_replica_offsets(self, name: str, offsets: dict[int, int]) -> None:
+        """Record the offsets after the records before them were applied."""
+
+
+class IndexReplica(Protocol):
+    """The handlers' view of the replica: publish what was indexed, catch up on demand."""
+
+    async def publish(self) -> None:
+        """Send what this instance indexed since the last call, acknowledged by the broker."""
+
+    async def caught_up(self) -> bool:
+        """Wait until the local index holds everything published on rag.chunks so far (False
+        when that took longer than allowed)."""

@@ -18,7 +18,7 @@ from typing import Any
 from schemas import KbChange, SchemaError, decode
 from schemas.topics import split_kb_key
 from streams.faults import Backoff
-from streams.handlers import HandlerDeps
+from streams.handlers import HandlerDeps, publish_indexed
 from streams.records import DocState
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,15 @@ def _better(change: KbChange, current: KbChange | None, target: int) -> bool:
 
 
 async def recover_index(p: HandlerDeps, read: ReadChanges) -> int:
-    """Re-index what the index lacks; returns how many documents were re-indexed."""
+    """Re-index what the index lacks; returns how many documents were re-indexed.
+
+    A replica first applies rag.chunks to its end (a fresh disk rebuilds from it without
+    embedding); only what no instance ever published is re-indexed from kb.changes.
+    """
+    if p.replica is not None:
+        p.readiness.reason = "replicating the index from rag.chunks"
+        while not await p.replica.caught_up():
+            log.info("index recovery: the replica is still catching up on rag.chunks")
     docs = {k: DocState.model_validate(v) for k, v in list(p.tables.docs.items()) if v}
     indexed = await p.blocking(p.rag.indexed_versions)
     need = plan_reindex(docs, indexed)
@@ -76,6 +84,7 @@ async def recover_index(p: HandlerDeps, read: ReadChanges) -> int:
     chosen = pick_changes(changes, need)
     for change in chosen.values():
         await p.blocking(p.rag.index, change)
+        await publish_indexed(p)
     lost = sorted(set(need) - set(chosen))
     if lost:
         p.stats["index_unrecoverable"] += len(lost)

@@ -101,6 +101,17 @@ class StreamsSettings(BaseSettings):
         default=True, description="On start, re-index from kb.changes the documents the "
         "local index lacks or holds at an older version than the docs table."
     )
+    index_replica: bool = Field(
+        default=True, description="With Qdrant local mode: publish what this instance indexes "
+        "on rag.chunks and keep the local index a replica of that topic (several instances "
+        "need it; a fresh disk rebuilds from it without embedding). Off: a single instance "
+        "re-indexes from kb.changes instead. Ignored with RAGWARM_QDRANT_URL (one shared index).",
+    )
+    replica_wait_s: float = Field(
+        default=10.0, gt=0, description="Longest wait for the local index replica to apply "
+        "what other instances published on rag.chunks, before a warm op naming chunks it "
+        "does not hold yet is dropped as stale.",
+    )
     kb_batch_max: int = Field(
         default=32, ge=1, le=4096,
         description="Most KB changes indexed together (their new chunks embedded in one go).",

@@ -20,6 +20,7 @@ class Topics:
     commands: faust.TopicT
     worker_events: faust.TopicT
     deadletter: faust.TopicT
+    chunks: faust.TopicT  # rag.chunks: the index replicated (streams.replica)
     prefix_ops: faust.TopicT
     doc_links: faust.TopicT
     worker_ready: faust.TopicT
@@ -45,6 +46,7 @@ def define_topics(app: faust.App, partitions: int, prefix: str = "") -> Topics:
         commands=external(names.WARMUP_COMMANDS),
         worker_events=external(names.WORKER_EVENTS),
         deadletter=external(names.DEADLETTER),
+        chunks=external(names.RAG_CHUNKS),
         # Internal topics are keyed by the key of the table their consumer writes.
         prefix_ops=raw(prefix + PREFIX_OPS, partitions=partitions, internal=True),
         doc_links=raw(prefix + DOC_LINKS, partitions=partitions, internal=True),

@@ -60,6 +60,7 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     from streams.metrics import MeasuredOutbox, StreamsMetrics
     from streams.metrics_view import register_metrics
     from streams.recovery import KbChangesReader, register_recovery
+    from streams.replica import register_replica
     from streams.tables import define_tables
     from streams.topics import define_topics
     from streams.views import register_views
@@ -83,9 +84,32 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     register_views(app, deps)
     register_metrics(app, deps, metrics)
     reader = KbChangesReader(kafka.servers, kafka.client_options(), kafka.topic(KB_CHANGES))
+    deps.replica = chunk_replica(deps, topics, kafka, rag_port)
+    register_replica(app, deps.replica)
     register_recovery(app, deps, reader)
     install_auth(app, keyring(streams.api_key, streams.tenant_keys))
     return StreamsApp(app, topics, tables, deps)
+
+
+def chunk_replica(deps: Any, topics: Any, kafka: KafkaSettings, rag_port: Any) -> Any:
+    """The index replica over `rag_port`'s store: followed in local mode (each instance keeps
+    its own copy), not with a shared Qdrant server."""
+    from aiokafka import AIOKafkaConsumer
+
+    from ragwarm.kafka.security import aiokafka_options
+    from streams.replica import ChunkReplica
+
+    def consumer() -> AIOKafkaConsumer:
+        # No group: every instance reads every partition; the offsets live in the store.
+        return AIOKafkaConsumer(
+            bootstrap_servers=kafka.servers, group_id=None, enable_auto_commit=False,
+            auto_offset_reset="earliest", **aiokafka_options(kafka),
+        )
+
+    follow = bool(getattr(rag_port, "replicated", False)) and deps.settings.index_replica
+    if not follow and hasattr(rag_port, "replicated"):
+        rag_port.replicated = False  # nobody follows: publish nothing
+    return ChunkReplica(deps, rag_port, topics.chunks, topics.deadletter, consumer, follow)
 
 
 def wait_for_broker(kafka: KafkaSettings, wait_s: float) -> None:

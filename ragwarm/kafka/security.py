@@ -42,3 +42,19 @@ def faust_credentials(kafka: KafkaSettings) -> Any:
     if context is not None:
         return faust.SSLCredentials(context)
     return None
+
+
+def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
+    """Security options of an aiokafka client for `kafka` (only the protocol for PLAINTEXT)."""
+    opts: dict[str, Any] = {"security_protocol": kafka.security_protocol}
+    context = ssl_context(kafka)
+    if context is not None:
+        opts["ssl_context"] = context
+    if kafka.uses_sasl:
+        assert kafka.sasl_password is not None  # KafkaSettings checks SASL is complete
+        opts.update(
+            sasl_mechanism=kafka.sasl_mechanism or "PLAIN",
+            sasl_plain_username=kafka.sasl_username,
+            sasl_plain_password=kafka.sasl_password.get_secret_value(),
+        )
+    return opts

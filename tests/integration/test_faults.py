@@ -141,7 +141,10 @@ def test_a_fresh_disk_with_the_same_app_id_rebuilds_the_index_before_ready(
     resumed after every KB change, and the new disk's index stayed empty for good."""
     docs = list(initial_docs().values())
     send_docs(kafka_producer, namespace + KB_CHANGES, docs)
-    first = streams_factory(namespace, "moved").start()
+    # Without the index replica (one instance): re-indexed from kb.changes. With it, the
+    # index is rebuilt from rag.chunks instead (tests/integration/test_replica.py).
+    no_replica = {"RAGWARM_STREAMS_INDEX_REPLICA": "false"}
+    first = streams_factory(namespace, "moved", no_replica).start()
     wait_for(lambda: first.counters().get("kb_events", 0) >= len(docs), 240, "indexing")
     before = first.get("/ragwarm/docs")["docs"]
     want = Client(first.url).prompt(QUESTION)[2]
@@ -151,6 +154,7 @@ def test_a_fresh_disk_with_the_same_app_id_rebuilds_the_index_before_ready(
     env = {
         "RAGWARM_QDRANT_PATH": str(fresh / "qdrant"),
         "RAGWARM_STREAMS_DATA_DIR": str(fresh / "faust"),
+        **no_replica,
     }
     second = streams_factory(namespace, "moved", env).start()
     print(f"\nready {wait_ready(second):.1f} s after the web views")

@@ -23,7 +23,7 @@ def test_names_are_unique_and_match_their_keys() -> None:
     assert len(set(names)) == len(names)
     assert all(name == key for key, name in zip(TOPICS, names, strict=True))
     assert sorted(constants) == sorted(names)
-    assert DESIGN_TOPICS | {"ragwarm.deadletter"} == set(names)
+    assert DESIGN_TOPICS | {"ragwarm.deadletter", "rag.chunks"} == set(names)
 
 
 @pytest.mark.parametrize("spec", TOPICS.values(), ids=list(TOPICS))

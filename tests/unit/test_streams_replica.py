@@ -1,0 +1,113 @@
+"""The streams side of the index replica: a warm op on chunks the replica lacks waits for it
+to catch up, indexing publishes before its ops, and bad rag.chunks records are told apart."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from schemas import KbChange
+from schemas.events import VERSION_HEADER
+from schemas.topics import chunk_key
+from streams import handlers
+from streams.records import PrefixOp
+from streams.replica import decode_batch, next_offsets
+from tests.unit.test_replica import publish
+from tests.unit.test_streams_handlers import P1, REFS, Port, pipeline
+
+
+class Replica:
+    """A replica that applies `pending` to the port when asked to catch up."""
+
+    def __init__(self, port: Port, pending: dict, order: list[str]) -> None:
+        self.port, self.pending, self.order = port, pending, order
+        self.waits = 0
+
+    async def publish(self) -> None:
+        self.order.append("publish")
+
+    async def caught_up(self) -> bool:
+        self.waits += 1
+        self.port.current.update(self.pending)
+        return True
+
+
+def warm(tenant: str = "default") -> PrefixOp:
+    return PrefixOp(op="warm", prefix_hash=P1, tenant=tenant, chunk_refs=REFS,
+                    token_ids=[7] * 32, question="why?")
+
+
+def test_a_warm_op_on_chunks_the_replica_has_not_applied_yet_waits_for_it():
+    port = Port({})  # another instance indexed d.md; this replica has not applied it yet
+    p, out = pipeline(port)
+    p.replica = Replica(port, {("default", "d.md#0"): "1" * 64}, [])
+    asyncio.run(handlers.on_prefix_op(p, warm()))
+    assert p.replica.waits == 1
+    assert [c.op for c in out.commands] == ["prefill"]
+    assert p.stats["stale_warm_skipped"] == 0
+
+
+def test_a_warm_op_on_chunks_that_are_stale_after_catching_up_is_skipped():
+    port = Port({("default", "d.md#0"): "2" * 64})
+    p, out = pipeline(port)
+    p.replica = Replica(port, {}, [])
+    asyncio.run(handlers.on_prefix_op(p, warm()))
+    assert p.replica.waits == 1 and out.commands == []
+    assert p.stats["stale_warm_skipped"] == 1
+
+
+def test_indexing_publishes_before_recording_and_sending_ops():
+    order: list[str] = []
+
+    class IndexingPort(Port):
+        def index(self, change):
+            order.append("index")
+            return {"d.md#0": "1" * 64}
+
+    port = IndexingPort({})
+    p, out = pipeline(port)
+    p.replica = Replica(port, {}, order)
+    change = KbChange(op="upsert", doc_id="d.md", version=1, text="x")
+    asyncio.run(handlers.on_kb_change(p, change))
+    assert order == ["index", "publish"] and p.stats["kb_events"] == 1
+
+
+def message(partition: int, offset: int, key: bytes, value: bytes | None, headers=()):
+    return SimpleNamespace(topic="rag.chunks", partition=partition, offset=offset, key=key,
+                           value=value, headers=list(headers))
+
+
+def test_a_batch_keeps_the_good_records_in_order_and_names_the_bad_ones():
+    records = publish("a", 3, ["x"], before=["x", "y"])
+    msgs = [message(1, 10 + i, r.key, r.value, r.headers) for i, r in enumerate(records)]
+    msgs.insert(1, message(0, 4, chunk_key("t", "a#5"), None))  # a tombstone with no version
+    msgs.append(message(0, 5, b"junk", b"{}"))
+    good, bad = decode_batch(msgs)
+    assert [type(r).__name__ for r in good] == ["IndexedChunk", "Tombstone", "IndexedDoc"]
+    assert [(m.offset, e.field) for m, e in bad] == [(4, f"headers.{VERSION_HEADER}"),
+                                                     (5, "key")]
+    assert next_offsets(msgs) == {0: 6, 1: 13}
+
+
+def test_recovery_rebuilds_from_the_replica_before_it_re_indexes_anything():
+    from streams.records import DocState
+    from streams.recovery import recover_index
+    from tests.unit.test_streams_recovery import IndexPort
+
+    port = IndexPort({})  # an empty disk
+    p, _ = pipeline(port)
+    p.tables.docs["a"] = DocState(version=2, tenant="default").model_dump(mode="json")
+    p.tables.docs["b"] = DocState(version=1, tenant="default").model_dump(mode="json")
+    order: list[str] = []
+
+    class Rebuilding(Replica):
+        async def caught_up(self) -> bool:
+            self.waits += 1
+            port.indexed[("default", "a")] = 2  # rag.chunks held a, never b
+            return self.waits > 1  # the first wait runs out, the second completes
+
+    p.replica = Rebuilding(port, {}, order)
+    kb = [KbChange(op="upsert", doc_id="b", version=1, text="b")]
+    assert asyncio.run(recover_index(p, lambda wanted: kb)) == 1
+    assert [c.doc_id for c in port.applied] == ["b"]  # only what no instance published
+    assert order == ["publish"] and p.replica.waits == 2
