@@ -99,6 +99,15 @@ class StreamsSettings(BaseSettings):
         default=0.05, gt=0, le=10,
         description="How long a KB batch waits for more changes before it is indexed.",
     )
+    query_batch_max: int = Field(
+        default=512, ge=1, le=65536,
+        description="Most rag.queries records counted together; the hot-token windows are "
+        "written to their changelog table once per batch.",
+    )
+    query_batch_within_s: float = Field(
+        default=0.05, gt=0, le=10,
+        description="How long a query batch waits for more records before it is counted.",
+    )
 
     # -- security (issue 13)
     api_key: SecretStr | None = Field(
