@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
+
+from rag.embed import Embedder
 from rag.index import Indexer
 from rag.prompt import PromptBuilder
 from rag.retrieve import Retriever
@@ -13,6 +18,21 @@ from ragwarm.settings import ModelSettings, qdrant_settings
 from schemas import ChunkRef, KbChange
 from schemas.prefix import BLOCK_SIZE, PromptParams, prefix_chain
 from streams.ports import WarmPrefix
+
+
+class TimedEmbedder:
+    """An embedder that counts the milliseconds and the texts it embeds into `stats`."""
+
+    def __init__(self, inner: Embedder, stats: Counter) -> None:
+        self.inner, self.stats = inner, stats
+        self.dim = inner.dim
+
+    def embed(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
+        start = time.perf_counter()
+        vectors = self.inner.embed(texts, progress)
+        self.stats["embed_ms"] += round((time.perf_counter() - start) * 1000)
+        self.stats["embedded_chunks"] += len(texts)
+        return vectors
 
 
 class RagService:
@@ -63,6 +83,11 @@ class RagService:
 
     def close(self) -> None:
         self.store.close()
+
+    def count_embedding(self, stats: Counter) -> None:
+        """Add the indexer's embedding time (`embed_ms`) and texts (`embedded_chunks`) to
+        `stats`, the app's counters: indexing time splits into embedding and the rest."""
+        self.indexer.embedder = TimedEmbedder(self.indexer.embedder, stats)
 
     def prompt_params(self) -> PromptParams:
         return PromptParams.of(system_prompt=self.prompts.system_prompt,

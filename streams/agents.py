@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import faust
 
@@ -122,6 +123,12 @@ class KbBatchRunner:
         self.one, self.p = one, one.p
 
     async def process(self, events: list[faust.EventT]) -> None:
+        start = time.perf_counter()
+        await self._process(events)
+        # With `kb_index_ms` and `embed_ms`: where the time of indexing goes.
+        self.p.stats["kb_batch_ms"] += round((time.perf_counter() - start) * 1000)
+
+    async def _process(self, events: list[faust.EventT]) -> None:
         decoded: list[tuple[faust.EventT, object]] = []
         for event in events:
             try:
@@ -136,7 +143,9 @@ class KbBatchRunner:
         results: list = []
 
         async def index() -> None:
+            start = time.perf_counter()
             results[:] = await batch.index_batch(self.p, changes)
+            self.p.stats["kb_index_ms"] += round((time.perf_counter() - start) * 1000)
 
         if await faults.retry(index, self.one.backoff, self._on_retry) is not None:
             self.p.stats["kb_batch_fallbacks"] += 1

@@ -396,6 +396,7 @@ def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits, sampl
     b.say(f"{len(changes)} KB events produced; indexing")
     kb_rate = b.rate(("kb_events", "stale_events"), len(changes), 3600)
     kb_seconds = time.monotonic() - started
+    split = kb_split(b.counters(), kb_seconds, len(b.streams_all))
     b.say(f"kb {kb_rate:.1f} ev/s in {kb_seconds:.0f} s; starting a worker")
     b.worker.start()
     b.worker.wait_healthy(300)
@@ -418,7 +419,24 @@ def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits, sampl
         "kb_events_per_s": round(kb_rate, 2),
         "kb_chunks_per_s": round(len(texts) / kb_seconds, 2),
         "embed_chunks_per_s": round(embed_rate(texts, sample), 2),
+        **split,
         **stage_figures(stages),
+    }
+
+
+def kb_split(counters: dict, kb_seconds: float, instances: int) -> dict[str, float]:
+    """Where the KB phase's time went, in seconds summed over the instances: embedding,
+    the rest of indexing (chunking, store reads and writes), the rest of each batch
+    (decoding, table writes, ops sent), and the time no batch ran (waiting, Faust)."""
+    embed = counters.get("embed_ms", 0) / 1000
+    index = counters.get("kb_index_ms", 0) / 1000
+    batch = counters.get("kb_batch_ms", 0) / 1000
+    return {
+        "kb_seconds": round(kb_seconds, 1),
+        "kb_embed_s": round(embed, 1),
+        "kb_index_other_s": round(index - embed, 1),
+        "kb_apply_s": round(batch - index, 1),
+        "kb_outside_batches_s": round(instances * kb_seconds - batch, 1),
     }
 
 

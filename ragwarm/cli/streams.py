@@ -173,6 +173,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
     # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
     rag = RagService.open(ModelSettings())
     built = build_app(settings, kafka, rag)
+    rag.count_embedding(built.deps.stats)
     wait_for_broker(kafka, settings.broker_wait_s)
     ensure_topics(built, kafka)
     click.echo(
