@@ -424,11 +424,13 @@ def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits, sampl
     }
 
 
-def kb_split(counters: dict, kb_seconds: float, instances: int) -> dict[str, float]:
+def kb_split(counters: dict, kb_seconds: float, instances: int) -> dict[str, float | None]:
     """Where the KB phase's time went, in seconds summed over the instances: embedding,
     the rest of indexing (chunking, store reads and writes), the rest of each batch
-    (decoding, table writes, ops sent), and the time no batch ran (waiting, Faust)."""
+    (decoding, table writes, ops sent), and the time no batch ran (waiting, Faust); and
+    the embedder's own rate inside the app (same chunks, same minutes as the pipeline)."""
     embed = counters.get("embed_ms", 0) / 1000
+    embedded = counters.get("embedded_chunks", 0)
     index = counters.get("kb_index_ms", 0) / 1000
     batch = counters.get("kb_batch_ms", 0) / 1000
     return {
@@ -437,6 +439,7 @@ def kb_split(counters: dict, kb_seconds: float, instances: int) -> dict[str, flo
         "kb_index_other_s": round(index - embed, 1),
         "kb_apply_s": round(batch - index, 1),
         "kb_outside_batches_s": round(instances * kb_seconds - batch, 1),
+        "app_embed_chunks_per_s": round(embedded / embed, 2) if embed else None,
     }
 
 
