@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from schemas import ChunkRef
@@ -67,7 +68,9 @@ class HotPayload:
     chunk_refs: tuple[Any, ...]
     prefix_tokens: int
 
-    def to_row(self) -> dict[str, Any]:
+    @cached_property
+    def row(self) -> dict[str, Any]:
+        """The payload as a table row (encoded once: a hot prefix's row is written often)."""
         refs = [ChunkRef.model_validate(r).model_dump(mode="json") for r in self.chunk_refs]
         return {"question": self.question, "chunk_refs": refs, "tokens": self.prefix_tokens}
 
@@ -91,7 +94,7 @@ class StepSketch:
     def to_row(self) -> dict[str, Any]:
         pay = self.prefixes.payloads
         return {
-            "p": [[k, c, pay[k].to_row() if k in pay else None]
+            "p": [[k, c, pay[k].row if k in pay else None]
                   for k, c in self.prefixes.counts.items()],
             "q": [[k, c] for k, c in self.questions.counts.items()],
         }
@@ -209,6 +212,9 @@ class HotTracker:
     owns: Callable[[str], bool] = _owns_all
     hot: HotSet = field(init=False)
     _pending: dict[str, StepSketch] = field(default_factory=dict, init=False)
+    # Decoded rows, kept while the mapping holds the very object decoded or written (a
+    # row recovered from the changelog, after a partition moved, is a new object).
+    _decoded: dict[str, tuple[Any, StepSketch]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.hot = HotSet(self.rows, self.owns)
@@ -227,10 +233,13 @@ class HotTracker:
         Returns how many rows were written."""
         pending, self._pending = self._pending, {}
         for key, sketch in pending.items():
-            self.rows[key] = sketch.to_row()
+            raw = self.rows[key] = sketch.to_row()
+            self._decoded[key] = (raw, sketch)
         owned = [k for k in list(self.rows.keys()) if self.owns(tenant_of(k))]
         for key in expired_rows(owned, now, self.window_s, self.step_s):
             self.rows.pop(key, None)
+        for key in [k for k in self._decoded if k not in self.rows]:
+            del self._decoded[key]
         return len(pending)
 
     def ranked(self, now: float) -> list[tuple[str, float, HotPayload]]:
@@ -253,7 +262,12 @@ class HotTracker:
         raw = self.rows.get(key)
         if raw is None:
             return StepSketch.empty(self.capacity)
-        return StepSketch.from_row(tenant_of(key), raw, self.capacity)
+        cached = self._decoded.get(key)
+        if cached is not None and cached[0] is raw:
+            return cached[1]
+        sketch = StepSketch.from_row(tenant_of(key), raw, self.capacity)
+        self._decoded[key] = (raw, sketch)
+        return sketch
 
     def _window_by_tenant(self, now: float) -> dict[str, list[StepSketch]]:
         """Per owned tenant, its sketches of the window ending at `now`, oldest first."""

@@ -110,3 +110,17 @@ def test_a_step_is_expired_exactly_when_it_left_the_window(now, sizes):
     gone = expired_rows(keys, now, window_s, step_s)
     assert all(slot_of(k) not in slots for k in gone)
     assert all(slot_of(k) in slots for k in keys if k not in gone)
+
+
+def test_a_row_replaced_under_the_tracker_is_read_again_not_served_from_its_cache():
+    rows: dict = {}
+    tracker = HotTracker(600.0, 60.0, rows=rows)
+    tracker.observe("p1", payload(), now=10.0)
+    assert tracker.ranked(10.0)[0][1] == 1.0
+    other = HotTracker(600.0, 60.0, rows=json_rows(rows))  # another owner went on counting
+    other.observe("p1", payload(), now=20.0)
+    other.flush(20.0)
+    rows.update(json_rows(other.rows))  # the partition came back, recovered from the changelog
+    assert tracker.ranked(30.0)[0][1] == 2.0
+    tracker.observe("p1", payload(), now=40.0)
+    assert tracker.ranked(40.0)[0][1] == 3.0
