@@ -160,12 +160,11 @@ class HotSet(MutableMapping[str, PrefixOp]):
     def _all(self) -> dict[str, PrefixOp]:
         return {h: op for key in self._keys() for h, op in self._row(key).items()}
 
-    def _write(self, key: str, ops: dict[str, PrefixOp]) -> None:
+    def _write(self, key: str, ops: dict[str, PrefixOp], raw: dict[str, Any]) -> None:
         if not ops:
             self.rows.pop(key, None)
             self._decoded.pop(key, None)
             return
-        raw = {h: op.model_dump(mode="json") for h, op in ops.items()}
         self.rows[key] = raw
         self._decoded[key] = (raw, ops)
 
@@ -174,13 +173,17 @@ class HotSet(MutableMapping[str, PrefixOp]):
 
     def __setitem__(self, prefix_hash: str, op: PrefixOp) -> None:
         key = row_key(op.tenant, HOT_ROW)
-        self._write(key, {**self._row(key), prefix_hash: op})
+        ops = {**self._row(key), prefix_hash: op}
+        # Only the new op is encoded: the others keep their encoded form.
+        raw = {**(self.rows.get(key) or {}), prefix_hash: op.model_dump(mode="json")}
+        self._write(key, ops, raw)
 
     def __delitem__(self, prefix_hash: str) -> None:
         for key in self._keys():
             ops = self._row(key)
             if prefix_hash in ops:
-                self._write(key, {h: op for h, op in ops.items() if h != prefix_hash})
+                raw = {h: v for h, v in (self.rows.get(key) or {}).items() if h != prefix_hash}
+                self._write(key, {h: op for h, op in ops.items() if h != prefix_hash}, raw)
                 return
         raise KeyError(prefix_hash)
 
