@@ -24,6 +24,7 @@ from ragwarm.settings import ModelSettings
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, decode, encode
 from schemas.prefix import block_hashes
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS, kb_key
+from tests.integration.streams_proc import StreamsApp
 from tests.integration.test_streams_e2e import QUESTION, Chunk, Events, edited, initial_docs
 from tests.integration.waiting import wait_for
 
@@ -104,20 +105,16 @@ def sum_counter(apps, name: str) -> int:
 
 
 def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
-    kafka_bootstrap, kafka_producer, namespace, streams_factory, worker_factory, tmp_path
+    kafka_bootstrap, kafka_producer, namespace, worker_factory, tmp_path
 ):
     docs = {(t, d.doc_id): d.model_copy(update={"tenant": t})
             for t in TENANTS for d in initial_docs().values()}
     for (tenant, doc_id), doc in docs.items():
         kafka_producer.send(namespace + KB_CHANGES, key=kb_key(tenant, doc_id), value=encode(doc))
     kafka_producer.flush()
-    apps = [
-        streams_factory(namespace, "scale", APP_ENV | {
-            "RAGWARM_QDRANT_PATH": str(tmp_path / f"i{i}" / "qdrant"),
-            "RAGWARM_STREAMS_DATA_DIR": str(tmp_path / f"i{i}" / "faust"),
-        })
-        for i in (1, 2)
-    ]
+    # One app id, each instance in a workdir of its own (its pid file, log, disk).
+    apps = [StreamsApp(kafka_bootstrap, namespace, "scale", tmp_path / f"i{i}", APP_ENV)
+            for i in (1, 2)]
     for app in apps:
         app.start()
     wait_for(lambda: sum_counter(apps, "kb_events") >= len(docs), 300, "both tenants indexed")
