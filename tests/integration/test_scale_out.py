@@ -135,9 +135,10 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
     warm: dict[tuple[str, str], QueryEvent] = {}
     for tenant in TENANTS:
         for question in QUESTIONS:
-            event, _ = client.query(apps[0].url, tenant, question)
-            # Any instance retrieves the whole KB: the other one names the same prefix.
-            assert client.query(apps[1].url, tenant, question)[0].prefix_hash == event.prefix_hash
+            # Any instance retrieves the whole KB (once its replica has caught up): both
+            # name the same prefix.
+            event = wait_for(lambda t=tenant, q=question: _agreed(client, apps, t, q), 120,
+                             f"both instances to retrieve the same top-k for {tenant}")
             for _ in range(3):
                 kafka_producer.send(namespace + RAG_QUERIES, key=tenant.encode(),
                                     value=encode(event))
@@ -193,6 +194,11 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
     finally:
         load.done.set()
         load.join(10)
+
+
+def _agreed(client: Client, apps, tenant: str, question: str) -> QueryEvent | None:
+    events = [client.query(app.url, tenant, question)[0] for app in apps]
+    return events[0] if len({e.prefix_hash for e in events}) == 1 else None
 
 
 def _ready(app: StreamsApp) -> bool:
