@@ -197,8 +197,13 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
 
 
 def _agreed(client: Client, apps, tenant: str, question: str) -> QueryEvent | None:
-    events = [client.query(app.url, tenant, question)[0] for app in apps]
-    return events[0] if len({e.prefix_hash for e in events}) == 1 else None
+    answers = [client.query(app.url, tenant, question) for app in apps]
+    if len({event.prefix_hash for event, _ in answers}) == 1:
+        return answers[0][0]
+    for app, (_, rows) in zip(apps, answers, strict=True):  # shown if it never agrees
+        print(app.url, tenant, [(r["chunk_id"], r["content_hash"][:8], round(r.get("score", 0), 4))
+                                for r in rows], app.counters())
+    return None
 
 
 def _ready(app: StreamsApp) -> bool:
