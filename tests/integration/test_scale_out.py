@@ -145,7 +145,8 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
             warm[tenant, question] = event
     kafka_producer.flush()
     for event in warm.values():
-        wait_for(lambda e=event: events.find("stored", e.prefix_hash), 240, "prefix on w1")
+        wait_for(lambda e=event: events.find("stored", e.prefix_hash) or _show(apps), 480,
+                 f"{event.tenant}'s prefix {event.prefix_hash[:12]} on w1")
 
     # A worker that reports ready gets the tracked prefixes of every partition (two owners).
     w2 = worker("w2")
@@ -204,6 +205,16 @@ def _agreed(client: Client, apps, tenant: str, question: str) -> QueryEvent | No
         print(app.url, tenant, [(r["chunk_id"], r["content_hash"][:8], round(r.get("score", 0), 4))
                                 for r in rows], app.counters())
     return None
+
+
+def _show(apps) -> None:
+    """Print each live instance's counters (seen when a wait times out)."""
+    for app in apps:
+        try:
+            print(app.url, app.counters())
+        except httpx.HTTPError:
+            pass
+    time.sleep(10)
 
 
 def _ready(app: StreamsApp) -> bool:
