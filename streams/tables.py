@@ -77,8 +77,11 @@ def define_tables(
         doc_prefixes=table("doc_prefixes"),
         prefixes=table("prefixes"),
         # Placement reads every worker while handling any prefix, so each process
-        # keeps the whole (small) worker table.
-        workers=table("workers", cls=app.GlobalTable),
+        # keeps the whole (small) worker table. With several instances, only the one owning
+        # a worker's worker.events partition writes its row: every instance must follow
+        # every changelog partition, its own included (faust-streaming#283: without this a
+        # second instance never saw a worker and sent no prefill).
+        workers=table("workers", cls=app.GlobalTable, synchronize_all_active_partitions=True),
         # Written by the query batches and the hot-set timer: routed by the row's tenant.
         hot_windows=routed("hot_windows", route=lambda key: tenant_partition(tenant_of(key))),
     )
