@@ -78,10 +78,11 @@ def define_tables(
         prefixes=table("prefixes"),
         # Placement reads every worker while handling any prefix, so each process
         # keeps the whole (small) worker table. With several instances, only the one owning
-        # a worker's worker.events partition writes its row: every instance must follow
-        # every changelog partition, its own included (faust-streaming#283: without this a
-        # second instance never saw a worker and sent no prefill).
-        workers=table("workers", cls=app.GlobalTable, synchronize_all_active_partitions=True),
+        # a worker's worker.events partition writes its row; the others must go on reading
+        # the changelog after recovery. Faust resumes those partitions only for a global
+        # table with a recovery buffer of 1 (faust-streaming#283: without it a second
+        # instance never saw a worker and answered no_worker to every prefill).
+        workers=table("workers", cls=app.GlobalTable, recovery_buffer_size=1),
         # Written by the query batches and the hot-set timer: routed by the row's tenant.
         hot_windows=routed("hot_windows", route=lambda key: tenant_partition(tenant_of(key))),
     )
