@@ -104,6 +104,7 @@ def sum_counter(apps, name: str) -> int:
     return total
 
 
+@pytest.mark.timeout(1800)  # five processes and a dozen CPU prefills on a shared 2-core host
 def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
     kafka_bootstrap, kafka_producer, namespace, worker_factory, tmp_path
 ):
