@@ -39,27 +39,23 @@ def test_up_status_down(kafka_bootstrap, namespace, tmp_path):
         "RAGWARM_WORKER_THREADS": "1",
     }
     try:
-        up = run(["up", "--streams", "2"], env)
+        up = run(["up"], env)
         assert up.returncode == 0, up.stdout + up.stderr
         assert "streams: healthy" in up.stdout and "worker-1: healthy" in up.stdout
-        assert "streams-2: healthy" in up.stdout
         again = run(["up"], env)
         assert "already running" in again.stdout
 
         status = run(["status", "--json"], env)
         report = json.loads(status.stdout)
         assert report["streams"]["healthy"] and report["worker-1"]["ready"]
-        assert report["streams-2"]["healthy"] and report["streams-2"]["url"] != report[
-            "streams"]["url"]
         assert report["worker-1"]["cache"] is not None
-        pids = [report["streams"]["pid"], report["streams-2"]["pid"], report["worker-1"]["pid"]]
+        pids = [report["streams"]["pid"], report["worker-1"]["pid"]]
     finally:
         down = run(["down"], env)
     assert down.returncode == 0, down.stdout + down.stderr
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
-    after = json.loads(run(["status", "--json"], env).stdout)
-    assert after["streams"]["pid"] is None and after.get("streams-2", {}).get("pid") is None
+    assert json.loads(run(["status", "--json"], env).stdout)["streams"]["pid"] is None
 
 
 def _llm_dir() -> Path:
