@@ -195,10 +195,16 @@ class ModelSettings(BaseSettings):
 
 
 class StackSettings(BaseSettings):
-    """The local stack of `ragwarm up`: how many workers, their ports, start time limits."""
+    """The local stack of `ragwarm up`: how many streams instances and workers, their
+    ports, start time limits."""
 
     model_config = SettingsConfigDict(env_prefix="RAGWARM_STACK_", extra="forbid")
 
+    streams: int = Field(
+        default=1, ge=1, le=8,
+        description="Streams instances started by `ragwarm up` (one consumer group; web "
+        "ports from RAGWARM_STREAMS_WEB_PORT up, each its own local Qdrant and Faust data).",
+    )
     workers: int = Field(default=1, ge=1, le=8, description="Workers started by `ragwarm up`.")
     worker_port: int = Field(default=8101, description="Port of the first worker (then +1, +2…).")
     start_timeout_s: float = Field(default=180.0, description="Wait this long for each part.")

@@ -45,6 +45,7 @@ def create_app(settings: StreamsSettings, broker: BrokerOptions, data_dir: Path)
         value_serializer="json",
         # Agents do blocking store work in a thread; allow for it before a rebalance.
         broker_max_poll_interval=600.0,
+        broker_session_timeout=settings.session_timeout_s,
         stream_wait_empty=False,
         producer_acks=broker.acks,
         # Dead letters are sized against this (schemas.deadletter.value_limit): keep them equal.

@@ -105,6 +105,9 @@ class HandlerDeps:
     partition_of: Callable[[str, int], int] = field(default=lambda key, n: 0)
     # The index replica fed by rag.chunks (streams.replica); None: nothing to publish.
     replica: IndexReplica | None = None
+    # The share of the rag.queries partitions this process owns: with N instances each
+    # plans the hot set of its own tenants within that share of the hot-token budget.
+    owned_share: Callable[[], float] = field(default=lambda: 1.0)
 
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:
@@ -448,7 +451,7 @@ async def plan_hot(p: HandlerDeps) -> None:
 async def _plan_hot(p: HandlerDeps) -> None:
     ranked = p.tracker.ranked(p.clock())
     ready = [w for w in p.live_workers() if w.ready]
-    budget = int(p.settings.hot_share * sum(w.mem_total for w in ready))
+    budget = int(p.settings.hot_share * sum(w.mem_total for w in ready) * p.owned_share())
     per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
     candidates = [logic.HotCandidate(h, c, pl.prefix_tokens) for h, c, pl in ranked]
     hot, cooled = logic.plan_hot_set(

@@ -120,6 +120,20 @@ class StreamsSettings(BaseSettings):
         default=0.05, gt=0, le=10,
         description="How long a KB batch waits for more changes before it is indexed.",
     )
+    session_timeout_s: float = Field(
+        default=60.0, ge=10.0, le=300.0,
+        description="How long the consumer group waits for a silent instance (a crash) "
+        "before its partitions move to the others (Kafka's session timeout).",
+    )
+    query_batch_max: int = Field(
+        default=512, ge=1, le=65536,
+        description="Most rag.queries records counted together; the hot-token windows are "
+        "written to their changelog table once per batch.",
+    )
+    query_batch_within_s: float = Field(
+        default=0.05, gt=0, le=10,
+        description="How long a query batch waits for more records before it is counted.",
+    )
 
     # -- security (issue 13)
     api_key: SecretStr | None = Field(

@@ -11,6 +11,7 @@ import random
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -28,30 +29,19 @@ DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
 class Bench:
     """One namespace on the broker with a streams app and a worker in it."""
 
-    def __init__(self, bootstrap: str, workdir: Path, say):
+    def __init__(self, bootstrap: str, workdir: Path, say, streams: int = 1):
         from kafka import KafkaConsumer, KafkaProducer
 
         self.say = say
         self.prefix = f"bench-{uuid.uuid4().hex[:8]}."
         self.bootstrap = bootstrap
         env = {"RAGWARM_KAFKA_BOOTSTRAP": bootstrap, "RAGWARM_KAFKA_TOPIC_PREFIX": self.prefix}
-        port, wport = _free_port(), _free_port()
-        self.streams_url = f"http://127.0.0.1:{port}"
+        # N instances of one app (one consumer group), each with its port and disk.
+        self.streams_all = [self._streams_proc(i, workdir, env) for i in range(streams)]
+        self.streams = self.streams_all[0]
+        self.streams_url = self.streams.health_url.removesuffix("/ragwarm/health")
+        wport = _free_port()
         self.worker_url = f"http://127.0.0.1:{wport}"
-        self.streams = Proc(
-            "bench-streams",
-            ["streams", "--loglevel", "warning"],
-            workdir,
-            f"{self.streams_url}/ragwarm/health",
-            env
-            | {
-                "RAGWARM_STREAMS_APP_ID": self.prefix + "app",
-                "RAGWARM_STREAMS_WEB_PORT": str(port),
-                "RAGWARM_STREAMS_HOT_TICK_S": "0.5",
-                "RAGWARM_QDRANT_PATH": str(workdir / "qdrant"),
-                "RAGWARM_STREAMS_DATA_DIR": str(workdir / "faust"),
-            },
-        )
         self.worker = Proc(
             "bench-worker",
             ["worker", "--worker-id", "bench-w1", "--port", str(wport)],
@@ -71,8 +61,40 @@ class Bench:
         self.seen: list[tuple[float, WorkerEvent]] = []
         self.commands: list[tuple[float, WarmupCommand]] = []
 
+    def _streams_proc(self, i: int, workdir: Path, env: dict[str, str]) -> Proc:
+        port = _free_port()
+        return Proc(
+            f"bench-streams-{i + 1}",
+            ["streams", "--loglevel", "warning"],
+            workdir,
+            f"http://127.0.0.1:{port}/ragwarm/health",
+            env
+            | {
+                "RAGWARM_STREAMS_APP_ID": self.prefix + "app",
+                "RAGWARM_STREAMS_WEB_PORT": str(port),
+                "RAGWARM_STREAMS_HOT_TICK_S": "0.5",
+                "RAGWARM_QDRANT_PATH": str(workdir / f"qdrant-{i + 1}"),
+                "RAGWARM_STREAMS_DATA_DIR": str(workdir / f"faust-{i + 1}"),
+            },
+        )
+
     def counters(self) -> dict:
-        return httpx.get(f"{self.streams_url}/ragwarm/stats", timeout=10).json()["counters"]
+        """The counters of every streams instance, summed."""
+        total: Counter = Counter()
+        for proc in self.streams_all:
+            url = proc.health_url.removesuffix("/ragwarm/health")
+            total.update(httpx.get(f"{url}/ragwarm/stats", timeout=10).json()["counters"])
+        return dict(total)
+
+    def start_streams(self) -> None:
+        for proc in self.streams_all:
+            proc.start()
+        for proc in self.streams_all:
+            proc.wait_healthy(300)
+
+    def stop_streams(self) -> None:
+        for proc in self.streams_all:
+            proc.stop()
 
     def send(self, topic: str, key: str, value: bytes) -> None:
         self.producer.send(self.prefix + topic, key=key.encode(), value=value)
@@ -128,7 +150,7 @@ class Bench:
 
     def close(self) -> None:
         self.worker.stop()
-        self.streams.stop()
+        self.stop_streams()
         self.producer.close()
         self.events.close()
 
@@ -323,6 +345,10 @@ def _wait_new_prefix(b: Bench, prompts: Prompts, question: str, stale, t0: float
     "--embed-sample", type=int, default=512, show_default=True,
     help="Chunks the embedder is timed on alone (a sample of those the trace embeds).",
 )
+@click.option(
+    "--streams", "streams_n", type=click.IntRange(1, 8), default=1, show_default=True,
+    help="Streams instances (one consumer group, each its own port and disk).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def pipeline(
     events: Path,
@@ -332,6 +358,7 @@ def pipeline(
     hot: int,
     edits: int,
     embed_sample: int,
+    streams_n: int,
     as_json: bool,
 ) -> None:
     """Token-frequency and KB-change throughput, and KB-event-to-warm latency."""
@@ -342,7 +369,7 @@ def pipeline(
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     kafka = KafkaSettings()
     with LocalKafka(HomeSettings(), kafka) as bootstrap, tempfile.TemporaryDirectory() as tmp:
-        b = Bench(bootstrap, Path(tmp), say)
+        b = Bench(bootstrap, Path(tmp), say, streams_n)
         create_topics(bootstrap, kafka.client_options(), prefixed(b.prefix))
         try:
             result = run(
@@ -360,8 +387,7 @@ def pipeline(
 def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits, sample) -> dict:
     from ragwarm.bench.embed_rate import embed_rate, embedded_chunks
 
-    b.streams.start()
-    b.streams.wait_healthy(300)
+    b.start_streams()
     changes = trace_changes(events, kb_events)
     started = time.monotonic()
     for change in changes:
@@ -370,6 +396,7 @@ def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits, sampl
     b.say(f"{len(changes)} KB events produced; indexing")
     kb_rate = b.rate(("kb_events", "stale_events"), len(changes), 3600)
     kb_seconds = time.monotonic() - started
+    split = kb_split(b.counters(), kb_seconds, len(b.streams_all))
     b.say(f"kb {kb_rate:.1f} ev/s in {kb_seconds:.0f} s; starting a worker")
     b.worker.start()
     b.worker.wait_healthy(300)
@@ -383,16 +410,36 @@ def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits, sampl
     b.producer.flush()
     query_rate = b.rate(("queries",), start + queries, 600)
     b.worker.stop()  # the embedder alone gets the machine to itself
-    b.streams.stop()
+    b.stop_streams()
     texts = embedded_chunks(changes)
     b.say(f"timing the embedder alone on {min(sample, len(texts))} of {len(texts)} chunks")
     return {
-        "streams_instances": 1,
+        "streams_instances": len(b.streams_all),
         "query_events_per_s": round(query_rate, 1),
         "kb_events_per_s": round(kb_rate, 2),
         "kb_chunks_per_s": round(len(texts) / kb_seconds, 2),
         "embed_chunks_per_s": round(embed_rate(texts, sample), 2),
+        **split,
         **stage_figures(stages),
+    }
+
+
+def kb_split(counters: dict, kb_seconds: float, instances: int) -> dict[str, float | None]:
+    """Where the KB phase's time went, in seconds summed over the instances: embedding,
+    the rest of indexing (chunking, store reads and writes), the rest of each batch
+    (decoding, table writes, ops sent), and the time no batch ran (waiting, Faust); and
+    the embedder's own rate inside the app (same chunks, same minutes as the pipeline)."""
+    embed = counters.get("embed_ms", 0) / 1000
+    embedded = counters.get("embedded_chunks", 0)
+    index = counters.get("kb_index_ms", 0) / 1000
+    batch = counters.get("kb_batch_ms", 0) / 1000
+    return {
+        "kb_seconds": round(kb_seconds, 1),
+        "kb_embed_s": round(embed, 1),
+        "kb_index_other_s": round(index - embed, 1),
+        "kb_apply_s": round(batch - index, 1),
+        "kb_outside_batches_s": round(instances * kb_seconds - batch, 1),
+        "app_embed_chunks_per_s": round(embedded / embed, 2) if embed else None,
     }
 
 

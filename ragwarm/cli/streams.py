@@ -69,16 +69,24 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     data_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(streams, broker_options(kafka), data_dir)
     topics = define_topics(app, streams.partitions, kafka.topic_prefix)
-    tables = define_tables(app, streams.partitions)
+    tables = define_tables(
+        app, streams.partitions, lambda tenant: partition_of(tenant, streams.partitions)
+    )
+    owned = owned_partitions(app, topics.queries.get_topic_name())
     metrics = StreamsMetrics()
     deps = HandlerDeps(
-        tables=StreamTables(**vars(tables)),
+        tables=StreamTables(tables.docs, tables.doc_prefixes, tables.prefixes, tables.workers),
         out=MeasuredOutbox(KafkaOutbox(topics, streams.partitions), metrics),
         rag=rag_port,
         settings=streams,
-        tracker=HotTracker(streams.hot_window_s, streams.hot_step_s, streams.hot_capacity),
+        tracker=HotTracker(
+            streams.hot_window_s, streams.hot_step_s, streams.hot_capacity,
+            rows=tables.hot_windows,
+            owns=lambda tenant: partition_of(tenant, streams.partitions) in owned(),
+        ),
         executor=ThreadPoolExecutor(1, thread_name_prefix="ragwarm-store"),
         partition_of=partition_of,
+        owned_share=lambda: len(owned()) / streams.partitions,
     )
     register_agents(app, topics, deps)
     register_views(app, deps)
@@ -110,6 +118,16 @@ def chunk_replica(deps: Any, topics: Any, kafka: KafkaSettings, rag_port: Any) -
     if not follow and hasattr(rag_port, "replicated"):
         rag_port.replicated = False  # nobody follows: publish nothing
     return ChunkReplica(deps, rag_port, topics.chunks, topics.deadletter, consumer, follow)
+
+
+def owned_partitions(app: Any, queries_topic: str):
+    """A function giving the rag.queries partitions this process owns now (the tenants
+    whose hot set it plans); empty until the first assignment."""
+
+    def owned() -> set[int]:
+        return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == queries_topic}
+
+    return owned
 
 
 def wait_for_broker(kafka: KafkaSettings, wait_s: float) -> None:
@@ -179,6 +197,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
     # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
     rag = RagService.open(ModelSettings())
     built = build_app(settings, kafka, rag)
+    rag.count_embedding(built.deps.stats)
     wait_for_broker(kafka, settings.broker_wait_s)
     ensure_topics(built, kafka)
     click.echo(

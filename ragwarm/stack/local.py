@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 import httpx
@@ -27,28 +28,39 @@ class Stack:
         self.settings = stack or StackSettings()
         self.streams_settings = streams or StreamsSettings()
         env = {"RAGWARM_KAFKA_BOOTSTRAP": self.kafka_settings.servers}
-        run = self.home.run_dir
-        base = f"http://{self.streams_settings.web_host}:{self.streams_settings.web_port}"
-        self.streams_url = base
-        self.streams = Proc("streams", ["streams"], run, f"{base}/ragwarm/health", env)
-        self.workers = [
-            Proc(
-                f"worker-{i + 1}",
-                ["worker", "--worker-id", f"w{i + 1}", "--port", str(port)],
-                run,
-                f"http://127.0.0.1:{port}/health/ready",
-                env,
-            )
-            for i, port in enumerate(
-                range(self.settings.worker_port, self.settings.worker_port + self.settings.workers)
-            )
-        ]
+        self.env = env
+        streams_n = max(self.settings.streams, _running(self.home.run_dir, "streams"))
+        workers_n = max(self.settings.workers, _running(self.home.run_dir, "worker"))
+        self.streams_all = [self._streams_proc(i) for i in range(streams_n)]
+        self.streams = self.streams_all[0]
+        self.streams_url = self.streams.health_url.removesuffix("/ragwarm/health")
+        self.workers = [self._worker_proc(i) for i in range(workers_n)]
 
         port = self.settings.gateway_port
         self.gateway_url = f"http://127.0.0.1:{port}"
-        self.gateway = Proc("gateway", ["gateway", "--port", str(port)], run,
+        self.gateway = Proc("gateway", ["gateway", "--port", str(port)], self.home.run_dir,
                             f"{self.gateway_url}/health/ready",
-                            {**env, "RAGWARM_CLIENT_STREAMS_URL": base})
+                            {**env, "RAGWARM_CLIENT_STREAMS_URL": self.streams_url})
+
+    def _streams_proc(self, i: int) -> Proc:
+        """Instance i+1 of the streams app: one app id (one consumer group), its own web port
+        and, from the second on, its own local Qdrant and Faust data under RAGWARM_HOME."""
+        s = self.streams_settings
+        port = s.web_port + i
+        base = f"http://{s.web_host}:{port}"
+        env = dict(self.env)
+        if i:
+            own = self.home.home / f"streams-{i + 1}"
+            env |= {"RAGWARM_STREAMS_WEB_PORT": str(port),
+                    "RAGWARM_STREAMS_DATA_DIR": str(own / "faust"),
+                    "RAGWARM_QDRANT_PATH": str(own / "qdrant")}
+        name = "streams" if i == 0 else f"streams-{i + 1}"
+        return Proc(name, ["streams"], self.home.run_dir, f"{base}/ragwarm/health", env)
+
+    def _worker_proc(self, i: int) -> Proc:
+        port = self.settings.worker_port + i
+        return Proc(f"worker-{i + 1}", ["worker", "--worker-id", f"w{i + 1}", "--port", str(port)],
+                    self.home.run_dir, f"http://127.0.0.1:{port}/health/ready", self.env)
 
     def worker_url(self, proc: Proc) -> str:
         return proc.health_url.removesuffix("/health/ready")
@@ -72,12 +84,12 @@ class Stack:
             replicas=self.kafka_settings.topic_replicas,
         )
         echo(f"topics: {len(created)} created, {len(existing)} already there")
-        for proc in [self.streams, *self.workers]:
+        for proc in [*self.streams_all, *self.workers]:
             started = proc.start()
             echo(
                 f"{proc.name}: {'starting' if started else 'already running'} (log {proc.log_file})"
             )
-        for proc in [self.streams, *self.workers]:
+        for proc in [*self.streams_all, *self.workers]:
             proc.wait_healthy(self.settings.start_timeout_s)
             echo(f"{proc.name}: healthy")
         # Last: it is ready once the streams app answers and it has its tokenizer.
@@ -89,7 +101,7 @@ class Stack:
     def down(self, echo=click.echo) -> None:
         from ragwarm.kafka.local import LocalKafka
 
-        for proc in [self.gateway, *self.workers, self.streams]:
+        for proc in [self.gateway, *self.workers, *reversed(self.streams_all)]:
             echo(f"{proc.name}: {'stopped' if proc.stop() else 'not running'}")
         broker = LocalKafka(self.home, self.kafka_settings)
         if not broker.external:
@@ -99,12 +111,14 @@ class Stack:
         from ragwarm.kafka.local import LocalKafka
 
         report: dict = {"kafka": LocalKafka(self.home, self.kafka_settings).status()}
-        report["streams"] = {
-            "pid": self.streams.pid(),
-            "healthy": self.streams.healthy(),
-            "url": self.streams_url,
-            "stats": _get(f"{self.streams_url}/ragwarm/stats", operator_headers("streams")),
-        }
+        for proc in self.streams_all:
+            url = proc.health_url.removesuffix("/ragwarm/health")
+            report[proc.name] = {
+                "pid": proc.pid(),
+                "healthy": proc.healthy(),
+                "url": url,
+                "stats": _get(f"{url}/ragwarm/stats", operator_headers("streams")),
+            }
         for proc in self.workers:
             url = self.worker_url(proc)
             report[proc.name] = {
@@ -118,6 +132,19 @@ class Stack:
         return report
 
 
+def _running(run_dir: Path, kind: str) -> int:
+    """The highest instance number of `kind` (streams, worker) the pid files name, so
+    `down` and `status` reach every process `up --streams N --workers M` started."""
+    found = [0]
+    for pid_file in run_dir.glob(f"{kind}*.pid"):
+        tail = pid_file.stem.removeprefix(kind)
+        if tail == "":
+            found.append(1)
+        elif tail.startswith("-") and tail[1:].isdigit():
+            found.append(int(tail[1:]))
+    return max(found)
+
+
 def _get(url: str, headers: dict[str, str]) -> dict | None:
     try:
         response = httpx.get(url, timeout=3.0, headers=headers)
@@ -127,9 +154,16 @@ def _get(url: str, headers: dict[str, str]) -> dict | None:
 
 
 @click.command()
-def up() -> None:
-    """Start Kafka, the topics, the streams app and the workers in the background."""
-    Stack().up()
+@click.option("--streams", "streams_n", type=click.IntRange(1, 8), default=None,
+              help="Streams instances (one consumer group); default RAGWARM_STACK_STREAMS.")
+@click.option("--workers", "workers_n", type=click.IntRange(1, 8), default=None,
+              help="Workers; default RAGWARM_STACK_WORKERS.")
+def up(streams_n: int | None, workers_n: int | None) -> None:
+    """Start Kafka, the topics, the streams instances and the workers in the background."""
+    settings = StackSettings()
+    given = {"streams": streams_n, "workers": workers_n}
+    settings = settings.model_copy(update={k: v for k, v in given.items() if v is not None})
+    Stack(stack=settings).up()
 
 
 @click.command()

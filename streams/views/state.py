@@ -43,7 +43,7 @@ def hot_body(p: HandlerDeps) -> dict:
     ]
     top_questions = [
         {"tenant": key[0], "question": key[1], "count": count}
-        for key, count, _ in p.tracker.questions.top(now, TOP)
+        for key, count in p.tracker.top_questions(now, TOP)
     ]
     return {"hot": hot, "top_prefixes": top_prefixes, "top_questions": top_questions}
 

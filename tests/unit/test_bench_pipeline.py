@@ -59,3 +59,35 @@ def test_stage_figures() -> None:
     assert figures["event_to_commands_ms_p99"] == pytest.approx(20.0)
     assert figures["event_to_warm_ms_p99"] == pytest.approx(30.0)
     assert stage_figures([])["event_to_warm_ms_p50"] is None
+
+
+def test_the_kb_split_accounts_for_every_second_of_every_instance():
+    from ragwarm.bench.pipeline import kb_split
+
+    counters = {"embed_ms": 60_000, "kb_index_ms": 70_000, "kb_batch_ms": 75_000,
+                "embedded_chunks": 600}
+    split = kb_split(counters, kb_seconds=50.0, instances=2)
+    assert split == {"kb_seconds": 50.0, "kb_embed_s": 60.0, "kb_index_other_s": 10.0,
+                     "kb_apply_s": 5.0, "kb_outside_batches_s": 25.0,
+                     "app_embed_chunks_per_s": 10.0}
+    parts = ("kb_embed_s", "kb_index_other_s", "kb_apply_s", "kb_outside_batches_s")
+    assert sum(split[k] for k in parts) == 2 * split["kb_seconds"]
+
+
+def test_the_timed_embedder_counts_time_and_texts():
+    from collections import Counter
+
+    import numpy as np
+
+    from ragwarm.rag_port import TimedEmbedder
+
+    class Inner:
+        dim = 3
+
+        def embed(self, texts, progress=None):
+            return np.zeros((len(texts), 3))
+
+    stats: Counter = Counter()
+    timed = TimedEmbedder(Inner(), stats)  # type: ignore[arg-type]
+    assert timed.embed(["a", "b"]).shape == (2, 3) and timed.dim == 3
+    assert stats["embedded_chunks"] == 2 and stats["embed_ms"] >= 0

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import ChunkRef, KbChange, WorkerEvent
-from streams.hot import HoppingHeavyHitters, SpaceSaving
+from streams.hot import SpaceSaving
 from streams.logic import (
     HotCandidate,
     apply_doc_link,
@@ -294,16 +294,6 @@ class TestHeavyHitters:
         assert sum(sketch.counts.values()) == pytest.approx(len(keys))
         for k, c in sketch.counts.items():
             assert c >= keys.count(k)  # Space-Saving never underestimates a tracked key
-
-    def test_hopping_window_forgets_old_steps(self):
-        hh = HoppingHeavyHitters(window_s=600, step_s=60, capacity=8)
-        hh.observe("old", now=0.0)
-        hh.observe("new", now=500.0, payload={"q": 1})
-        assert {k for k, _, _ in hh.top(now=500.0)} == {"old", "new"}
-        assert [k for k, _, _ in hh.top(now=700.0)] == ["new"]
-        assert hh.top(now=700.0)[0][2] == {"q": 1}
-        hh.observe("x", now=1300.0)
-        assert set(k for b in hh.buckets.values() for k in b.counts) == {"x"}
 
 
 def test_link_of_prefix_built_from_replaced_chunk_invalidates_it():

@@ -1,0 +1,40 @@
+"""`ragwarm up --streams N --workers M`: the processes the local stack would run (none started)."""
+
+from __future__ import annotations
+
+from ragwarm.settings import HomeSettings, KafkaSettings, StackSettings
+from ragwarm.stack.local import Stack
+from streams.settings import StreamsSettings
+
+
+def stack(tmp_path, streams: int = 1, workers: int = 1) -> Stack:
+    return Stack(
+        home=HomeSettings(home=tmp_path),
+        kafka=KafkaSettings(bootstrap="127.0.0.1:1"),
+        stack=StackSettings(streams=streams, workers=workers, worker_port=9000),
+        streams=StreamsSettings(web_port=7000),
+    )
+
+
+def test_n_streams_instances_share_the_app_id_with_their_own_port_and_disk(tmp_path):
+    s = stack(tmp_path, streams=3, workers=2)
+    assert [p.name for p in s.streams_all] == ["streams", "streams-2", "streams-3"]
+    assert [p.health_url for p in s.streams_all] == [
+        f"http://127.0.0.1:{port}/ragwarm/health" for port in (7000, 7001, 7002)
+    ]
+    assert all("RAGWARM_STREAMS_APP_ID" not in p.env for p in s.streams_all)
+    paths = [p.env.get("RAGWARM_QDRANT_PATH") for p in s.streams_all]
+    assert paths[0] is None and len(set(paths)) == 3  # the first keeps $RAGWARM_HOME/qdrant
+    assert len({p.env.get("RAGWARM_STREAMS_DATA_DIR") for p in s.streams_all}) == 3
+    assert [p.name for p in s.workers] == ["worker-1", "worker-2"]
+    assert [p.args[2] for p in s.workers] == ["w1", "w2"]
+    assert s.streams is s.streams_all[0] and s.streams_url == "http://127.0.0.1:7000"
+
+
+def test_down_reaches_every_instance_up_started(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("streams", "streams-4", "worker-1", "worker-3", "gateway"):
+        (run / f"{name}.pid").write_text("1")
+    s = stack(tmp_path)
+    assert len(s.streams_all) == 4 and len(s.workers) == 3
