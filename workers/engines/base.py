@@ -21,6 +21,7 @@ from typing import (
 from workers.blocks import block_hashes
 from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
 from workers.cache_entries import Kind
+from workers.chunk_kv import ChunkSpan, check_spans
 
 
 class Memory(NamedTuple):
@@ -56,6 +57,8 @@ class GenerationResult:
     finish_reason: Literal["stop", "length"]
     # What `cache_prompt` stored; None when not asked, already cached, too short or refused.
     stored: PrefillResult | None = None
+    # Prompt tokens whose KV came from held chunk KV placed at their positions (blended).
+    blended_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,8 +143,14 @@ class Engine(Protocol):
         cache_prompt: bool = False,
         chunk_refs: Iterable[ChunkKey] = (),
         ttl_s: float | None = None,
+        chunks: Sequence[ChunkSpan] = (),
+        chunk_reuse: bool = True,
     ) -> Iterator[GenerationStep]:
         """Stream a completion, reusing the longest cached prefix; greedy at temperature 0.
+
+        `chunks` names where the prompt's retrieved chunks stand; an engine holding their
+        chunk KV (and with chunk reuse on) blends it after the exact prefix, unless the
+        request opts out with `chunk_reuse=False`. Engines without chunk KV ignore them.
 
         The prompt's cached KV is never modified. `stop_ids` defaults to the model's EOS.
         With `cache_prompt`, the prompt's full blocks are also stored unpinned (with
@@ -198,6 +207,8 @@ class Request:
     temperature: float
     stop_ids: tuple[int, ...] | None
     keep: KeepPrompt | None
+    chunks: tuple[ChunkSpan, ...] = ()
+    chunk_reuse: bool = True
 
 
 H = TypeVar("H")
@@ -278,6 +289,8 @@ class PrefixEngine(ABC, Generic[H]):
         cache_prompt: bool = False,
         chunk_refs: Iterable[ChunkKey] = (),
         ttl_s: float | None = None,
+        chunks: Sequence[ChunkSpan] = (),
+        chunk_reuse: bool = True,
     ) -> Iterator[GenerationStep]:
         # Checked here, not in a generator, so bad arguments fail at the call.
         if not token_ids:
@@ -286,7 +299,11 @@ class PrefixEngine(ABC, Generic[H]):
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         stops = tuple(stop_ids) if stop_ids is not None else None
         keep = KeepPrompt(tuple(chunk_refs), ttl_s) if cache_prompt else None
-        request = Request(list(token_ids), max_tokens, tenant, temperature, stops, keep)
+        check_spans(chunks, len(token_ids))
+        request = Request(
+            list(token_ids), max_tokens, tenant, temperature, stops, keep, tuple(chunks),
+            chunk_reuse,
+        )
         return self._generate(request)
 
     def _lookup(self, hashes: list[str]) -> tuple[CacheEntry | None, int]:

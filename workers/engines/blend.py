@@ -122,7 +122,7 @@ def blend(
     positions right after the exact part extend it; the others are re-rotated to their
     positions and a share of their tokens is recomputed over the whole prompt.
     """
-    _require_llama_like(model)
+    require_llama_like(model)
     with torch.inference_mode():
         keys, values, n_exact = _assemble(model, len(token_ids), exact, pieces)
         moved = _moved_positions(pieces, n_exact)
@@ -313,7 +313,7 @@ def _qkv(
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
 
-def _require_llama_like(model: Any) -> None:
+def require_llama_like(model: Any) -> None:
     """The selective forward re-implements a Llama decoder layer; other layouts are refused."""
     inner = getattr(model, "model", None)
     layer = getattr(inner, "layers", [None])[0]
