@@ -154,6 +154,8 @@ def _assemble(
     for i, (k, v) in enumerate(exact or ()):
         keys[i][..., :n_exact, :] = k
         values[i][..., :n_exact, :] = v
+    if any(piece.start < n_exact for piece in pieces):
+        raise ValueError("pieces must start after the exact KV (cut them first)")
     freqs = inv_freq(model)
     for piece in sorted(pieces, key=lambda p: p.start):
         _place(piece, keys, values, freqs)
