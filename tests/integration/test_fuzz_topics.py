@@ -69,7 +69,7 @@ def mutate(rng: random.Random, model: type) -> tuple[str, bytes]:
     elif how == "retype":
         base[rng.choice(sorted(base))] = rng.choice(ODD)
     elif how == "version":
-        base["schema_version"] = rng.choice([0, 3, 99, -1, "2", None, 2**64, 1.5])
+        base["schema_version"] = rng.choice([0, 4, 99, -1, "2", None, 2**64, 1.5])
     elif how == "extra":
         base["x" + str(rng.randrange(1000))] = 1
     elif how == "raw":

@@ -47,7 +47,7 @@ def bad_record(draw: st.DrawFn, model: type) -> bytes:
     elif how == "retype":
         base[draw(st.sampled_from(sorted(base)))] = draw(odd_values)
     elif how == "version":
-        base["schema_version"] = draw(st.sampled_from([0, 3, 99, -1, "2", None, 2**64]))
+        base["schema_version"] = draw(st.sampled_from([0, 4, 99, -1, "2", None, 2**64]))
     elif how == "extra":
         base[draw(st.text(min_size=1, max_size=8).filter(lambda k: k not in base))] = 1
     else:

@@ -160,6 +160,23 @@ class Engine(Protocol):
         """
         ...
 
+    def prefill_chunk(
+        self,
+        opening: list[int],
+        chunk: list[int],
+        *,
+        tenant: str,
+        ref: ChunkKey,
+        ttl_s: float | None = None,
+        pin: bool = False,
+        command_id: str | None = None,
+        kind: Kind = "managed",
+    ) -> PrefillResult:
+        """Compute and store the KV of `chunk` on its own, right after `opening` (the system
+        prompt), keyed by its content hash (`workers.chunk_kv`), for chunk-level reuse.
+        Raises `WarmupRefused` where the engine holds no chunk KV or it cannot fit."""
+        ...
+
     def sync(self) -> int:
         """Free the KV of entries the cache no longer holds; returns the bytes freed."""
         ...
@@ -305,6 +322,22 @@ class PrefixEngine(ABC, Generic[H]):
             chunk_reuse,
         )
         return self._generate(request)
+
+    def prefill_chunk(
+        self,
+        opening: list[int],
+        chunk: list[int],
+        *,
+        tenant: str,
+        ref: ChunkKey,
+        ttl_s: float | None = None,
+        pin: bool = False,
+        command_id: str | None = None,
+        kind: Kind = "managed",
+    ) -> PrefillResult:
+        # Blending needs the KV itself: engines whose server keeps it cannot place chunks.
+        raise WarmupRefused(f"{type(self).__name__} holds no chunk KV (chunk reuse needs "
+                            "the torch engine)")
 
     def _lookup(self, hashes: list[str]) -> tuple[CacheEntry | None, int]:
         """The longest cached prefix of `hashes` and its block count; counts as a hit."""
