@@ -29,7 +29,7 @@ test-unit: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy workers/blocks.py workers/cache.py workers/chunk_kv.py workers/eviction.py workers/memory.py workers/budgets.py workers/kv_sizing.py schemas streams/logic.py streams/chunks.py streams/hot.py streams/records.py
+	$(BIN)/mypy workers/blocks.py workers/cache.py workers/chunk_kv.py workers/eviction.py workers/memory.py workers/budgets.py workers/kv_sizing.py workers/tier_index.py workers/tier_journal.py schemas streams/logic.py streams/chunks.py streams/hot.py streams/records.py
 
 clean:
 	rm -rf $(VENV)

@@ -14,6 +14,9 @@ MAX_TOKENS = 32_768
 MAX_VERSION = 2**63 - 1
 # A cached prefix lives at most 30 days unless refreshed; Infinity or NaN is never a TTL.
 MAX_TTL_S = 30 * 24 * 3600.0
+# Seed router config "memory_threshold 0.7, stop warming above it": the streams app sends no
+# new warmup to a worker above this share and the worker accepts none, so one figure for both.
+MEMORY_THRESHOLD = 0.7
 
 Id = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 Hash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,128}$")]
@@ -131,6 +134,21 @@ class WarmupCommandV1(Event):
         return self
 
 
+# A worker event's kinds per version, spelled once: v2 adds to v1's, never restates them.
+WorkerKindV1 = Literal[
+    "stored",
+    "evicted",
+    "invalidated",
+    "ttl_extended",
+    "cleared",
+    "ready",
+    "heartbeat",
+    "stopped",
+    "released",
+]
+WorkerKind = Literal[WorkerKindV1, "refused", "expired"]
+
+
 class WorkerEventV1(Event):
     """Version 1 of `WorkerEvent` (no boot epoch); still read, upgraded on decode."""
 
@@ -139,17 +157,7 @@ class WorkerEventV1(Event):
 
     schema_name: Literal["worker_event"] = "worker_event"
     worker_id: Id
-    kind: Literal[
-        "stored",
-        "evicted",
-        "invalidated",
-        "ttl_extended",
-        "cleared",
-        "ready",
-        "heartbeat",
-        "stopped",
-        "released",
-    ]
+    kind: WorkerKindV1
     url: Annotated[str, StringConstraints(max_length=2048)] | None = None
     tenant: Id | None = None
     prefix_hash: Hash | None = None
@@ -231,8 +239,8 @@ class WarmupCommand(WarmupCommandV2):
         return self
 
 
-class WorkerEvent(WorkerEventV1):
-    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+class WorkerEventV2(WorkerEventV1):
+    """Version 2 of `WorkerEvent` (a new epoch meant an empty cache); still read, upgraded.
 
     v2: `epoch` identifies the worker's boot (its start time in microseconds, so a later
     boot has a larger one): a new epoch means the cache was lost, an older one is a
@@ -245,25 +253,29 @@ class WorkerEvent(WorkerEventV1):
 
     schema_version: Literal[2] = 2
     # v2 widens v1's kinds (pydantic validates the override; mypy sees a narrowing base).
-    kind: Literal[  # type: ignore[assignment]
-        "stored",
-        "evicted",
-        "invalidated",
-        "ttl_extended",
-        "cleared",
-        "ready",
-        "heartbeat",
-        "stopped",
-        "released",
-        "refused",
-        "expired",
-    ]
+    kind: WorkerKind  # type: ignore[assignment]
     epoch: int | None = Field(default=None, ge=0)
     # Why a command was refused (kind "refused"): before any compute, for its sender.
     reason: Annotated[str, StringConstraints(max_length=1024)] | None = None
     # HMAC-SHA256 (hex) of this record with `signature` null, under the workers' shared
     # secret (schemas.signing); the streams app ignores unsigned events when it has one.
     signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+
+
+class WorkerEvent(WorkerEventV2):
+    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+
+    v3: a worker with a disk KV tier keeps prefixes across restarts, so a new `epoch` no
+    longer means that everything is gone: `ready` and `heartbeat` list in `tier_prefixes`
+    the ends of the chains its disk tier holds (served at once, read back on a hit), and
+    `tier_bytes` their size. A worker without a tier reports none, as v2 did.
+    """
+
+    VERSION: ClassVar[int] = 3
+
+    schema_version: Literal[3] = 3  # type: ignore[assignment]
+    tier_prefixes: list[Hash] = Field(default_factory=list, max_length=65_536)
+    tier_bytes: int = Field(default=0, ge=0)
 
 
 class DeadLetter(DeadLetterV1):
@@ -290,5 +302,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
 )
 # Older versions still read: `schemas.codec.decode` upgrades them to the current model.
 LEGACY_TYPES: tuple[type[Event], ...] = (
-    WarmupCommandV1, WarmupCommandV2, WorkerEventV1, DeadLetterV1,
+    WarmupCommandV1,
+    WarmupCommandV2,
+    WorkerEventV1,
+    WorkerEventV2,
+    DeadLetterV1,
 )

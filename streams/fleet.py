@@ -6,10 +6,8 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from schemas import WorkerEvent
+from schemas.events import MEMORY_THRESHOLD
 from streams.records import WorkerState
-
-# Seeds 000/003: no new warmup on a worker whose memory use is above this share.
-MEMORY_THRESHOLD = 0.7
 
 
 def holders_of(prefix_hash: str, workers: Iterable[WorkerState]) -> list[str]:
@@ -82,8 +80,10 @@ def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float
             pinned=event.pinned_bytes,
             entries=event.entries,
         )
-        if event.kind == "heartbeat" or event.warm_prefixes:
-            update["prefixes"] = list(event.warm_prefixes)
+        if event.kind == "heartbeat" or event.warm_prefixes or event.tier_prefixes:
+            # A v3 worker's disk tier survived its restart: it serves those prefixes too.
+            held = dict.fromkeys([*event.warm_prefixes, *event.tier_prefixes])
+            update["prefixes"] = list(held)
     elif event.kind == "stopped":
         update.update(ready=False, prefixes=[])
     elif event.kind == "cleared":

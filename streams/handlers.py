@@ -244,7 +244,8 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
     if order == "new" and prior is not None:
         # Restarted (a crash leaves no `stopped`): whatever the row listed is gone.
         p.stats["worker_restarts"] += 1
-        log.info("worker %s: new boot %s, its cache starts empty", event.worker_id, event.epoch)
+        log.info("worker %s: new boot %s, its device cache starts empty (%d prefixes on its "
+                 "disk tier)", event.worker_id, event.epoch, len(event.tier_prefixes))
     if event.kind == "expired":
         p.stats["expired_commands"] += 1
     state = logic.apply_worker_event(prior, event, p.clock())

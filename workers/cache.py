@@ -31,6 +31,7 @@ from workers.cache_entries import (
 )
 from workers.eviction import EvictionPolicy, make_policy
 from workers.memory import Budget
+from workers.tier_journal import TierJournal
 
 __all__ = ["Budget", "CacheEntry", "CacheEvent", "ChunkKey", "PrefixCache", "WarmupRefused"]
 
@@ -71,6 +72,7 @@ class PrefixCache:
         self.pool = BlockPool()
         self._expiry: list[tuple[float, str]] = []
         self._events: list[CacheEvent] = []
+        self.tier: TierJournal | None = None  # set by an engine keeping a disk tier
 
     # -- read side -------------------------------------------------------------------
 
@@ -382,16 +384,17 @@ class PrefixCache:
             self.pool.change(old.block_hashes, holding(old), holding(entry))
             self.pool.restore(old.prefix_hash, old.block_hashes)
             self._policy.discard(old.prefix_hash)
-            self._stamp[entry.prefix_hash] = next(self._stamps)
         else:
             self.pool.hold(
                 entry.prefix_hash, entry.tenant, entry.block_hashes, sizes, holding(entry)
             )
-            self._stamp[entry.prefix_hash] = next(self._stamps)
+        self._stamp[entry.prefix_hash] = next(self._stamps)
         self._entries[entry.prefix_hash] = entry
         self._index.add(entry)
         for ref, start in entry.chunk_starts.items():
             self.pool.mark(entry.block_hashes, ref, start // self.block_size)
+        if self.tier is not None:
+            self.tier.placed(entry, self.pool, self._entries)
         self._track(entry)
 
     def _track(self, entry: CacheEntry) -> None:
@@ -410,6 +413,8 @@ class PrefixCache:
         before = holding(entry)
         entry.pinned, entry.kind, entry.expires_at = pinned, kind, expires_at
         self.pool.change(entry.block_hashes, before, holding(entry))
+        if self.tier is not None and entry.managed and not before.managed:
+            self.tier.placed(entry, self.pool, self._entries)  # warm again: write through
         if entry.pinned:
             self._policy.discard(entry.prefix_hash)
         self._track(entry)
@@ -420,14 +425,18 @@ class PrefixCache:
         listing = {k for r in stale.refs for k in self._index.by_chunk.get(r, ())}
         listing |= {k for c in stale.chunk_ids for k in self._index.by_chunk_id.get(c, ())}
         doomed = doomed_blocks(stale, self.pool, self._entries, listing)
-        return self._cut(doomed, command_id, "chunk_changed")
+        return self._cut(doomed, command_id, "chunk_changed", stale)
 
-    def _cut(self, doomed: set[str], command_id: str | None, reason: str) -> list[CacheEntry]:
+    def _cut(
+        self, doomed: set[str], command_id: str | None, reason: str, stale: Stale | None = None
+    ) -> list[CacheEntry]:
         """Free the `doomed` blocks and all that follow them in any chain.
 
         Entries holding one are removed; where what they held before it would be freed
         too, a request entry ending there keeps it (event `stored`, reason `truncated`).
         """
+        if self.tier is not None:
+            self.tier.cutting(doomed, stale)
         first = first_cuts(doomed, self.pool)
         leaving = set(first)
         for key, index in sorted(first.items(), key=lambda kv: self._stamp[kv[0]]):
@@ -448,18 +457,14 @@ class PrefixCache:
     def _detach(self, entry: CacheEntry, *, by_policy: bool) -> None:
         del self._entries[entry.prefix_hash], self._stamp[entry.prefix_hash]
         self._index.remove(entry)
+        if by_policy and self.tier is not None:
+            self.tier.evicting(entry, self.pool, self._entries)
         self.pool.release(entry.prefix_hash, entry.block_hashes, holding(entry))
         self._policy.discard(entry.prefix_hash, evicted=by_policy)
 
     def _remove(
-        self,
-        key: str,
-        kind: EventKind,
-        command_id: str | None,
-        reason: str,
-        *,
-        by_policy: bool = False,
-        at: float | None = None,
+        self, key: str, kind: EventKind, command_id: str | None, reason: str,
+        *, by_policy: bool = False, at: float | None = None,
     ) -> CacheEntry:
         entry = self._entries[key]
         self._detach(entry, by_policy=by_policy)

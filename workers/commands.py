@@ -173,6 +173,9 @@ class CommandConsumer:
         self._topic = topic
         self._stop = threading.Event()
         self._assigned = threading.Event()
+        # Set once every command already in the topic at assignment has been handled.
+        self._caught_up = threading.Event()
+        self._ends: dict[Any, int] = {}
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="warmup-commands", daemon=True)
 
@@ -180,9 +183,10 @@ class CommandConsumer:
     def group_id(self) -> str:
         return f"{self._group_prefix}ragwarm-worker-{self._worker_id}"
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = 180.0) -> None:
         """Start consuming; returns once partitions are assigned and positioned (the broker
-        is waited for first, up to `connect_wait_s`)."""
+        is waited for first, up to `connect_wait_s`). A group join waits out the broker's
+        rebalance delay and every member's session: on a busy host 60 s was seen to fail."""
         timeout_s += self._connect_wait_s
         self._thread.start()
         if not self._assigned.wait(timeout_s):
@@ -209,6 +213,7 @@ class CommandConsumer:
                 for records in batches.values():
                     for record in records:
                         self._dispatch(record.value)
+                self._mark_caught_up(consumer)
         finally:
             consumer.close()
 
@@ -241,7 +246,19 @@ class CommandConsumer:
             log.info(
                 "consuming %s as %s (%d partitions)", self._topic, self.group_id, len(partitions)
             )
+            self._ends = dict(consumer.end_offsets(list(partitions)))
             self._assigned.set()
+
+    def wait_caught_up(self, timeout_s: float) -> bool:
+        """Wait until the commands sent before this consumer started (those a restarted
+        worker missed while down) have been handled; False on timeout."""
+        return self._caught_up.wait(timeout_s)
+
+    def _mark_caught_up(self, consumer: Any) -> None:
+        if self._caught_up.is_set() or not self._assigned.is_set():
+            return
+        if all(consumer.position(tp) >= end for tp, end in self._ends.items()):
+            self._caught_up.set()
 
     def _dispatch(self, value: bytes | None) -> None:
         try:

@@ -26,11 +26,17 @@ def text_config(config: Any) -> Any:
 
 def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
     """Keys and values of one token over every layer, for an HF config (dict or object)."""
+    layers, kv_heads, head_dim = kv_dims(config)
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def kv_dims(config: Any) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of an HF config (dict or object)."""
     cfg = text_config(config)
     heads = _field(cfg, "num_attention_heads")
     kv_heads = _field(cfg, "num_key_value_heads") or heads
     head_dim = _field(cfg, "head_dim") or _field(cfg, "hidden_size") // heads
-    return 2 * _field(cfg, "num_hidden_layers") * kv_heads * head_dim * dtype_bytes
+    return int(_field(cfg, "num_hidden_layers")), int(kv_heads), int(head_dim)
 
 
 def cache_for(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schemas.events import MEMORY_THRESHOLD
+
 GiB = 1024**3
 
 # Seed memory tiers: "<4 GB warmup disabled, max batch 2; 4–16 GB ≤30% for warmup,
@@ -15,8 +17,6 @@ MEDIUM_WARM_SHARE = 0.30
 LARGE_WARM_SHARE = 0.50
 # Seed: "keep a 10% burst buffer" free of any KV, warm or not.
 BURST_BUFFER_SHARE = 0.10
-# Seed router config: memory_threshold 0.7, "stop warming above it".
-MEMORY_THRESHOLD = 0.7
 DEFAULT_MAX_ENTRIES = 4096
 
 

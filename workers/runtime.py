@@ -38,6 +38,9 @@ class Snapshot:
     entries: tuple[dict[str, Any], ...]
     # The block pool's figures (`workers.block_pool.PoolStats`): shared, managed, request...
     blocks: dict[str, int] = field(default_factory=dict)
+    # The disk tier's chain ends and bytes (empty without one).
+    tier_prefixes: tuple[str, ...] = ()
+    tier_bytes: int = 0
 
     @property
     def prefixes(self) -> list[str]:
@@ -45,6 +48,9 @@ class Snapshot:
 
 
 EMPTY = Snapshot(0, 0, 0, ())
+# Tier chain ends one status event lists at most (the latest stored): with 65,536 warm
+# prefixes beside them the record stays under the codec's 4 MB bound.
+MAX_TIER_PREFIXES = 16_384
 
 
 def chunk_keys(refs: Iterable[ChunkRef]) -> list[ChunkKey]:
@@ -304,6 +310,8 @@ class WorkerRuntime:
             pinned_bytes=snap.pinned_bytes,
             entries=len(snap.entries),
             warm_prefixes=snap.prefixes,
+            tier_prefixes=list(snap.tier_prefixes[-MAX_TIER_PREFIXES:]),
+            tier_bytes=snap.tier_bytes,
         )
 
     def refused_event(self, reason: str, command_id: str | None) -> WorkerEvent:
@@ -351,7 +359,10 @@ class WorkerRuntime:
         now = time.monotonic()
         entries = tuple(_entry_summary(e, now) for e in cache.entries())
         blocks = asdict(cache.block_stats())
-        self.snapshot = Snapshot(mem.used, mem.total, cache.pinned_bytes, entries, blocks)
+        tier, tier_bytes = self.engine.tier_state()
+        self.snapshot = Snapshot(
+            mem.used, mem.total, cache.pinned_bytes, entries, blocks, tuple(tier), tier_bytes
+        )
         # Queued here, under the lock, so concurrent operations publish in cache order.
         self._pending.extend((ev, self.snapshot) for ev in cache.drain_events())
         self.metrics.cache_state(

@@ -199,6 +199,7 @@ class Handlers:
                 max_entries=cache.budget.max_entries,
                 entries=len(snap.entries),
                 blocks=snap.blocks,
+                tier={"prefixes": len(snap.tier_prefixes), "bytes": snap.tier_bytes},
                 items=list(snap.entries),
             )
         return json_response(body)

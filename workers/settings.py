@@ -57,6 +57,29 @@ class WorkerSettings(BaseSettings):
     ttl_s: float = Field(
         default=3600.0, gt=0, description="Lifetime of a cached prefix unless a command sets one."
     )
+    prefill_chunk_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tokens per forward pass when prefilling a long prompt (chunked prefill: "
+        "bounded activation memory). Unset, by device class (seed 000): A10G-class cards "
+        "(<= 24 GiB) 768, 24-40 GiB 1,024, A100-80G-class 1,536, CPU 512.",
+    )
+    disk_tier: bool = Field(
+        default=False,
+        description="Keep a disk KV tier below device memory (torch engine): warm prefixes are "
+        "written through, evicted blocks spill there, hits are read back when that beats "
+        "recomputing, and a restarted worker serves them at once. Off by default: it costs a "
+        "disk write per warmup and disk space, and it only pays where reading beats "
+        "prefilling (`ragwarm bench engine` reports restore_ms beside cold_ms).",
+    )
+    disk_tier_path: Path | None = Field(
+        default=None,
+        description="Directory of the disk tier; RAGWARM_HOME/kv-tier/<worker_id> if unset. "
+        "One directory per worker: two processes must never share one.",
+    )
+    disk_tier_bytes: int = Field(
+        default=16 * GiB, ge=0, description="Cap on the bytes of KV the disk tier holds."
+    )
 
     # -- service: HTTP API, commands and events (workers/service.py, ragwarm/cli/worker.py)
     worker_id: str = Field(

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ragwarm.settings import KafkaSettings, ModelSettings, keyring
+from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings, keyring
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
 from workers.api import Limits, PrefillRequest, WarmSetError, parse_warm_set
 from workers.cache import WarmupRefused
@@ -54,7 +54,9 @@ def make_engine(settings: WorkerSettings, models: ModelSettings) -> Engine:
         from workers.engines.torch_engine import load_torch_engine
 
         offline_hub()
-        return load_torch_engine(llm_dir(models=models), settings)
+        # One tier directory per worker id under RAGWARM_HOME unless the settings name one.
+        tier_path = HomeSettings().home / "kv-tier" / settings.worker_id
+        return load_torch_engine(llm_dir(models=models), settings, tier_path=tier_path)
     if settings.engine == "vllm":
         from ragwarm.models import llm_dir
         from workers.engines.vllm_engine import load_vllm_engine
@@ -161,9 +163,21 @@ class WorkerLifecycle:
             report("joining warmup.commands")
             self.consumer = self._consumer(runtime)
             self.consumer.start()
+            if engine.tier_state()[0]:
+                self._catch_up(self.consumer, report)
         stored = apply_warm_set(runtime, items, report)
         log.info("startup warm set: %d of %d items stored", stored, len(items))
         return runtime
+
+    def _catch_up(self, consumer: CommandConsumer, report: Callable[[str], None]) -> None:
+        """A disk tier kept across a restart may hold chunks changed while the worker was
+        down: their invalidations wait in warmup.commands. Serve nothing before they ran."""
+        report("applying the commands sent while down (the disk tier holds prefixes)")
+        if not consumer.wait_caught_up(self.settings.broker_wait_s):
+            raise RuntimeError(
+                "warmup.commands not caught up after "
+                f"{self.settings.broker_wait_s:.0f} s: the disk tier may hold stale prefixes"
+            )
 
     def _consumer(self, runtime: WorkerRuntime) -> CommandConsumer:
         def refuse(reason: str, command_id: str | None) -> None:

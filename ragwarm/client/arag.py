@@ -16,7 +16,6 @@ from rag.prompt import PromptBuilder
 from rag.settings import QdrantSettings, RagSettings
 from ragwarm.client.contract import check_prompt
 from ragwarm.client.rag import (
-    UP_HINT,
     Answer,
     PreparedQuery,
     QdrantRetrieval,
@@ -29,18 +28,19 @@ from ragwarm.client.rag import (
 )
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import (
+    UP_HINT,
     ClientError,
-    NoWorker,
-    RequestRejected,
+    Failover,
     RetrievedChunk,
     Route,
     StreamResult,
     StreamsUnavailable,
     WorkerFailed,
     WorkerRef,
-    candidates,
     error_message,
     sse_data,
+    status_error,
+    workers_to_try,
 )
 from ragwarm.settings import KafkaSettings, ModelSettings
 from schemas.prefix import BLOCK_SIZE, prompt_chain
@@ -178,10 +178,7 @@ class AsyncRagClient:
         routed_at = time.perf_counter()
         route = await self.route(prepared)
         route_ms = (time.perf_counter() - routed_at) * 1000
-        workers = candidates(route, self.settings.max_attempts)
-        if not workers:
-            raise NoWorker(f"no ready worker is known to the streams app at "
-                           f"{self.settings.streams_url}; {UP_HINT}")
+        workers = workers_to_try(route, self.settings.max_attempts, self.settings.streams_url)
         temperature = self.settings.temperature if temperature is None else temperature
         body = completion_body(prepared, max_tokens or self.settings.max_tokens, temperature)
         worker, result, failed = await self._first_success(workers, body, on_token,
@@ -195,20 +192,17 @@ class AsyncRagClient:
     async def _first_success(self, workers: Sequence[WorkerRef], body: dict,
                              on_token: AsyncOnToken | None, restart_on_retry: bool,
                              ) -> tuple[WorkerRef, StreamResult, list[str]]:
-        failed: list[str] = []
-        reasons: list[str] = []
+        failover = Failover()
         for worker in workers:
             result = StreamResult(sent_at=time.perf_counter())
             try:
-                return worker, await self._stream(worker, body, on_token, result), failed
+                return worker, await self._stream(worker, body, on_token, result), failover.failed
             except WorkerFailed as exc:
                 if result.text and not restart_on_retry:
                     raise PartialAnswerLost(f"worker {worker.worker_id} failed after part of "
                                             f"the answer was sent: {exc}") from None
-                log.warning("worker %s failed (%s); trying the next one", worker.worker_id, exc)
-                failed.append(worker.worker_id)
-                reasons.append(f"{worker.worker_id}: {exc}")
-        raise ClientError(f"every worker tried failed: {'; '.join(reasons)}")
+                failover.worker_failed(worker, exc)
+        raise failover.exhausted()
 
     async def _stream(self, worker: WorkerRef, body: dict, on_token: AsyncOnToken | None,
                       result: StreamResult) -> StreamResult:
@@ -296,7 +290,6 @@ async def _check_status(worker: WorkerRef, response: httpx.Response) -> None:
         message = error_message(response.json())
     except ValueError:
         message = response.text[:300]
-    if response.status_code >= 500 or response.status_code == 429:
-        raise WorkerFailed(f"HTTP {response.status_code}: {message}")
-    raise RequestRejected(f"worker {worker.worker_id} refused the request "
-                          f"(HTTP {response.status_code}): {message}")
+    error = status_error(worker, response.status_code, message)
+    if error is not None:
+        raise error

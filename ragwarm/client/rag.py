@@ -18,18 +18,19 @@ from rag.settings import QdrantSettings, RagSettings
 from ragwarm.client.contract import check_prompt
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import (
+    UP_HINT,
     ClientError,
-    NoWorker,
-    RequestRejected,
+    Failover,
     RetrievedChunk,
     Route,
     StreamResult,
     StreamsUnavailable,
     WorkerFailed,
     WorkerRef,
-    candidates,
     error_message,
     sse_data,
+    status_error,
+    workers_to_try,
 )
 from ragwarm.settings import KafkaSettings, ModelSettings, qdrant_settings
 from schemas import ChunkRef, QueryEvent, encode
@@ -38,7 +39,6 @@ from schemas.topics import RAG_QUERIES
 
 log = logging.getLogger(__name__)
 
-UP_HINT = "start the local stack with `ragwarm up`, or set RAGWARM_CLIENT_STREAMS_URL"
 OnToken = Callable[[str], None]
 
 
@@ -308,10 +308,7 @@ class RagClient:
         routed_at = time.perf_counter()
         route = self.route(prepared)
         route_ms = (time.perf_counter() - routed_at) * 1000
-        workers = candidates(route, self.settings.max_attempts)
-        if not workers:
-            raise NoWorker(f"no ready worker is known to the streams app at "
-                           f"{self.settings.streams_url}; {UP_HINT}")
+        workers = workers_to_try(route, self.settings.max_attempts, self.settings.streams_url)
         body = self._completion_body(prepared, max_tokens)
         worker, result, failed = self._first_success(workers, body, on_token)
         answer = build_answer(prepared, worker, result, failed, started, route_ms,
@@ -334,16 +331,13 @@ class RagClient:
 
     def _first_success(self, workers: Sequence[WorkerRef], body: dict,
                        on_token: OnToken | None) -> tuple[WorkerRef, StreamResult, list[str]]:
-        failed: list[str] = []
-        reasons: list[str] = []
+        failover = Failover()
         for worker in workers:
             try:
-                return worker, self._stream(worker, body, on_token), failed
+                return worker, self._stream(worker, body, on_token), failover.failed
             except WorkerFailed as exc:
-                log.warning("worker %s failed (%s); trying the next one", worker.worker_id, exc)
-                failed.append(worker.worker_id)
-                reasons.append(f"{worker.worker_id}: {exc}")
-        raise ClientError(f"every worker tried failed: {'; '.join(reasons)}")
+                failover.worker_failed(worker, exc)
+        raise failover.exhausted()
 
     def _stream(self, worker: WorkerRef, body: dict, on_token: OnToken | None) -> StreamResult:
         pool = self._pool(worker.url)
@@ -437,10 +431,9 @@ def _check_status(worker: WorkerRef, response: httpx.Response) -> None:
         message = error_message(response.json())
     except ValueError:
         message = response.text[:300]
-    if response.status_code >= 500 or response.status_code == 429:
-        raise WorkerFailed(f"HTTP {response.status_code}: {message}")
-    raise RequestRejected(f"worker {worker.worker_id} refused the request "
-                          f"(HTTP {response.status_code}): {message}")
+    error = status_error(worker, response.status_code, message)
+    if error is not None:
+        raise error
 
 
 def build_answer(prepared: PreparedQuery, worker: WorkerRef, result: StreamResult,

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+log = logging.getLogger(__name__)
+
+UP_HINT = "start the local stack with `ragwarm up`, or set RAGWARM_CLIENT_STREAMS_URL"
 
 # --- errors ------------------------------------------------------------------------------
 class ClientError(RuntimeError):
@@ -81,6 +85,43 @@ def candidates(route: Route, limit: int) -> list[WorkerRef]:
     for worker in ordered:
         unique.setdefault(worker.worker_id, worker)
     return list(unique.values())[:limit]
+
+
+def workers_to_try(route: Route, limit: int, streams_url: str) -> list[WorkerRef]:
+    """`candidates`, or NoWorker naming the streams app and the fix when there is none."""
+    workers = candidates(route, limit)
+    if not workers:
+        raise NoWorker(f"no ready worker is known to the streams app at {streams_url}; "
+                       f"{UP_HINT}")
+    return workers
+
+
+@dataclass
+class Failover:
+    """What trying workers in turn has seen so far: the sync and async clients' one loop
+    bookkeeping (their I/O differs, their rules must not)."""
+
+    failed: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    def worker_failed(self, worker: WorkerRef, exc: WorkerFailed) -> None:
+        log.warning("worker %s failed (%s); trying the next one", worker.worker_id, exc)
+        self.failed.append(worker.worker_id)
+        self.reasons.append(f"{worker.worker_id}: {exc}")
+
+    def exhausted(self) -> ClientError:
+        return ClientError(f"every worker tried failed: {'; '.join(self.reasons)}")
+
+
+def status_error(worker: WorkerRef, status: int, message: str) -> Exception | None:
+    """How a worker's non-200 answer counts: 5xx and 429 let another worker try
+    (WorkerFailed); any other refusal would be the same everywhere (RequestRejected)."""
+    if status == 200:
+        return None
+    if status >= 500 or status == 429:
+        return WorkerFailed(f"HTTP {status}: {message}")
+    return RequestRejected(f"worker {worker.worker_id} refused the request "
+                           f"(HTTP {status}): {message}")
 
 
 def sse_data(lines: Iterable[str]) -> Iterator[str]:

@@ -11,15 +11,21 @@ from hypothesis import strategies as st
 
 from rag.prompt import PromptBuilder
 from rag.testing import WordTokenizer
-from ragwarm.client.rag import ClientError, NoWorker, RagClient, RequestRejected, query_event
+from ragwarm.client.rag import RagClient, query_event
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import (
+    ClientError,
+    Failover,
+    NoWorker,
+    RequestRejected,
     Route,
     StreamResult,
     WorkerFailed,
     WorkerRef,
     candidates,
     sse_data,
+    status_error,
+    workers_to_try,
 )
 from schemas import QueryEvent, decode, encode
 from schemas.prefix import PromptChain, block_hashes
@@ -119,6 +125,29 @@ def test_candidates_start_with_the_chosen_worker_then_the_others_once():
     assert candidates(Route(None, 0, (W1, W1, W3)), 5) == [W1, W3]
     assert candidates(Route(None, 0, (W3, W1, W3)), 5) == [W3, W1]
     assert candidates(Route(None, 0, ()), 3) == []
+
+
+@pytest.mark.parametrize("status,kind", [(200, None), (500, WorkerFailed), (503, WorkerFailed),
+                                         (429, WorkerFailed), (400, RequestRejected),
+                                         (401, RequestRejected), (413, RequestRejected)])
+def test_status_error_retries_server_trouble_and_rejects_refusals(status, kind):
+    error = status_error(W1, status, "why")
+    assert (error is None) if kind is None else (type(error) is kind and "why" in str(error))
+
+
+def test_failover_names_every_failed_worker_and_why():
+    failover = Failover()
+    failover.worker_failed(W1, WorkerFailed("HTTP 503: busy"))
+    failover.worker_failed(W3, WorkerFailed("ConnectError: refused"))
+    assert failover.failed == [W1.worker_id, W3.worker_id]
+    message = str(failover.exhausted())
+    assert "HTTP 503: busy" in message and "ConnectError" in message
+
+
+def test_workers_to_try_without_any_worker_names_the_fix():
+    with pytest.raises(NoWorker, match="ragwarm up"):
+        workers_to_try(Route(None, 0, ()), 3, "http://streams:6066")
+    assert workers_to_try(Route(W2, 1, (W1, W2)), 3, "x") == [W2, W1]
 
 
 def test_route_from_json_skips_workers_without_url():

@@ -8,23 +8,33 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from schemas import DeadLetter, WarmupCommand, WorkerEvent, decode, encode
-from schemas.events import DeadLetterV1, WarmupCommandV1, WorkerEventV1
+from schemas.events import DeadLetterV1, WarmupCommandV1, WorkerEventV1, WorkerEventV2
 from schemas.topics import TOPICS, kb_key
 
 
-def test_v1_worker_event_reads_as_v2_without_epoch():
+def test_v1_worker_event_reads_as_current_without_epoch():
     old = WorkerEventV1(worker_id="w", kind="ready", mem_total_bytes=10)
     event = decode(encode(old), WorkerEvent)
     assert type(event) is WorkerEvent
-    assert event.schema_version == 2
+    assert event.schema_version == 3
     assert event.epoch is None
     assert event.mem_total_bytes == 10
 
 
-def test_v2_worker_event_round_trips_with_epoch():
-    event = WorkerEvent(worker_id="w", kind="expired", epoch=17, command_id="c")
-    assert json.loads(encode(event))["schema_version"] == 2
+def test_worker_event_round_trips_with_epoch_and_tier():
+    event = WorkerEvent(
+        worker_id="w", kind="ready", epoch=17, tier_prefixes=["ab" * 16], tier_bytes=7
+    )
+    assert json.loads(encode(event))["schema_version"] == 3
     assert decode(encode(event)) == event
+
+
+def test_a_v2_ready_reads_as_v3_with_no_disk_tier():
+    old = WorkerEventV2(worker_id="w", kind="ready", epoch=5, warm_prefixes=["cd" * 16])
+    event = decode(encode(old), WorkerEvent)
+    assert type(event) is WorkerEvent
+    assert event.tier_prefixes == [] and event.tier_bytes == 0
+    assert event.warm_prefixes == ["cd" * 16] and event.epoch == 5
 
 
 def test_v1_command_reads_without_expiry():

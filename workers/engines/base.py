@@ -183,6 +183,10 @@ class Engine(Protocol):
 
     def memory(self) -> Memory: ...
 
+    def tier_state(self) -> tuple[list[str], int]:
+        """Ends of the chains a disk tier below device memory holds, and its bytes."""
+        ...
+
 
 def keep_by_prefill(
     engine: Engine, step: GenerationStep, prompt: Sequence[int], tenant: str, keep: KeepPrompt
@@ -263,6 +267,9 @@ class PrefixEngine(ABC, Generic[H]):
 
     def memory(self) -> Memory:
         return Memory(used=self.cache.bytes_used, total=self.cache.budget.max_bytes)
+
+    def tier_state(self) -> tuple[list[str], int]:
+        return [], 0  # no disk tier unless an engine keeps one
 
     def prefill(
         self,

@@ -39,10 +39,11 @@ def cut_blocks(kv: KV, first: int, count: int, block_size: int) -> list[BlockKV]
         # One stack over every layer's keys and values, then one copy per block.
         seg = torch.stack([t[0, :, start:stop, :] for pair in kv for t in pair])
         seg = seg.unflatten(2, (count, block_size))  # [2 * layers, heads, count, block, dim]
-        return [_block(seg[:, :, i].clone()) for i in range(count)]
+        return [as_block(seg[:, :, i].clone()) for i in range(count)]
 
 
-def _block(data: torch.Tensor) -> BlockKV:
+def as_block(data: torch.Tensor) -> BlockKV:
+    """A block over `data` ([2 × layers, kv_heads, block, head_dim]), viewed per layer."""
     views = data.unsqueeze(1).unbind(0)  # 2 * layers views of [1, heads, block, dim]
     return BlockKV(keys=views[0::2], values=views[1::2], nbytes=data.nbytes, data=data)
 

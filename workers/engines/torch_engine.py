@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from workers.budgets import chunk_spans, prefill_chunk_tokens
 from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
 from workers.cache_entries import Kind
 from workers.engines.base import (
@@ -25,9 +26,12 @@ from workers.engines.base import (
 )
 from workers.engines.blend import Selection, as_cache
 from workers.engines.chunk_reuse import ChunkBlender
+from workers.engines.disk_tier import DiskTier, open_tier
 from workers.engines.kv_blocks import KV, BlockKV, chain_cache, cut_blocks, join
+from workers.engines.tiered import Tiered
 from workers.kv_sizing import cache_for, kv_bytes_per_token
 from workers.settings import WorkerSettings
+from workers.tier_journal import TierJournal
 
 # Context length assumed when the model config names none.
 FALLBACK_CONTEXT = 8192
@@ -60,9 +64,14 @@ def device_memory(device: str) -> int:
 
 
 def load_torch_engine(
-    path: Path, settings: WorkerSettings, *, cache: PrefixCache | None = None
+    path: Path,
+    settings: WorkerSettings,
+    *,
+    cache: PrefixCache | None = None,
+    tier_path: Path | None = None,
 ) -> TorchEngine:
-    """Load an HF causal LM directory (never from a hub) into a ready engine."""
+    """Load an HF causal LM directory (never from a hub) into a ready engine; with
+    `disk_tier` on, its tier (in `disk_tier_path`, else `tier_path`) is scanned first."""
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     device = resolve_device(settings.device)
     model: Any = AutoModelForCausalLM.from_pretrained(
@@ -71,7 +80,10 @@ def load_torch_engine(
     model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     model_id = settings.model_id or Path(path).resolve().name
-    return TorchEngine(model, tokenizer, model_id=model_id, settings=settings, cache=cache)
+    tier = open_tier(model, settings, tier_path) if settings.disk_tier else None
+    return TorchEngine(
+        model, tokenizer, model_id=model_id, settings=settings, cache=cache, tier=tier
+    )
 
 
 @dataclass(frozen=True)
@@ -84,7 +96,7 @@ class Pending:
     n_blocks: int
 
 
-class TorchEngine(PrefixEngine[Pending]):
+class TorchEngine(Tiered, PrefixEngine[Pending]):
     """Runs a transformers causal LM and keeps the KV of the blocks the cache holds.
 
     Tensors live here, per block hash (`_blocks`); the cache decides which blocks stay and
@@ -99,12 +111,16 @@ class TorchEngine(PrefixEngine[Pending]):
         model_id: str,
         settings: WorkerSettings,
         cache: PrefixCache | None = None,
+        tier: DiskTier | None = None,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.device = str(next(model.parameters()).device)
         self.block_size = settings.block_size
+        self.prefill_chunk_tokens = (
+            settings.prefill_chunk_tokens or default_prefill_chunk(self.device)
+        )
         _require_full_attention(model.config)
         # `is None`, not `or`: an empty cache is falsy (it has a length).
         self.cache = cache if cache is not None else _default_cache(self.device, settings)
@@ -113,6 +129,10 @@ class TorchEngine(PrefixEngine[Pending]):
         self._held: dict[str, Pending] = {}  # unused: KV is kept per block
         self._blocks: dict[str, BlockKV] = {}
         self.cache.watch_freed()
+        self.tier = tier
+        self._tier_view: tuple[int, list[str]] = (-1, [])
+        if tier is not None:
+            self.cache.tier = TierJournal()
         self._stop_ids = _eos_ids(model, tokenizer)
         selection = Selection(
             method=settings.chunk_selection, share=settings.chunk_recompute_share
@@ -183,7 +203,9 @@ class TorchEngine(PrefixEngine[Pending]):
         return self._record(entry, held, evicted, computed, start)
 
     def sync(self) -> int:
-        """Drop the tensors of blocks the cache freed; returns the bytes freed."""
+        """Drop the tensors of blocks the cache freed (spilling the evicted ones to the disk
+        tier first, and dropping stale ones from it); returns the bytes freed."""
+        self._apply_tier()
         freed = 0
         for h in self.cache.drain_freed():
             if h not in self.cache.pool and h in self._blocks:
@@ -198,6 +220,8 @@ class TorchEngine(PrefixEngine[Pending]):
         # peek, not lookup: a warmup is not a hit and must not reorder eviction.
         _, matched = self.cache.peek(hashes)
         have = self._stored_run(hashes[:matched])
+        if have == matched:
+            have = self._restore(hashes, have, tenant)
         if have == len(hashes):
             return Pending(None, have, have), 0
         base = have * self.block_size
@@ -237,7 +261,7 @@ class TorchEngine(PrefixEngine[Pending]):
         stops = frozenset(request.stop_ids) if request.stop_ids is not None else self._stop_ids
         start = time.perf_counter()
         hashes = self.block_hashes(prompt, tenant=tenant)
-        entry, have = self._reusable(hashes)
+        entry, have = self._reusable(hashes, tenant)
         # At least the last prompt token must run through the model to give logits.
         cached = min(have * self.block_size, len(prompt) - 1)
         past, logits, blended = self._prompt_kv(request, self._chain(hashes[:have]), cached)
@@ -290,11 +314,15 @@ class TorchEngine(PrefixEngine[Pending]):
         past = chain_cache(self.model.config, exact, cached)
         return past, self._forward(request.prompt[cached:], past), 0
 
-    def _reusable(self, hashes: list[str]) -> tuple[CacheEntry | None, int]:
-        """An entry holding the longest cached chain of `hashes` (whoever stored it) and how
-        many of its leading blocks this engine has tensors for."""
+    def _reusable(self, hashes: list[str], tenant: str) -> tuple[CacheEntry | None, int]:
+        """An entry holding the longest cached chain of `hashes` (whoever stored it, on the
+        device or restored from the disk tier) and how many leading blocks have tensors."""
         entry, matched = self._lookup(hashes)
         have = self._stored_run(hashes[:matched])
+        if have == matched and self.tier is not None:
+            restored = self._restore(hashes, have, tenant)
+            if restored > have:
+                entry, have = self.cache.get(hashes[restored - 1]), restored
         return (entry, have) if have else (None, 0)
 
     def _keep_prompt(
@@ -320,11 +348,18 @@ class TorchEngine(PrefixEngine[Pending]):
     # -- model -----------------------------------------------------------------------
 
     def _forward(self, tokens: list[int], past: DynamicCache) -> torch.Tensor:
-        """Run `tokens` after `past` (which grows); the logits of the last position."""
+        """Run `tokens` after `past` (which grows), `prefill_chunk_tokens` a pass; the
+        logits of the last position."""
+        began = time.perf_counter()
         with torch.inference_mode():
-            ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-            out = self.model(input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1)
-            return out.logits[0, -1]
+            for start, end in chunk_spans(len(tokens), self.prefill_chunk_tokens):
+                ids = torch.tensor([tokens[start:end]], dtype=torch.long, device=self.device)
+                out = self.model(
+                    input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1
+                )
+            logits = out.logits[0, -1]
+        self._saw_compute(len(tokens), began)
+        return logits
 
 
 class _TextStream:
@@ -353,6 +388,12 @@ class _TextStream:
         delta = text[self._emitted :]
         self._emitted = len(text)
         return delta
+
+
+def default_prefill_chunk(device: str) -> int:
+    """The seed's prefill chunk for the device's class, read from its memory."""
+    accelerator = not device.startswith("cpu")
+    return prefill_chunk_tokens(device_memory(device), accelerator=accelerator)
 
 
 def _default_cache(device: str, settings: WorkerSettings) -> PrefixCache:

@@ -1,0 +1,128 @@
+"""The torch engine on the real SmolLM2 copy: chunked prefill, and the disk tier's spill and
+restore giving back exactly the KV that left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ragwarm.models import fetch_llm
+from workers.cache import PrefixCache
+from workers.engines.torch_engine import TorchEngine, load_torch_engine
+from workers.memory import Budget
+from workers.settings import WorkerSettings
+
+pytestmark = pytest.mark.integration
+
+TEXT = "Argo CD syncs the live state of an application with the state kept in Git. " * 12
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    return fetch_llm()
+
+
+def _answer(engine: TorchEngine, prompt: list[int], tenant: str) -> tuple[tuple[int, ...], int]:
+    steps = list(engine.generate(prompt, max_tokens=4, tenant=tenant))
+    result = steps[-1].result
+    assert result is not None
+    return result.token_ids, result.cached_tokens
+
+
+def test_chunked_prefill_stores_the_same_kv_as_one_pass(model_path: Path) -> None:
+    engine = load_torch_engine(model_path, WorkerSettings(device="cpu", threads=1))
+    assert engine.prefill_chunk_tokens == 512  # the seed's CPU default
+    ids = engine.tokenize(TEXT)[:160]
+    engine.prefill_chunk_tokens = 10_000
+    whole = engine.prefill(ids, tenant="whole")
+    engine.prefill_chunk_tokens = 48  # not a multiple of the block size
+    chunked = engine.prefill(ids, tenant="chunked")
+    a, b = engine.stored_kv(whole.prefix_hash), engine.stored_kv(chunked.prefix_hash)
+    assert a is not None and b is not None
+    for (ka, va), (kb, vb) in zip(a, b, strict=True):
+        torch.testing.assert_close(ka, kb, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(va, vb, rtol=1e-4, atol=1e-4)
+    question = engine.tokenize(" What does it sync?")
+    assert _answer(engine, ids + question, "whole")[0] == _answer(engine, ids + question, "x")[0]
+
+
+def test_an_evicted_prefix_spills_to_disk_and_comes_back_bit_for_bit(
+    model_path: Path, tmp_path: Path
+) -> None:
+    settings = WorkerSettings(
+        device="cpu", threads=1, disk_tier=True, disk_tier_path=tmp_path / "tier"
+    )
+    probe = load_torch_engine(model_path, settings)
+    ids = probe.tokenize(TEXT)[:96]  # 6 blocks
+    room = 8 * probe.block_bytes  # one prefix fits, two do not
+    engine = load_torch_engine(
+        model_path, settings, cache=PrefixCache(Budget(room, 10, room), block_size=16)
+    )
+    first = engine.prefill(ids, tenant="a", kind="request")
+    kept = [b.data.clone() for b in engine.stored_blocks(first.prefix_hash) or []]
+    assert not any((tmp_path / "tier").rglob("*.safetensors"))  # request blocks: not yet
+    engine.prefill(ids, tenant="b", kind="request")  # evicts tenant a's prefix for room
+    assert first.prefix_hash not in engine.cache
+    assert len(list((tmp_path / "tier").rglob("*.safetensors"))) == 6
+    question = engine.tokenize(" Which state does it keep?")
+    tokens, cached = _answer(engine, ids + question, "a")
+    assert cached == 96
+    back = engine.stored_blocks(first.prefix_hash)
+    assert back is not None
+    assert all(torch.equal(x.data, y) for x, y in zip(back, kept, strict=True))
+    cold = load_torch_engine(model_path, WorkerSettings(device="cpu", threads=1))
+    assert _answer(cold, ids + question, "a")[0] == tokens
+
+
+def test_a_tier_directory_is_rebuilt_from_its_headers_and_strangers_are_dropped(
+    tmp_path: Path,
+) -> None:
+    from workers.engines.disk_tier import DiskTier, Layout
+    from workers.tier_index import TierBlock
+
+    layout = Layout("float32", (4, 1, 16, 8))
+    tier = DiskTier(tmp_path, 10**6, layout, "cpu")
+    tier.scan()
+    data = torch.arange(4 * 16 * 8, dtype=torch.float32).reshape(4, 1, 16, 8)
+    head = TierBlock("aa" * 16, None, "t", layout.nbytes, frozenset({("d#0", "ff" * 16)}))
+    tail = TierBlock("bb" * 16, head.block_hash, "t", layout.nbytes)
+    tier.put(head, data)
+    other = DiskTier(tmp_path, 10**6, Layout("float16", layout.shape), "cpu")
+    assert other.scan() == 0  # another dtype's blocks are not this engine's: dropped
+    assert not any(tmp_path.rglob("*.safetensors"))
+    tier = DiskTier(tmp_path, 10**6, layout, "cpu")
+    tier.scan()
+    tier.put(head, data)
+    tier.put(tail, data + 1)
+    (tmp_path / "cc").mkdir()
+    (tmp_path / "cc" / ("cc" * 16 + ".safetensors")).write_bytes(b"not a safetensors file")
+    (tmp_path / "aa" / ".leftover.tmp").write_bytes(b"half a write")
+
+    again = DiskTier(tmp_path, 10**6, layout, "cpu")
+    assert again.scan() == 2
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(
+        [head.block_hash + ".safetensors", tail.block_hash + ".safetensors"]
+    )
+    assert again.index.chain_ends() == [tail.block_hash]
+    loaded = again.load([head.block_hash, tail.block_hash])
+    assert torch.equal(loaded[1], data + 1)
+    # The chunk mark survived the restart: invalidating the chunk drops the head and its tail.
+    from workers.tier_journal import TierOps
+
+    gone = again.apply(TierOps(refs={("d#0", "ff" * 16)}), {})
+    assert sorted(gone) == sorted([head.block_hash, tail.block_hash])
+    assert not any(tmp_path.rglob("*.safetensors"))
+
+
+def test_a_failing_disk_drops_the_block_instead_of_failing_the_caller(tmp_path: Path) -> None:
+    from workers.engines.disk_tier import DiskTier, Layout
+    from workers.tier_index import TierBlock
+
+    layout = Layout("float32", (2, 1, 16, 4))
+    tier = DiskTier(tmp_path / "tier", 10**6, layout, "cpu")
+    tier.scan()
+    (tmp_path / "tier" / "aa").write_text("a file where the block's folder should be")
+    tier.put(TierBlock("aa" * 16, None, "t", layout.nbytes), torch.zeros(layout.shape))
+    assert len(tier.index) == 0

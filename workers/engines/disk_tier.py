@@ -1,0 +1,232 @@
+"""The disk KV tier's files: one safetensors file per block, named by its chain hash.
+
+A file holds one tensor (the block's [2 × layers, kv_heads, block, head_dim] KV) and a JSON
+header in the safetensors metadata: the hash, parent, tenant and chunk marks. Nothing is
+ever unpickled. Files are written to a temporary name and renamed, so a crash leaves a
+whole file or none; at boot the index is rebuilt from the headers alone, dropping leftovers,
+unreadable files and blocks of another layout (dtype or model shape). Bookkeeping is
+`workers.tier_index`; this module only reads and writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from workers.kv_sizing import kv_dims
+from workers.settings import WorkerSettings
+from workers.tier_index import RestoreCosts, TierBlock, TierIndex
+from workers.tier_journal import TierOps
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+_META_KEY = "ragwarm"
+_SUFFIX = ".safetensors"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What every block of this engine looks like; files of another layout are not ours."""
+
+    dtype: str  # torch dtype name, e.g. "float32"
+    shape: tuple[int, ...]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+
+    @property
+    def nbytes(self) -> int:
+        n = torch.tensor([], dtype=self.torch_dtype).element_size()
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def encode_header(block: TierBlock, layout: Layout) -> str:
+    return json.dumps(
+        {
+            "format": FORMAT,
+            "hash": block.block_hash,
+            "parent": block.parent,
+            "tenant": block.tenant,
+            "marks": sorted([list(m) for m in block.marks]),
+            "dtype": layout.dtype,
+            "shape": list(layout.shape),
+        }
+    )
+
+
+def decode_header(text: str, layout: Layout, nbytes: int) -> TierBlock | None:
+    """The block a header describes; None when it is not a block of `layout` in our format."""
+    try:
+        head = json.loads(text)
+        if head["format"] != FORMAT or head["dtype"] != layout.dtype:
+            return None
+        if tuple(head["shape"]) != layout.shape:
+            return None
+        marks = frozenset((str(c), str(h)) for c, h in head["marks"])
+        parent = head["parent"]
+        return TierBlock(str(head["hash"]), None if parent is None else str(parent),
+                         str(head["tenant"]), nbytes, marks)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class DiskTier:
+    """Block files under `root` with their index, budget and running restore costs."""
+
+    def __init__(self, root: Path, max_bytes: int, layout: Layout, device: str) -> None:
+        self.root = Path(root)
+        self.layout = layout
+        self.device = device
+        self.index = TierIndex(max_bytes)
+        self.costs = RestoreCosts()
+
+    # -- boot ------------------------------------------------------------------------
+
+    def scan(self) -> int:
+        """Rebuild the index from the files (oldest use first); returns the blocks found."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        found: list[tuple[float, TierBlock]] = []
+        for path in self.root.glob("*/*"):
+            block = self._read_header(path)
+            if block is None:
+                path.unlink(missing_ok=True)
+                continue
+            found.append((path.stat().st_mtime, block))
+        for _, block in sorted(found, key=lambda item: item[0]):
+            if self.index.admissible(block.nbytes):  # the budget may have shrunk since
+                self._unlink(self.index.add(block))
+            else:
+                self._unlink([block.block_hash])
+        log.info("disk tier %s: %d blocks, %d bytes", self.root, len(self.index),
+                 self.index.bytes_used)
+        return len(self.index)
+
+    def _read_header(self, path: Path) -> TierBlock | None:
+        if path.suffix != _SUFFIX or not path.is_file():
+            return None  # a temporary file a crash left behind, or a stranger
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                text = (f.metadata() or {}).get(_META_KEY, "")
+        except Exception:  # safetensors raises its own error types for bad headers
+            return None
+        block = decode_header(text, self.layout, self.layout.nbytes)
+        if block is None or path.stem != block.block_hash:
+            return None
+        return block
+
+    # -- writes and drops ------------------------------------------------------------
+
+    def apply(self, ops: TierOps, tensors: dict[str, torch.Tensor]) -> list[str]:
+        """Write the blocks `ops` names whose tensors are given, then drop what it says is
+        stale; returns the hashes dropped. A spilled block already here is left as it is: an
+        evicted request entry's refs say nothing about the chunks it does not list."""
+        for h, block in ops.writes.items():
+            data = tensors.get(h)
+            if data is not None:
+                self.put(block, data)
+        for h, block in ops.spills.items():
+            data = tensors.get(h)
+            if data is not None and h not in self.index:
+                self.put(block, data)
+        removed = self.index.remove(ops.cut)
+        removed += self.index.invalidate(ops.refs, ops.chunk_ids)
+        self._unlink(removed)
+        return removed
+
+    def put(self, block: TierBlock, data: torch.Tensor) -> None:
+        """Hold `block` on disk (a held one keeps only the marks both have)."""
+        index = self.index
+        if block.block_hash in index:
+            if index.narrow(block.block_hash, block.marks):
+                self._write(index.get(block.block_hash) or block, data)
+            index.touch([block.block_hash])
+            return
+        if not index.admissible(block.nbytes):
+            return
+        self._unlink(index.add(block))
+        self._write(block, data)
+
+    def _write(self, block: TierBlock, data: torch.Tensor) -> None:
+        """Write one block's file; on a disk error (full, read-only) the block leaves the
+        tier instead: the tier is a cache, and a request must never fail for it."""
+        path = self._path(block.block_hash)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        meta = {_META_KEY: encode_header(block, self.layout)}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_file({"kv": data.detach().contiguous().cpu()}, str(tmp), metadata=meta)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("disk tier: cannot write block %s (%s); dropped", block.block_hash, exc)
+            self._unlink(self.index.remove([block.block_hash]))
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+
+    def _unlink(self, hashes: Iterable[str]) -> None:
+        for h in hashes:
+            try:
+                self._path(h).unlink(missing_ok=True)
+            except OSError as exc:  # out of the index already: at worst a stray file stays
+                log.warning("disk tier: cannot remove block %s: %s", h, exc)
+
+    def _path(self, block_hash: str) -> Path:
+        return self.root / block_hash[:2] / f"{block_hash}{_SUFFIX}"
+
+    # -- reads -----------------------------------------------------------------------
+
+    def load(self, hashes: Sequence[str]) -> list[torch.Tensor]:
+        """The tensors of the leading `hashes` that read back whole (on the engine's
+        device); a file that does not is dropped with everything extending it."""
+        start = time.perf_counter()
+        out: list[torch.Tensor] = []
+        for h in hashes:
+            data = self._load_one(h)
+            if data is None:
+                self._unlink(self.index.remove([h]))
+                break
+            out.append(data)
+        self.index.touch(hashes[: len(out)])
+        now = time.time()
+        for h in hashes[: len(out)]:
+            os.utime(self._path(h), (now, now))  # the use order survives a restart
+        self.costs.saw_read(sum(d.nbytes for d in out), time.perf_counter() - start)
+        return out
+
+    def _load_one(self, block_hash: str) -> torch.Tensor | None:
+        try:
+            data = load_file(str(self._path(block_hash)), device=self.device)["kv"]
+        except Exception:  # a missing or damaged file: recompute instead
+            log.warning("disk tier: block %s unreadable, dropped", block_hash)
+            return None
+        if tuple(data.shape) != self.layout.shape or data.dtype != self.layout.torch_dtype:
+            return None
+        return data
+
+
+def open_tier(model: Any, settings: WorkerSettings, default_path: Path | None) -> DiskTier:
+    """The disk tier of this model's block layout, its index rebuilt from the files."""
+    root = settings.disk_tier_path or default_path
+    if root is None:
+        raise ValueError("the disk tier needs a directory: set RAGWARM_WORKER_DISK_TIER_PATH")
+    layers, kv_heads, head_dim = kv_dims(model.config)
+    dtype = str(model.dtype).removeprefix("torch.")
+    layout = Layout(dtype, (2 * layers, kv_heads, settings.block_size, head_dim))
+    device = str(next(model.parameters()).device)
+    tier = DiskTier(root, settings.disk_tier_bytes, layout, device)
+    tier.scan()
+    return tier

@@ -1,0 +1,79 @@
+"""The torch engine's side of the disk KV tier: spill and drop after cache changes, restore
+on a hit, and what the tier holds for status events (`workers.engines.disk_tier` does I/O)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from workers.cache import PrefixCache, WarmupRefused
+from workers.engines.disk_tier import DiskTier
+from workers.engines.kv_blocks import BlockKV, as_block
+
+
+class Tiered:
+    """Mixed into an engine keeping block tensors in `_blocks` over `cache`."""
+
+    tier: DiskTier | None
+    cache: PrefixCache
+    block_size: int
+    _blocks: dict[str, BlockKV]
+    _tier_view: tuple[int, list[str]] = (-1, [])
+
+    block_bytes: Any  # a property of the engine
+    sync: Any  # the engine's sync
+
+    def tier_state(self) -> tuple[list[str], int]:
+        """Ends of the chains the disk tier holds (what a restarted worker still serves) and
+        its bytes; recomputed only when the tier changed."""
+        if self.tier is None:
+            return [], 0
+        index = self.tier.index
+        if self._tier_view[0] != index.version:
+            self._tier_view = (index.version, index.chain_ends())
+        return list(self._tier_view[1]), index.bytes_used
+
+    def _apply_tier(self) -> None:
+        """Write what the cache's journal queued (tensors still here) and drop what it cut;
+        called by `sync` before it drops the tensors of freed blocks."""
+        journal = self.cache.tier
+        if self.tier is None or journal is None:
+            return
+        ops = journal.drain()
+        if ops:
+            queued = [*ops.writes, *ops.spills]
+            tensors = {h: self._blocks[h].data for h in queued if h in self._blocks}
+            self.tier.apply(ops, tensors)
+
+    def _restore(self, hashes: list[str], have: int, tenant: str) -> int:
+        """Read the blocks after the first `have` of `hashes` back from the disk tier when
+        that beats recomputing them; how many leading blocks are on the device after it."""
+        tier = self.tier
+        if tier is None:
+            return have
+        n = tier.index.run(hashes, have)
+        if n == 0 or not tier.costs.worth_restoring(n * self.block_size, n * self.block_bytes):
+            return have
+        datas = tier.load(hashes[have : have + n])
+        if not datas:
+            return have
+        chain = hashes[: have + len(datas)]
+        try:
+            # A request entry: evictable; warmup may claim the blocks as its own later.
+            self.cache.admit(
+                tenant=tenant, hashes=chain, nbytes=len(chain) * self.block_bytes, kind="request"
+            )
+        except WarmupRefused:
+            return have
+        for h, data in zip(chain[have:], datas, strict=True):
+            self._blocks.setdefault(h, as_block(data))
+            # The chunks each block passes through, so invalidation finds it on the device.
+            held = tier.index.get(h)
+            for ref in held.marks if held is not None else ():
+                self.cache.pool.mark([h], ref, 0)
+        self.sync()  # spills what the admission evicted
+        return len(chain)
+
+    def _saw_compute(self, n_tokens: int, start: float) -> None:
+        if self.tier is not None and n_tokens >= self.block_size:
+            self.tier.costs.saw_compute(n_tokens, time.perf_counter() - start)

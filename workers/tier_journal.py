@@ -1,0 +1,129 @@
+"""What the disk tier must do after changes to the device cache (pure, like its events).
+
+`PrefixCache` tells the journal when it places a managed entry (written through: warm
+prefixes must survive a crash), evicts an entry for room (its blocks spill to disk) and
+cuts stale blocks (they leave the disk too); the engine drains the journal and does the I/O.
+A block's chunk marks travel with it, so invalidating a chunk reaches it on disk as well,
+after a restart included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from workers.block_pool import BlockPool, ChunkKey
+from workers.cache_cuts import Stale
+from workers.cache_entries import CacheEntry
+from workers.tier_index import TierBlock
+
+
+@dataclass
+class TierOps:
+    """Blocks to write (their tensors still on the device) and what to drop from disk."""
+
+    writes: dict[str, TierBlock] = field(default_factory=dict)  # of managed entries
+    spills: dict[str, TierBlock] = field(default_factory=dict)  # of entries evicted for room
+    cut: set[str] = field(default_factory=set)  # hashes whose chains are stale from there on
+    refs: set[ChunkKey] = field(default_factory=set)
+    chunk_ids: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.writes or self.spills or self.cut or self.refs or self.chunk_ids)
+
+
+class TierJournal:
+    """Collects `TierOps` until the engine drains them."""
+
+    def __init__(self) -> None:
+        self._ops = TierOps()
+
+    def drain(self) -> TierOps:
+        ops, self._ops = self._ops, TierOps()
+        return ops
+
+    def placed(
+        self, entry: CacheEntry, pool: BlockPool, entries: Mapping[str, CacheEntry]
+    ) -> None:
+        """A managed entry was stored or refreshed: write its blocks through. Its chunk refs
+        are taken as complete (as the device's invalidation takes them), so its blocks also
+        narrow the marks of blocks already on disk."""
+        if entry.managed:
+            self._write(self._ops.writes, entry, range(entry.n_blocks), pool, entries)
+
+    def evicting(
+        self, entry: CacheEntry, pool: BlockPool, entries: Mapping[str, CacheEntry]
+    ) -> None:
+        """`entry` is about to leave for room: the blocks only it holds spill to disk."""
+        only = [i for i, h in enumerate(entry.block_hashes) if pool[h].refs == 1]
+        self._write(self._ops.spills, entry, only, pool, entries)
+
+    def cutting(self, doomed: set[str], stale: Stale | None) -> None:
+        """Blocks `doomed` (and all after them) are stale; so is whatever `stale` names."""
+        self._ops.cut |= doomed
+        # Stale blocks queued in this same round (and those after them) need no writing.
+        gone = set(doomed)
+        for queue in (self._ops.writes, self._ops.spills):
+            for h, block in list(queue.items()):  # chains are queued head first
+                if h in gone or block.parent in gone:
+                    gone.add(h)
+                    del queue[h]
+        if stale is not None:
+            self._ops.refs |= stale.refs
+            self._ops.chunk_ids |= stale.chunk_ids
+
+    def _write(
+        self,
+        queue: dict[str, TierBlock],
+        entry: CacheEntry,
+        indexes: range | list[int],
+        pool: BlockPool,
+        entries: Mapping[str, CacheEntry],
+    ) -> None:
+        marks = chain_marks(entry, pool, entries)
+        chain = entry.block_hashes
+        for i in indexes:
+            h = chain[i]
+            parent = chain[i - 1] if i else None
+            old = queue.get(h)
+            both = marks[i] & old.marks if old is not None else marks[i]
+            queue[h] = TierBlock(h, parent, entry.tenant, pool[h].nbytes, both)
+
+
+def chain_marks(
+    entry: CacheEntry, pool: BlockPool, entries: Mapping[str, CacheEntry]
+) -> list[frozenset[ChunkKey]]:
+    """The chunks each block of `entry`'s chain passes through: the pool's exact marks, and
+    each listed chunk from where it starts (given at admission, else inferred as the
+    device cache's invalidation would place it)."""
+    block_size = max(1, entry.n_tokens // max(1, entry.n_blocks))
+    starts: dict[ChunkKey, int] = {}
+    for ref in entry.chunk_refs:
+        if ref in entry.chunk_starts:
+            starts[ref] = entry.chunk_starts[ref] // block_size
+        else:
+            starts[ref] = _inferred_start(entry, ref[0], pool, entries)
+    return [
+        frozenset(pool[h].through | {r for r, s in starts.items() if i >= s})
+        for i, h in enumerate(entry.block_hashes)
+    ]
+
+
+def _inferred_start(
+    entry: CacheEntry, chunk_id: str, pool: BlockPool, entries: Mapping[str, CacheEntry]
+) -> int:
+    """`workers.cache_cuts.inferred_start` for one chunk, erring early: a block held by an
+    entry not extending `entry` that lists no version of the chunk precedes it; holders
+    that are not entries (an admission in progress) prove nothing."""
+    extending = pool[entry.prefix_hash].holders
+    for index, h in enumerate(entry.block_hashes):
+        if not any(
+            g not in extending and g in entries and _lists_no(entries[g], chunk_id)
+            for g in pool[h].holders
+        ):
+            return index
+    return len(entry.block_hashes) - 1
+
+
+def _lists_no(entry: CacheEntry, chunk_id: str) -> bool:
+    return all(r[0] != chunk_id for r in entry.chunk_refs)
