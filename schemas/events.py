@@ -194,8 +194,8 @@ class DeadLetterV1(Event):
     error_field: str | None = None
 
 
-class WarmupCommand(WarmupCommandV1):
-    """An order from the streams app to one worker (or all, `worker_id=None`).
+class WarmupCommandV2(WarmupCommandV1):
+    """Version 2 of `WarmupCommand` (no chunk prefill); still read, upgraded on decode.
 
     v2: `expires_at`: a worker skips a command read after it (a restarted worker resuming
     its offsets must not replay a day of old prefills) and reports it as `expired`.
@@ -208,6 +208,39 @@ class WarmupCommand(WarmupCommandV1):
 
     def expired(self, now: datetime) -> bool:
         return self.expires_at is not None and now >= self.expires_at
+
+
+class WarmupCommand(WarmupCommandV2):
+    """An order from the streams app to one worker (or all, `worker_id=None`).
+
+    v3: op `prefill_chunk`: compute one chunk's KV on its own, right after `opening_ids`
+    (the system prompt, where the canonical prompt places a first chunk), and hold it keyed
+    by its content hash for chunk-level reuse; `token_ids` are the chunk's tokens and
+    `chunk_refs` names exactly that chunk (invalidating it frees the chunk's KV).
+    """
+
+    VERSION: ClassVar[int] = 3
+
+    schema_version: Literal[3] = 3  # type: ignore[assignment]
+    # v3 widens v2's ops (pydantic validates the override; mypy sees a narrowing base).
+    op: Literal[  # type: ignore[assignment]
+        "prefill", "invalidate", "extend_ttl", "release", "prefill_chunk"
+    ]
+    opening_ids: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, max_length=MAX_TOKENS
+    )
+
+    @model_validator(mode="after")
+    def _chunk_fields(self) -> WarmupCommand:
+        if self.op != "prefill_chunk":
+            return self
+        if not self.token_ids:
+            raise ValueError("token_ids: required for op 'prefill_chunk' (the chunk's tokens)")
+        if not self.opening_ids:
+            raise ValueError("opening_ids: required for op 'prefill_chunk' (the system prompt)")
+        if len(self.chunk_refs) != 1:
+            raise ValueError("chunk_refs: op 'prefill_chunk' names exactly one chunk")
+        return self
 
 
 class WorkerEventV2(WorkerEventV1):
@@ -362,6 +395,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
 # Older versions still read: `schemas.codec.decode` upgrades them to the current model.
 LEGACY_TYPES: tuple[type[Event], ...] = (
     WarmupCommandV1,
+    WarmupCommandV2,
     WorkerEventV1,
     WorkerEventV2,
     DeadLetterV1,

@@ -164,6 +164,7 @@ class WorkerRuntime:
         """Carry out one warmup command; returns the outcome it was counted under."""
         handler = {
             "prefill": self._cmd_prefill,
+            "prefill_chunk": self._cmd_prefill_chunk,
             "invalidate": self._cmd_invalidate,
             "extend_ttl": self._cmd_extend_ttl,
             "release": self._cmd_release,
@@ -183,10 +184,10 @@ class WorkerRuntime:
         self.metrics.commands.labels(op=command.op, result=outcome).inc()
         return outcome
 
-    def _cmd_prefill(self, cmd: WarmupCommand) -> str:
+    def _check_warmup(self, token_ids: Sequence[int]) -> None:
         try:
             # The bounds of POST /v1/prefill, before any compute: a command is no more trusted.
-            check_prompt(cmd.token_ids, self.limits)
+            check_prompt(token_ids, self.limits)
         except ApiError as exc:
             raise WarmupRefused(exc.message) from None
         # Seeds 000/003: no new warmup once memory use passes the threshold. Unpinned
@@ -195,6 +196,9 @@ class WorkerRuntime:
         used, total = self.snapshot.pinned_bytes, self.snapshot.mem_total
         if not accepts_warmup(used, total, self.warmup_threshold):
             raise WarmupRefused(f"pinned memory {used}/{total} is over {self.warmup_threshold}")
+
+    def _cmd_prefill(self, cmd: WarmupCommand) -> str:
+        self._check_warmup(cmd.token_ids)
         result = self.prefill(
             cmd.token_ids,
             tenant=cmd.tenant,
@@ -207,6 +211,27 @@ class WorkerRuntime:
         if result.prefix_hash is None:
             return "too_short"
         return "stored" if result.computed_tokens else "already_cached"
+
+    def _cmd_prefill_chunk(self, cmd: WarmupCommand) -> str:
+        self._check_warmup([*cmd.opening_ids, *cmd.token_ids])
+        (ref,) = chunk_keys(cmd.chunk_refs)  # the schema requires exactly one
+        try:
+            with self.lock:
+                try:
+                    result = self.engine.prefill_chunk(
+                        list(cmd.opening_ids), list(cmd.token_ids), tenant=cmd.tenant, ref=ref,
+                        ttl_s=cmd.ttl_s, pin=cmd.pin, command_id=cmd.command_id,
+                    )
+                finally:
+                    self._refresh()
+        finally:
+            self.flush()
+        if result.prefix_hash is None:
+            return "too_short"
+        if not result.computed_tokens:
+            return "already_cached"
+        self.metrics.prefills.labels(source="command").inc()
+        return "stored"
 
     def _cmd_invalidate(self, cmd: WarmupCommand) -> str:
         with self.lock:

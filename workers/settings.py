@@ -14,7 +14,7 @@ from workers.eviction import make_policy
 from workers.memory import DEFAULT_MAX_ENTRIES, GiB
 
 # The names workers.engines.blend.SELECTORS accepts (kept here so settings import no torch).
-ChunkSelection = Literal["hkvd", "attn", "sink", "sink+hkvd", "sink+attn"]
+ChunkSelection = Literal["hkvd", "attn", "sink", "sink+hkvd", "sink+attn", "tail"]
 
 
 class WorkerSettings(BaseSettings):
@@ -129,7 +129,8 @@ class WorkerSettings(BaseSettings):
     chunk_selection: ChunkSelection = Field(
         default="hkvd",
         description="How recomputed tokens are chosen: hkvd (KV deviation), attn (question "
-        "attention), sink (each chunk's first tokens), or sink+ one of the scores.",
+        "attention), sink (each chunk's first tokens), sink+ one of the scores, or tail (the "
+        "last chunk whole, then the others' first tokens).",
     )
     warm_set: Path | None = Field(
         default=None,

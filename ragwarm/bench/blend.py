@@ -283,7 +283,8 @@ def measure(
               help="Comma-separated shares of moved chunk tokens to recompute.")
 @click.option("--questions-limit", type=int, default=None, help="Use only the first N questions.")
 @click.option("--method", default="hkvd", show_default=True,
-              help="How recomputed tokens are chosen (hkvd, attn, sink, sink+hkvd, sink+attn).")
+              help="How recomputed tokens are chosen: hkvd, attn, sink, sink+hkvd, "
+              "sink+attn, tail.")
 @click.option("--checks", default="1,4,10", show_default=True,
               help="Layers where scored tokens are filtered (gradually, down to the share).")
 @click.option("--widen", default=2.0, show_default=True,

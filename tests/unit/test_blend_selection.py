@@ -46,7 +46,8 @@ def test_plan_never_exceeds_the_share_and_picks_only_moved_tokens(
     moved = list(range(10, start))
     chosen, by_score = _plan(Selection(method, share, sinks), moved, pieces, 10)
     budget = min(len(moved), -(-share * len(moved) // 1))
-    assert len(chosen) + by_score == budget if method != "sink" else len(chosen) <= budget
+    exact_budget = method not in ("sink", "tail")  # fixed picks may fall short of it
+    assert len(chosen) + by_score == budget if exact_budget else len(chosen) <= budget
     assert set(chosen) <= set(moved)
     assert len(set(chosen)) == len(chosen)
 
@@ -55,6 +56,18 @@ def test_sink_takes_each_moved_piece_first_tokens() -> None:
     pieces = [_piece(10, 20), _piece(30, 20)]
     chosen, by_score = _plan(Selection("sink", 0.2), list(range(10, 50)), pieces, 10)
     assert (chosen, by_score) == ([10, 11, 12, 13, 30, 31, 32, 33], 0)
+
+
+def test_tail_takes_the_last_piece_whole_then_the_others_first_tokens() -> None:
+    pieces = [_piece(10, 20), _piece(30, 20), _piece(50, 10)]
+    moved = list(range(10, 60))
+    # 50 moved tokens, share 0.4: budget 20 = the last piece (10) + 5 first of each other.
+    chosen, by_score = _plan(Selection("tail", 0.4), moved, pieces, 10)
+    assert by_score == 0
+    assert chosen == [*range(10, 15), *range(30, 35), *range(50, 60)]
+    # A budget smaller than the last piece takes its first tokens only.
+    chosen, _ = _plan(Selection("tail", 0.1), moved, pieces, 10)
+    assert chosen == list(range(50, 55))
 
 
 def test_sink_plus_score_leaves_the_rest_of_the_budget_to_the_score() -> None:

@@ -81,3 +81,25 @@ def test_v2_carries_every_kind_and_v1_stays_as_published():
     v2_kinds = set(WorkerEvent.model_fields["kind"].annotation.__args__)
     assert v1_kinds < v2_kinds and {"refused", "expired"} <= v2_kinds - v1_kinds
     assert "signature" not in WorkerEventV1.model_fields
+
+
+def test_v2_command_reads_as_v3():
+    from schemas.events import WarmupCommandV2
+
+    old = WarmupCommandV2(command_id="c", op="prefill", token_ids=[1, 2])
+    cmd = decode(encode(old), WarmupCommand)
+    assert type(cmd) is WarmupCommand
+    assert cmd.schema_version == 3
+    assert cmd.opening_ids == []
+
+
+def test_chunk_prefill_needs_the_chunk_its_opening_and_exactly_one_ref():
+    ref = {"chunk_id": "doc#0", "content_hash": "a" * 64}
+    cmd = WarmupCommand(command_id="c", op="prefill_chunk", token_ids=[5, 6],
+                        opening_ids=[1, 2], chunk_refs=[ref])
+    assert decode(encode(cmd)) == cmd
+    for missing, kw in (("token_ids", {"token_ids": []}), ("opening_ids", {"opening_ids": []}),
+                        ("chunk_refs", {"chunk_refs": [ref, ref]})):
+        fields = {"token_ids": [5], "opening_ids": [1], "chunk_refs": [ref]} | kw
+        with pytest.raises(ValueError, match=missing):
+            WarmupCommand(command_id="c", op="prefill_chunk", **fields)

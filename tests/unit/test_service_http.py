@@ -239,6 +239,17 @@ async def test_unknown_prefix_commands_are_not_found(booted) -> None:
         assert await asyncio.to_thread(runtime.apply, command) == "not_found"
 
 
+async def test_a_chunk_prefill_on_an_engine_without_chunk_kv_is_refused(booted) -> None:
+    client, lifecycle = booted
+    runtime = lifecycle_runtime(client)
+    ref = ChunkRef(chunk_id="doc#0", content_hash=HASH)
+    command = WarmupCommand(command_id="cc", op="prefill_chunk", token_ids=[5, 6, 7, 8],
+                            opening_ids=[1, 2], chunk_refs=[ref])
+    assert await asyncio.to_thread(runtime.apply, command) == "refused"
+    refused = [e for e in lifecycle.sink.events if e.kind == "refused"]
+    assert refused[-1].command_id == "cc" and "no chunk KV" in (refused[-1].reason or "")
+
+
 async def test_stream_frames_end_with_usage_and_done(booted) -> None:
     client, _ = booted
     body = {"prompt": "hello there", "max_tokens": 3, "stream": True, "return_token_ids": True}

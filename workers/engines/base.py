@@ -21,6 +21,7 @@ from typing import (
 from workers.blocks import block_hashes
 from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
 from workers.cache_entries import Kind
+from workers.chunk_kv import ChunkSpan, check_spans
 
 
 class Memory(NamedTuple):
@@ -56,6 +57,8 @@ class GenerationResult:
     finish_reason: Literal["stop", "length"]
     # What `cache_prompt` stored; None when not asked, already cached, too short or refused.
     stored: PrefillResult | None = None
+    # Prompt tokens whose KV came from held chunk KV placed at their positions (blended).
+    blended_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,8 +143,14 @@ class Engine(Protocol):
         cache_prompt: bool = False,
         chunk_refs: Iterable[ChunkKey] = (),
         ttl_s: float | None = None,
+        chunks: Sequence[ChunkSpan] = (),
+        chunk_reuse: bool = True,
     ) -> Iterator[GenerationStep]:
         """Stream a completion, reusing the longest cached prefix; greedy at temperature 0.
+
+        `chunks` names where the prompt's retrieved chunks stand; an engine holding their
+        chunk KV (and with chunk reuse on) blends it after the exact prefix, unless the
+        request opts out with `chunk_reuse=False`. Engines without chunk KV ignore them.
 
         The prompt's cached KV is never modified. `stop_ids` defaults to the model's EOS.
         With `cache_prompt`, the prompt's full blocks are also stored unpinned (with
@@ -149,6 +158,23 @@ class Engine(Protocol):
         them; a refusal by the budget leaves the answer alone. `result.stored` says what was
         stored; a generation stopped early may have stored it without saying so.
         """
+        ...
+
+    def prefill_chunk(
+        self,
+        opening: list[int],
+        chunk: list[int],
+        *,
+        tenant: str,
+        ref: ChunkKey,
+        ttl_s: float | None = None,
+        pin: bool = False,
+        command_id: str | None = None,
+        kind: Kind = "managed",
+    ) -> PrefillResult:
+        """Compute and store the KV of `chunk` on its own, right after `opening` (the system
+        prompt), keyed by its content hash (`workers.chunk_kv`), for chunk-level reuse.
+        Raises `WarmupRefused` where the engine holds no chunk KV or it cannot fit."""
         ...
 
     def sync(self) -> int:
@@ -202,6 +228,8 @@ class Request:
     temperature: float
     stop_ids: tuple[int, ...] | None
     keep: KeepPrompt | None
+    chunks: tuple[ChunkSpan, ...] = ()
+    chunk_reuse: bool = True
 
 
 H = TypeVar("H")
@@ -285,6 +313,8 @@ class PrefixEngine(ABC, Generic[H]):
         cache_prompt: bool = False,
         chunk_refs: Iterable[ChunkKey] = (),
         ttl_s: float | None = None,
+        chunks: Sequence[ChunkSpan] = (),
+        chunk_reuse: bool = True,
     ) -> Iterator[GenerationStep]:
         # Checked here, not in a generator, so bad arguments fail at the call.
         if not token_ids:
@@ -293,8 +323,28 @@ class PrefixEngine(ABC, Generic[H]):
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         stops = tuple(stop_ids) if stop_ids is not None else None
         keep = KeepPrompt(tuple(chunk_refs), ttl_s) if cache_prompt else None
-        request = Request(list(token_ids), max_tokens, tenant, temperature, stops, keep)
+        check_spans(chunks, len(token_ids))
+        request = Request(
+            list(token_ids), max_tokens, tenant, temperature, stops, keep, tuple(chunks),
+            chunk_reuse,
+        )
         return self._generate(request)
+
+    def prefill_chunk(
+        self,
+        opening: list[int],
+        chunk: list[int],
+        *,
+        tenant: str,
+        ref: ChunkKey,
+        ttl_s: float | None = None,
+        pin: bool = False,
+        command_id: str | None = None,
+        kind: Kind = "managed",
+    ) -> PrefillResult:
+        # Blending needs the KV itself: engines whose server keeps it cannot place chunks.
+        raise WarmupRefused(f"{type(self).__name__} holds no chunk KV (chunk reuse needs "
+                            "the torch engine)")
 
     def _lookup(self, hashes: list[str]) -> tuple[CacheEntry | None, int]:
         """The longest cached prefix of `hashes` and its block count; counts as a hit."""

@@ -20,9 +20,10 @@ KV = tuple[LayerKV, ...]
 
 # Scored selections rank moved tokens at the check layer: `hkvd` by how far their reused KV
 # is from a full computation (CacheBlend), `attn` by the attention the question pays them
-# (ProphetKV-style); `sink` takes each moved piece's first tokens (EPIC's attention sinks).
+# (ProphetKV-style); `sink` takes each moved piece's first tokens (EPIC's attention sinks);
+# `tail` takes the last moved piece whole (the question's neighbour), then the others' first.
 SCORES = ("hkvd", "attn")
-SELECTORS = ("hkvd", "attn", "sink", "sink+hkvd", "sink+attn")
+SELECTORS = ("hkvd", "attn", "sink", "sink+hkvd", "sink+attn", "tail")
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ class Selection:
     Scored tokens are filtered gradually, as CacheBlend does: every moved token runs up to
     the first of `checks`, and at each check the best are kept, `widen` × share at the
     first narrowing to share at the last (deviation at deeper layers predicts better, and
-    costs more).
+    costs more). `tail` recomputes the last moved piece (next to the question) from its
+    start, then the other moved pieces' first tokens, within the share.
     """
 
     # Defaults: the best quality measured within ~35% of a full prefill's TTFT (bench blend).
@@ -122,7 +124,7 @@ def blend(
     positions right after the exact part extend it; the others are re-rotated to their
     positions and a share of their tokens is recomputed over the whole prompt.
     """
-    _require_llama_like(model)
+    require_llama_like(model)
     with torch.inference_mode():
         keys, values, n_exact = _assemble(model, len(token_ids), exact, pieces)
         moved = _moved_positions(pieces, n_exact)
@@ -152,6 +154,8 @@ def _assemble(
     for i, (k, v) in enumerate(exact or ()):
         keys[i][..., :n_exact, :] = k
         values[i][..., :n_exact, :] = v
+    if any(piece.start < n_exact for piece in pieces):
+        raise ValueError("pieces must start after the exact KV (cut them first)")
     freqs = inv_freq(model)
     for piece in sorted(pieces, key=lambda p: p.start):
         _place(piece, keys, values, freqs)
@@ -182,6 +186,20 @@ def _sinks(pieces: Sequence[Piece], n_exact: int, per_piece: int) -> list[int]:
     return [i for p in moved for i in range(max(p.start, n_exact), min(p.end, p.start + per_piece))]
 
 
+def _tail(pieces: Sequence[Piece], n_exact: int, budget: int) -> list[int]:
+    """The last moved piece from its start, then the other moved pieces' first tokens
+    (an equal number each) with what the budget leaves."""
+    moved = sorted((p for p in pieces if p.end > n_exact), key=lambda p: p.start)
+    if not moved:
+        return []
+    last = moved[-1]
+    chosen = list(range(max(last.start, n_exact), last.end))[:budget]
+    left, others = budget - len(chosen), moved[:-1]
+    if left > 0 and others:
+        chosen += _sinks(others, n_exact, math.ceil(left / len(others)))[:left]
+    return sorted(chosen)
+
+
 def _budget(selection: Selection, moved: int) -> int:
     return min(moved, math.ceil(selection.share * moved))
 
@@ -196,6 +214,8 @@ def _plan(
     if selection.method == "sink":
         n_moved = sum(1 for p in pieces if p.end > n_exact)
         return _sinks(pieces, n_exact, math.ceil(budget / max(1, n_moved)))[:budget], 0
+    if selection.method == "tail":
+        return _tail(pieces, n_exact, budget), 0
     sinks = _sinks(pieces, n_exact, selection.sink_tokens)[:budget]
     return sinks, budget - len(sinks)
 
@@ -313,7 +333,7 @@ def _qkv(
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
 
-def _require_llama_like(model: Any) -> None:
+def require_llama_like(model: Any) -> None:
     """The selective forward re-implements a Llama decoder layer; other layouts are refused."""
     inner = getattr(model, "model", None)
     layer = getattr(inner, "layers", [None])[0]

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from workers.budgets import chunk_spans, prefill_chunk_tokens
-from workers.cache import CacheEntry, PrefixCache, WarmupRefused
+from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
+from workers.cache_entries import Kind
 from workers.engines.base import (
     GenerationResult,
     GenerationStep,
@@ -23,6 +24,8 @@ from workers.engines.base import (
     PrefixEngine,
     Request,
 )
+from workers.engines.blend import Selection, as_cache
+from workers.engines.chunk_reuse import ChunkBlender
 from workers.engines.disk_tier import DiskTier, open_tier
 from workers.engines.kv_blocks import KV, BlockKV, chain_cache, cut_blocks, join
 from workers.engines.tiered import Tiered
@@ -131,6 +134,10 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         if tier is not None:
             self.cache.tier = TierJournal()
         self._stop_ids = _eos_ids(model, tokenizer)
+        selection = Selection(
+            method=settings.chunk_selection, share=settings.chunk_recompute_share
+        )
+        self.chunks = ChunkBlender(self, selection if settings.chunk_reuse else None)
 
     # -- tokens ----------------------------------------------------------------------
 
@@ -168,6 +175,32 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         """A copy of a cached prefix's KV, joined from its blocks (for tests and benchmarks)."""
         blocks = self.stored_blocks(prefix_hash)
         return None if blocks is None else join(blocks)
+
+    def prefill_chunk(
+        self, opening: list[int], chunk: list[int], *, tenant: str, ref: ChunkKey,
+        ttl_s: float | None = None, pin: bool = False, command_id: str | None = None,
+        kind: Kind = "managed",
+    ) -> PrefillResult:
+        """Compute and store the KV of `chunk` computed right after `opening` (the system
+        prompt), keyed by its content (`workers.chunk_kv`), for blending into any prompt."""
+        start = time.perf_counter()
+        self.sync()
+        hashes = self.chunks.hashes(opening, chunk, tenant, ref)
+        if not hashes:
+            return PrefillResult(None, 0, 0, 0, (), time.perf_counter() - start)
+        _, matched = self.cache.peek(hashes)
+        if self._stored_run(hashes[:matched]) == len(hashes):
+            held, computed = Pending(None, len(hashes), len(hashes)), 0  # a refresh
+        else:
+            kv, computed = self.chunks.compute(
+                opening, chunk[: len(hashes) * self.block_size], tenant
+            )
+            held = Pending(kv, 0, len(hashes))
+        entry, evicted = self.cache.admit(
+            tenant=tenant, hashes=hashes, nbytes=self._held_bytes(held), chunk_refs=[ref],
+            chunk_starts={ref: 0}, ttl_s=ttl_s, pin=pin, command_id=command_id, kind=kind,
+        )
+        return self._record(entry, held, evicted, computed, start)
 
     def sync(self) -> int:
         """Drop the tensors of blocks the cache freed (spilling the evicted ones to the disk
@@ -212,6 +245,12 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         filled by someone else)."""
         return next((i for i, h in enumerate(hashes) if h not in self._blocks), len(hashes))
 
+    def held_run(self, hashes: list[str], *, hit: bool) -> list[BlockKV]:
+        """The leading blocks of `hashes` held here; `hit`: a lookup (counts a use, touches
+        the policy), else a peek."""
+        _, matched = self._lookup(hashes) if hit else self.cache.peek(hashes)
+        return self._chain(hashes[: self._stored_run(hashes[:matched])])
+
     def _chain(self, hashes: list[str]) -> list[BlockKV]:
         return [self._blocks[h] for h in hashes]
 
@@ -225,10 +264,11 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         entry, have = self._reusable(hashes, tenant)
         # At least the last prompt token must run through the model to give logits.
         cached = min(have * self.block_size, len(prompt) - 1)
-        past = chain_cache(self.model.config, self._chain(hashes[:have]), cached)
-        logits = self._forward(prompt[cached:], past)
+        past, logits, blended = self._prompt_kv(request, self._chain(hashes[:have]), cached)
         # References, not copies: decoding rebinds the layers to new tensors (torch.cat).
-        pending = Pending(_freeze(past), have, len(hashes)) if keep and have < len(hashes) else None
+        # Blended KV is approximate: it is never stored under the prompt's exact hashes.
+        exact = keep and have < len(hashes) and not blended
+        pending = Pending(_freeze(past), have, len(hashes)) if exact else None
         stored: PrefillResult | None = None
         stream, out, ttft = _TextStream(self.tokenizer), [], 0.0
         for index in range(request.max_tokens):
@@ -255,11 +295,24 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
                     total_s=time.perf_counter() - start,
                     finish_reason="stop" if stopped else "length",
                     stored=stored,
+                    blended_tokens=blended,
                 )
                 yield GenerationStep(index, token, text + stream.flush(), result)
                 return
             yield GenerationStep(index, token, text)
             logits = self._forward([token], past)
+
+    def _prompt_kv(
+        self, request: Request, exact: list[BlockKV], cached: int
+    ) -> tuple[DynamicCache, torch.Tensor, int]:
+        """The prompt's KV after the exact prefix, the last logits, and the tokens blended
+        from chunk KV (0 when the prompt was computed normally)."""
+        blended = self.chunks.blend(request, exact, cached)
+        if blended is not None:
+            result, n_blended = blended
+            return as_cache(self.model, result.kv), result.logits, n_blended
+        past = chain_cache(self.model.config, exact, cached)
+        return past, self._forward(request.prompt[cached:], past), 0
 
     def _reusable(self, hashes: list[str], tenant: str) -> tuple[CacheEntry | None, int]:
         """An entry holding the longest cached chain of `hashes` (whoever stored it, on the

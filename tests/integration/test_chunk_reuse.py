@@ -1,0 +1,122 @@
+"""The torch engine's chunk KV on the real SmolLM2: stored by content, blended after the exact
+prefix when chunk reuse is on, never when a request opts out or the chunk changed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from ragwarm.models import fetch_llm
+from workers.chunk_kv import ChunkSpan
+from workers.engines.blend import prefill
+from workers.engines.torch_engine import TorchEngine, load_torch_engine
+from workers.settings import WorkerSettings
+
+pytestmark = pytest.mark.integration
+
+OPENING = "<|im_start|>system\nAnswer from the context.\n\nContext:\n"
+CHUNKS = (
+    "\n[a#0]\nArgo CD is a declarative, GitOps continuous delivery tool for Kubernetes. It "
+    "watches Git repositories and compares the desired state with the live state.\n",
+    "\n[b#0]\nApplications are defined as Kubernetes manifests kept in a Git repository, as "
+    "Helm charts, Kustomize applications or plain YAML directories.\n",
+    "\n[c#0]\nA sync operation applies the desired state from Git to the live cluster, and "
+    "the application becomes Synced when both agree.\n",
+)
+REFS = (("a#0", "ha"), ("b#0", "hb"), ("c#0", "hc"))
+QUESTION = "<|im_end|>\n<|im_start|>user\nWhat does a sync do?<|im_end|>\n<|im_start|>assistant\n"
+MAX_TOKENS = 4
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[TorchEngine]:
+    # Share 1: every moved token is recomputed, so the blend must equal the full prefill.
+    settings = WorkerSettings(device="cpu", threads=1, chunk_reuse=True,
+                              chunk_recompute_share=1.0)
+    engine = load_torch_engine(fetch_llm(), settings)
+    yield engine
+    engine.cache.clear()
+    engine.sync()
+
+
+@pytest.fixture
+def prompt(engine: TorchEngine) -> tuple[list[int], list[list[int]], list[ChunkSpan]]:
+    engine.cache.clear()
+    engine.sync()
+    opening = engine.tokenize(OPENING)
+    chunks = [engine.tokenize(c) for c in CHUNKS]
+    spans, start = [], len(opening)
+    for ref, ids in zip(REFS, chunks, strict=True):
+        spans.append(ChunkSpan(ref, start, start + len(ids)))
+        start += len(ids)
+    ids = opening + [t for c in chunks for t in c] + engine.tokenize(QUESTION)
+    return ids, [opening, *chunks], spans
+
+
+def _answer(engine: TorchEngine, ids: list[int], **kw: Any) -> tuple[list[int], int]:
+    steps = list(engine.generate(ids, max_tokens=MAX_TOKENS, tenant="t", **kw))
+    result = steps[-1].result
+    assert result is not None
+    return list(result.token_ids), result.blended_tokens
+
+
+def _warm_chunks(engine: TorchEngine, parts: list[list[int]], refs: Any = REFS) -> None:
+    for ref, chunk in zip(refs, parts[1:], strict=True):
+        stored = engine.prefill_chunk(parts[0], chunk, tenant="t", ref=ref)
+        assert stored.n_tokens == len(chunk) // engine.block_size * engine.block_size
+
+
+def test_stored_chunk_kv_is_the_chunk_computed_after_the_opening(engine: TorchEngine,
+                                                                 prompt: Any) -> None:
+    _, parts, _ = prompt
+    stored = engine.prefill_chunk(parts[0], parts[2], tenant="t", ref=REFS[1])
+    assert stored.prefix_hash is not None and stored.computed_tokens > 0
+    kv = engine.stored_kv(stored.prefix_hash)
+    opening_kv, _ = prefill(engine.model, parts[0])
+    expected, _ = prefill(engine.model, parts[2], opening_kv)
+    assert kv is not None
+    n = stored.n_tokens
+    for (k, v), (ek, ev) in zip(kv, expected, strict=True):
+        assert torch.allclose(k, ek[..., :n, :], atol=1e-4)
+        assert torch.allclose(v, ev[..., :n, :], atol=1e-4)
+    again = engine.prefill_chunk(parts[0], parts[2], tenant="t", ref=REFS[1])
+    assert again.computed_tokens == 0  # already held: a refresh
+
+
+def test_blending_held_chunks_answers_like_the_full_prefill(engine: TorchEngine,
+                                                            prompt: Any) -> None:
+    ids, parts, spans = prompt
+    cold, blended = _answer(engine, ids)
+    assert blended == 0  # nothing held yet
+    engine.cache.clear()
+    engine.sync()
+    _warm_chunks(engine, parts)
+    warm, blended = _answer(engine, ids, chunks=spans)
+    assert blended > 0
+    assert warm == cold
+
+
+def test_a_request_can_opt_out(engine: TorchEngine, prompt: Any) -> None:
+    ids, parts, spans = prompt
+    _warm_chunks(engine, parts)
+    _, blended = _answer(engine, ids, chunks=spans, chunk_reuse=False)
+    assert blended == 0
+
+
+def test_a_changed_or_invalidated_chunk_is_never_blended(engine: TorchEngine,
+                                                         prompt: Any) -> None:
+    ids, parts, spans = prompt
+    _warm_chunks(engine, parts)
+    _, all_held = _answer(engine, ids, chunks=spans)
+    # The second chunk's content changed: the prompt names its new hash, held KV has the old.
+    changed = [spans[0], ChunkSpan(("b#0", "hb-new"), spans[1].start, spans[1].end), spans[2]]
+    _, fewer = _answer(engine, ids, chunks=changed)
+    held_b = len(parts[2]) // engine.block_size * engine.block_size
+    assert fewer == all_held - held_b
+    engine.cache.invalidate([REFS[2]])
+    _, after = _answer(engine, ids, chunks=spans)
+    held_c = len(parts[3]) // engine.block_size * engine.block_size
+    assert after == all_held - held_c
