@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from schemas import SchemaError, encode
+from schemas import deadletter as letters
 from schemas.chunks import ReplicaRecord, decode_record
 from streams import faults
 from streams.handlers import HandlerDeps
@@ -83,7 +84,7 @@ class ChunkReplica:
         self._moved = asyncio.Condition()
         s = p.settings
         self.backoff = faults.Backoff(s.retry_initial_s, s.retry_max_s, s.retry_attempts)
-        self.max_value = faults.value_limit(s.producer_max_request_bytes, s.deadletter_max_bytes)
+        self.max_value = letters.value_limit(s.producer_max_request_bytes, s.deadletter_max_bytes)
 
     # --- out ----------------------------------------------------------------------------------
     async def publish(self) -> None:
@@ -196,13 +197,13 @@ class ChunkReplica:
             self.p.stats[f"replica_{name}"] += n
 
     async def _dead_letter(self, msg: Any, exc: SchemaError) -> None:
-        origin = faults.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
+        origin = letters.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
         reason, field = faults.reason_of(exc)
-        letter = faults.dead_letter(origin, reason, field, self.max_value)
+        letter = letters.dead_letter(origin, reason, field, self.max_value)
         delay = self.backoff.initial_s
         while True:  # the offset is saved after this: a letter never sent would lose it
             try:
-                await self.deadletter.send(key=(msg.key or b"")[: faults.MAX_REASON] or None,
+                await self.deadletter.send(key=letters.letter_key(origin),
                                            value=encode(letter))
                 break
             except Exception:  # noqa: BLE001 - the broker may come back

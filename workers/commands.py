@@ -255,6 +255,10 @@ class CommandConsumer:
                 auto_offset_reset="latest",
                 enable_auto_commit=True,
                 auto_commit_interval_ms=1000,
+                # A topic created after the subscription (a fresh cluster, the streams app
+                # creating it) is only seen at the next metadata refresh: kafka-python's
+                # default of 5 min left a worker unassigned past its start timeout.
+                metadata_max_age_ms=5_000,
                 **self._options,
             ),
             f"{self._topic} at {self._bootstrap}",
