@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -248,26 +249,31 @@ def test_an_update_during_a_store_outage_is_indexed_once_the_store_is_back(
     kafka_bootstrap, kafka_producer, namespace, streams_factory, tmp_path
 ):
     """Before: the store's write error dead-lettered the KB change and acked it: the update
-    was lost for good. The directory is moved away (as root, permissions would not stop
-    the writes) and back: SQLite then fails every write with 'readonly database'."""
+    was lost for good. The outage is another process holding the store's SQLite write lock
+    (as root, permissions would not stop the writes, and since the store runs in WAL mode a
+    moved directory does not either): every write of the app fails with 'database is
+    locked' until the lock is released."""
     docs = list(initial_docs().values())[:1]
     send_docs(kafka_producer, namespace + KB_CHANGES, docs)
     app = streams_factory(namespace, "outage").start()
     wait_for(lambda: app.counters().get("kb_events", 0) >= 1, 240, "the first document")
-    store = tmp_path / "qdrant-outage"
-    away = store.with_name("qdrant-outage.away")
+    databases = sorted((tmp_path / "qdrant-outage").rglob("*.sqlite"))
+    assert databases, "the local store keeps its points in SQLite"
     text = (
         "Outage runbook. The flux capacitor of the deployment pipeline needs 1.21 gigawatts "
         "before a sync wave may start; without it every sync stays pending."
     )
     update = KbChange(op="upsert", doc_id="outage.md", version=1, text=text)
-    store.rename(away)
+    locks = [sqlite3.connect(db, timeout=60, isolation_level=None) for db in databases]
     try:
+        for lock in locks:
+            lock.execute("BEGIN EXCLUSIVE")
         send_docs(kafka_producer, namespace + KB_CHANGES, [update])
-        wait_for(lambda: app.counters().get("retries", 0) >= 2, 60, "the write retried")
-        time.sleep(10)
+        wait_for(lambda: app.counters().get("retries", 0) >= 2, 120, "the write retried")
     finally:
-        away.rename(store)
+        for lock in locks:
+            lock.execute("ROLLBACK")
+            lock.close()
     wait_for(lambda: app.counters().get("kb_events", 0) >= 2, 120, "the update indexed")
     counters = app.counters()
     assert counters.get("dead_letters", 0) == 0
