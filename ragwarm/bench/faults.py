@@ -4,7 +4,7 @@ on purpose, then compare what it ends with to an oracle computed from the trace 
 Faults, at seeded random points of the replay: SIGKILL of the streams app N times (each
 restarted; one restart on an empty disk, the moved host), SIGKILL of one worker (restarted
 with the same id), one stop/start of the benchmark's own broker (data kept), and the streams
-app's index directory away for 10 s.
+app's index unwritable for 10 s (its SQLite write lock held by the benchmark).
 """
 
 from __future__ import annotations

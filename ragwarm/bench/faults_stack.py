@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from ragwarm.stack.procs import Proc
 
 Say = Callable[[str], None]
 APP_ID = "faults-streams"
-OUTAGE_S = 10.0  # the index directory is away this long (the issue's figure)
+OUTAGE_S = 10.0  # the index is unwritable this long (the issue's figure)
 
 
 def free_port() -> int:
@@ -165,16 +166,28 @@ class FaultStack:
         self.broker.start()
 
     def store_outage(self, during: Callable[[], None], seconds: float = OUTAGE_S) -> None:
-        """The index directory away for `seconds` (as root, permissions would not stop the
-        writes; a moved directory makes SQLite fail them), running `during` meanwhile."""
-        away = self.qdrant_dir.with_name("qdrant.away")
-        self.qdrant_dir.rename(away)
+        """The index unwritable for `seconds`, running `during` meanwhile: this process holds
+        the write lock of every SQLite file of the local store, so each write of the app
+        fails with 'database is locked' (as root, permissions would not stop the writes, and
+        in WAL mode a moved directory does not either). Before the store has a file, the
+        directory is moved away instead."""
+        databases = sorted(self.qdrant_dir.rglob("*.sqlite"))
+        if not databases:
+            away = self.qdrant_dir.with_name("qdrant.away")
+            self.qdrant_dir.rename(away)
+        locks = [sqlite3.connect(db, timeout=60, isolation_level=None) for db in databases]
         t0 = time.monotonic()
         try:
+            for lock in locks:
+                lock.execute("BEGIN EXCLUSIVE")
             during()
             time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
         finally:
-            away.rename(self.qdrant_dir)
+            for lock in locks:
+                lock.execute("ROLLBACK")
+                lock.close()
+            if not databases:
+                away.rename(self.qdrant_dir)
 
 
 def _sigkill(proc: Proc) -> None:
