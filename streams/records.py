@@ -62,6 +62,7 @@ class WorkerState(_Record):
     prefixes: list[str] = Field(default_factory=list)
     last_seen: float = 0.0
     epoch: int | None = None  # the boot it last reported from (None: a v1 worker)
+    node: str | None = None  # the machine it runs on (None: a worker before v4 events)
 
     @property
     def mem_ratio(self) -> float:

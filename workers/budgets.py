@@ -7,7 +7,7 @@ the seeds"); the callers decide where a rule applies.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from workers.memory import GiB
@@ -29,8 +29,6 @@ A100_CLASS_MIN_BYTES = 40 * GiB
 CPU_CHUNK = A10G_CHUNK[0]
 # Seed router: "warmup_steps 3 (progressive)".
 WARMUP_STEPS = 3
-# Seed: "keep ≥1 hot instance per node".
-MIN_HOT_PER_NODE = 1
 
 
 def warmup_token_amount(context_window: int, memory_bandwidth: float, weight_bytes: int) -> int:
@@ -97,19 +95,3 @@ def progressive_steps(items: Sequence[T], steps: int = WARMUP_STEPS) -> list[lis
         raise ValueError("steps must be >= 1")
     size = math.ceil(len(items) / steps) if items else 0
     return [list(items[i : i + size]) for i in range(0, len(items), size)] if size else []
-
-
-def keep_hot_per_node(
-    workers: Iterable[T],
-    node_of: Callable[[T], Hashable],
-    score: Callable[[T], float],
-    per_node: int = MIN_HOT_PER_NODE,
-) -> list[T]:
-    """The workers to keep hot: the `per_node` best-scored of every node (stable order)."""
-    by_node: dict[Hashable, list[T]] = {}
-    for worker in workers:
-        by_node.setdefault(node_of(worker), []).append(worker)
-    kept: list[T] = []
-    for group in by_node.values():
-        kept.extend(sorted(group, key=score, reverse=True)[:per_node])
-    return kept

@@ -86,6 +86,12 @@ class WorkerSettings(BaseSettings):
         default_factory=socket.gethostname,
         description="This worker's id: key of its events, target of commands; the host name.",
     )
+    node: str = Field(
+        default_factory=socket.gethostname,
+        description="The machine this worker runs on, reported in its events: the streams "
+        "app keeps the hot set on at least one ready worker of every node (seed 000: keep >= 1 "
+        "hot instance per node). The host name; set it to the node's name in a pod.",
+    )
     host: str = Field(default="127.0.0.1", description="Address the HTTP API listens on.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port of the HTTP API.")
     advertise_url: str | None = Field(

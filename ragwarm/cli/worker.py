@@ -160,6 +160,7 @@ class WorkerLifecycle:
             metrics=self.metrics,
             limits=engine_limits(engine, s),
             cache_requests=s.cache_requests,
+            node=s.node,
         )
         if s.kafka:
             report("joining warmup.commands")

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from workers.budgets import (
     chunk_spans,
-    keep_hot_per_node,
     prefill_chunk_tokens,
     progressive_steps,
     quantization_method,
@@ -69,9 +68,3 @@ def test_progressive_steps_keep_order_and_count(items: list[int], steps: int) ->
 def test_three_waves_by_default() -> None:
     # Seed router: "warmup_steps 3 (progressive)".
     assert progressive_steps(list(range(7))) == [[0, 1, 2], [3, 4, 5], [6]]
-
-
-def test_at_least_one_hot_instance_per_node() -> None:
-    workers = [("a", "n1", 0.2), ("b", "n1", 0.9), ("c", "n2", 0.1)]
-    kept = keep_hot_per_node(workers, node_of=lambda w: w[1], score=lambda w: w[2])
-    assert [w[0] for w in kept] == ["b", "c"]
