@@ -27,6 +27,18 @@ A100_CLASS_MIN_BYTES = 40 * GiB
 # CPUs (no accelerator memory) prefill in the A10G range's lower end: attention's cost per
 # token there grows with the chunk, and a small chunk keeps a long prompt interruptible.
 CPU_CHUNK = A10G_CHUNK[0]
+# The warmup amount's bandwidth term needs the device's memory bandwidth; by device class,
+# read from its memory like the prefill chunk, at the datasheet figure of the seed's cards:
+# an A10G (600 GB/s) up to 24 GiB, an A100-40GB (1,555 GB/s) up to 40 GiB, an A100-80G
+# (2,039 GB/s) above (an H100/H200 is faster: set it). A CPU: two DDR4-3200 channels
+# (51.2 GB/s), a small server's or a VM's.
+A10G_BANDWIDTH = 600e9
+A100_40G_BANDWIDTH = 1555e9
+A100_80G_BANDWIDTH = 2039e9
+CPU_BANDWIDTH = 51.2e9
+# Seed: "65% of a cold start is the first decode step": the boot warmup generates two
+# tokens after its prompt, the second one being that first decode step.
+BOOT_DECODE_TOKENS = 2
 # Seed router: "warmup_steps 3 (progressive)".
 WARMUP_STEPS = 3
 
@@ -45,6 +57,38 @@ def warmup_token_amount(context_window: int, memory_bandwidth: float, weight_byt
     if memory_bandwidth == 0 or weight_bytes == 0:
         return by_context
     return min(by_context, int(memory_bandwidth / (weight_bytes * 2)))
+
+
+def default_memory_bandwidth(device_memory_bytes: int, *, accelerator: bool = True) -> float:
+    """Bytes per second the device's memory delivers, by device class (see the constants)."""
+    if not accelerator:
+        return CPU_BANDWIDTH
+    if device_memory_bytes <= A10G_CLASS_MAX_BYTES:
+        return A10G_BANDWIDTH
+    if device_memory_bytes < A100_CLASS_MIN_BYTES:
+        return A100_40G_BANDWIDTH
+    return A100_80G_BANDWIDTH
+
+
+def boot_warmup_tokens(
+    context_window: int, memory_bandwidth: float, weight_bytes: int, quantization: str
+) -> int:
+    """Prompt tokens of the throwaway request a worker runs before it reports ready.
+
+    The seed's warmup token amount, with its quantization extra. What it bounds is the
+    cold start of an instance, not the KV warmed: the seed lists it beside the cold start's
+    causes (graph warmup, bandwidth contention while the weights are first read) and its
+    split (65% in the first decode step), and its bandwidth term counts weight-streaming
+    passes, the unit of decoding. Read as a KV budget it is absurd on the seed's own setup
+    (600 GB/s over 2 × 14 GB of DeepSeek-V2 7B weights: 21 tokens, against RAG prefixes of
+    a thousand); as one request's length it warms kernels and allocator at a realistic size
+    without competing with the weights for the bus. Never more than the context minus the
+    decode step (`BOOT_DECODE_TOKENS`).
+    """
+    amount = quantized_warmup(
+        warmup_token_amount(context_window, memory_bandwidth, weight_bytes), quantization
+    )
+    return max(0, min(amount, context_window - BOOT_DECODE_TOKENS))
 
 
 def quantization_method(config: Mapping[str, Any]) -> str:

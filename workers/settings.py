@@ -64,6 +64,21 @@ class WorkerSettings(BaseSettings):
         "bounded activation memory). Unset, by device class (seed 000): A10G-class cards "
         "(<= 24 GiB) 768, 24-40 GiB 1,024, A100-80G-class 1,536, CPU 512.",
     )
+    boot_warmup: bool = Field(
+        default=True,
+        description="Before reporting ready, run one throwaway request through the freshly "
+        "loaded model (torch engine): a prompt of the seed's warmup token amount, min(context "
+        "x 25%, memory_bandwidth / (weight bytes x 2)), plus the quantization extra (AWQ +12%, "
+        "GPTQ +8%), then the first decode step, so the first real request does not pay the "
+        "cold start. Nothing of it is cached.",
+    )
+    memory_bandwidth: float | None = Field(
+        default=None,
+        gt=0,
+        description="Bytes per second of the device's memory, the bandwidth term of the warmup "
+        "token amount. Unset, by device class: CPU 51.2e9, <= 24 GiB cards 600e9 (A10G), "
+        "24-40 GiB 1.555e12 (A100-40GB), larger 2.039e12 (A100-80G).",
+    )
     disk_tier: bool = Field(
         default=False,
         description="Keep a disk KV tier below device memory (torch engine): warm prefixes are "
