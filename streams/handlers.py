@@ -12,7 +12,7 @@ import logging
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
 from schemas.signing import authentic
-from streams import logic
+from streams import logic, progressive
 from streams.deps import (  # noqa: F401 - re-exported: the handlers' inputs in one place
     HandlerDeps,
     Outbox,
@@ -204,12 +204,15 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
         p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens
     if event.kind == "ready":
         await warm_new_worker(p, event)
+    elif event.kind == "heartbeat":
+        await next_warm_step(p, state)
 
 
 async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     """A worker that (re)started holds nothing: send it the hot set, re-plan the hot set
     with its memory added, then the tracked prefixes most used while they fit its free
-    memory beside the hot set (they are unpinned: later warmups may evict them)."""
+    memory beside the hot set (they are unpinned: later warmups may evict them), in
+    `warmup_steps` growing steps (`streams.progressive`): the first one now."""
     for op in list(p.tracker.hot.values()):
         await p.out.op(op.model_copy(update={"op": "warm_on", "target_worker": event.worker_id}))
     await plan_hot(p)
@@ -220,13 +223,44 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     hot = sum(len(op.token_ids) for op in p.tracker.hot.values()) * per_token
     reserve = min(hot, int(p.settings.hot_share * event.mem_total_bytes))
     budget = event.mem_total_bytes - event.mem_used_bytes - reserve
-    # The hot set is keyed by the hash queries reported; its ops may name a newer prefix.
-    sent = set(p.tracker.hot) | {op.prefix_hash for op in p.tracker.hot.values()}
+    sent = hot_sent(p)
     # The tracked prefixes live in every partition of the prefixes table: each owner warms
     # its own, within its share of the budget.
-    await p.out.ready(
-        ReadyRewarm(worker_id=event.worker_id, budget_bytes=max(0, budget), skip=sorted(sent))
+    steps = p.settings.warmup_steps
+    req = ReadyRewarm(
+        worker_id=event.worker_id, budget_bytes=max(0, budget), skip=sent, steps=steps
     )
+    # The later steps go after its heartbeats (`next_warm_step`), with the same budget.
+    row = WorkerState.model_validate(p.tables.workers[event.worker_id])
+    progress = {"warm_step": 2 if steps > 1 else 0, "warm_steps": steps,
+                "warm_budget": req.budget_bytes}
+    p.tables.workers[event.worker_id] = row.model_copy(update=progress).model_dump(mode="json")
+    await p.out.ready(req)
+
+
+def hot_sent(p: HandlerDeps) -> list[str]:
+    """What a ready worker gets as the hot set, by the hash queries reported and the one its
+    ops name (a newer prefix): the re-warm skips both."""
+    return sorted(set(p.tracker.hot) | {op.prefix_hash for op in p.tracker.hot.values()})
+
+
+async def next_warm_step(p: HandlerDeps, state: WorkerState) -> None:
+    """After a heartbeat, the worker's next progressive step if one is pending and its KV
+    use is within the threshold (`streams.progressive`); above it, none of the rest."""
+    if not state.warm_step:
+        return
+    step = progressive.next_step(state)
+    following = state.warm_step + 1 if step is not None and step < state.warm_steps else 0
+    update = {"warm_step": following}
+    p.tables.workers[state.worker_id] = state.model_copy(update=update).model_dump(mode="json")
+    if step is None:
+        p.stats["warm_steps_stopped"] += 1
+        return
+    p.stats["warm_steps"] += 1
+    await p.out.ready(ReadyRewarm(
+        worker_id=state.worker_id, budget_bytes=state.warm_budget, skip=hot_sent(p),
+        step=step, steps=state.warm_steps,
+    ))
 
 
 async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
@@ -244,6 +278,11 @@ async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
     states = dict(tracked)
     share = req.budget_bytes // max(1, req.partitions if req.partition is not None else 1)
     chosen = logic.plan_rewarm(tracked, now, share, per_token, req.skip, counts)
+    if req.steps > 1:
+        # Step `req.step` of the plan: the plan is made again at each step (the counts move a
+        # little meanwhile; a prefix sent twice is a no-op on a worker holding it).
+        sizes = [(h, len(states[h].token_ids) * per_token) for h in chosen]
+        chosen = progressive.wave(sizes, share, req.step, req.steps)
     for prefix_hash in reversed(chosen):
         state = states[prefix_hash]
         await p.out.op(

@@ -1,18 +1,18 @@
-"""The seed's warmup budget rules as pure functions: token amount, quantization, chunk sizes, steps.
+"""The seed's worker budget rules as pure functions: warmup token amount, quantization, chunks.
 
 Each function quotes the figure it implements (seed 000, see ../shared/design.md "Facts from
-the seeds"); the callers decide where a rule applies.
+the seeds"); the callers decide where a rule applies. The fleet's rules (3 progressive
+warmup steps, a hot instance per node) are the streams app's: `streams.progressive`,
+`streams.fleet.hot_targets`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from workers.memory import GiB
-
-T = TypeVar("T")
 
 # Seed: "warmup token amount = min(context_window × 25%, memory_bandwidth / (weight_bytes × 2))".
 CONTEXT_WARMUP_SHARE = 0.25
@@ -39,8 +39,6 @@ CPU_BANDWIDTH = 51.2e9
 # Seed: "65% of a cold start is the first decode step": the boot warmup generates two
 # tokens after its prompt, the second one being that first decode step.
 BOOT_DECODE_TOKENS = 2
-# Seed router: "warmup_steps 3 (progressive)".
-WARMUP_STEPS = 3
 
 
 def warmup_token_amount(context_window: int, memory_bandwidth: float, weight_bytes: int) -> int:
@@ -127,15 +125,3 @@ def chunk_spans(n_tokens: int, chunk: int) -> list[tuple[int, int]]:
     if chunk <= 0:
         raise ValueError("chunk must be > 0")
     return [(s, min(s + chunk, n_tokens)) for s in range(0, n_tokens, chunk)]
-
-
-def progressive_steps(items: Sequence[T], steps: int = WARMUP_STEPS) -> list[list[T]]:
-    """Split a warm set, most valuable first, into `steps` waves of near-equal size.
-
-    The first wave holds the most valuable items, so a worker that is needed before the
-    last wave lands already serves the hottest prefixes. Empty waves are dropped.
-    """
-    if steps < 1:
-        raise ValueError("steps must be >= 1")
-    size = math.ceil(len(items) / steps) if items else 0
-    return [list(items[i : i + size]) for i in range(0, len(items), size)] if size else []

@@ -12,7 +12,6 @@ from workers.budgets import (
     chunk_spans,
     default_memory_bandwidth,
     prefill_chunk_tokens,
-    progressive_steps,
     quantization_method,
     quantized_warmup,
     warmup_token_amount,
@@ -59,18 +58,6 @@ def test_chunk_spans_cover_the_prompt_once(n: int, chunk: int) -> None:
     spans = chunk_spans(n, chunk)
     assert [i for s, e in spans for i in range(s, e)] == list(range(n))
     assert all(e - s <= chunk for s, e in spans)
-
-
-@given(st.lists(st.integers(), max_size=50), st.integers(1, 6))
-def test_progressive_steps_keep_order_and_count(items: list[int], steps: int) -> None:
-    waves = progressive_steps(items, steps)
-    assert [x for wave in waves for x in wave] == items
-    assert len(waves) <= steps
-
-
-def test_three_waves_by_default() -> None:
-    # Seed router: "warmup_steps 3 (progressive)".
-    assert progressive_steps(list(range(7))) == [[0, 1, 2], [3, 4, 5], [6]]
 
 
 def test_bandwidth_defaults_by_device_class() -> None:
