@@ -70,7 +70,8 @@ class WorkerSettings(BaseSettings):
         "loaded model (torch engine): a prompt of the seed's warmup token amount, min(context "
         "x 25%, memory_bandwidth / (weight bytes x 2)), plus the quantization extra (AWQ +12%, "
         "GPTQ +8%), then the first decode step, so the first real request does not pay the "
-        "cold start. Nothing of it is cached.",
+        "first pass's one-time costs (CUDA context, library handles, lazily loaded kernels; "
+        "small on a CPU). Nothing of it is cached.",
     )
     memory_bandwidth: float | None = Field(
         default=None,
