@@ -42,12 +42,13 @@ BOOT_DECODE_TOKENS = 2
 
 
 def warmup_token_amount(context_window: int, memory_bandwidth: float, weight_bytes: int) -> int:
-    """Tokens to warm: a quarter of the context, capped by bandwidth / (2 × weight bytes).
+    """The seed's warmup token amount: a quarter of the context, capped by bandwidth /
+    (2 × weight bytes).
 
-    `memory_bandwidth` in bytes per second and `weight_bytes` in bytes give the number of
-    weight-streaming passes per second (each token's prefill reads the weights about twice,
-    once for the matmuls and once for the KV write-back, as the seed counts it); an unknown
-    bandwidth (0) leaves the context rule alone.
+    With `memory_bandwidth` in bytes per second and `weight_bytes` in bytes the cap is half
+    the weight-streaming passes the memory allows in a second: decoded tokens, one pass
+    each (what it bounds: `boot_warmup_tokens`). An unknown bandwidth or weight size (0)
+    leaves the context rule alone.
     """
     if context_window < 0 or memory_bandwidth < 0 or weight_bytes < 0:
         raise ValueError("context, bandwidth and weight bytes must be >= 0")
