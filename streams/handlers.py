@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
 from schemas.signing import authentic
-from streams import logic
+from streams import chunk_warm, logic
 from streams.hot import HotPayload, HotTracker
 from streams.ports import IndexReplica, RagPort, WarmPrefix
 from streams.records import (
@@ -207,6 +207,7 @@ async def apply_indexed(
     p.stats["kb_events"] += 1
     for op in plan.ops:
         await p.out.op(op)
+    await chunk_warm.warm_changed(p, change, prior, new_chunks, bool(dependents))
 
 
 def edit_rewarm_tokens(p: HandlerDeps) -> int:
@@ -299,6 +300,7 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     memory beside the hot set (they are unpinned: later warmups may evict them)."""
     for op in list(p.tracker.hot.values()):
         await p.out.op(op.model_copy(update={"op": "warm_on", "target_worker": event.worker_id}))
+    await chunk_warm.warm_ready(p, event.worker_id)
     await plan_hot(p)
     if not p.settings.track_queries:
         return

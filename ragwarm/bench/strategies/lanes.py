@@ -63,6 +63,12 @@ class StoreRag:
     def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
         return self.rag.refs_current(refs, tenant)
 
+    def chunk_tokens(self, refs: Sequence[ChunkRef], tenant: str) -> dict[str, list[int]]:
+        return self.rag.chunk_tokens(refs, tenant)
+
+    def opening_ids(self) -> list[int]:
+        return self.rag.opening_ids()
+
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
         return self.rag.search(question, tenant, k)
 
