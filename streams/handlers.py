@@ -300,8 +300,9 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     memory beside the hot set (they are unpinned: later warmups may evict them)."""
     for op in list(p.tracker.hot.values()):
         await p.out.op(op.model_copy(update={"op": "warm_on", "target_worker": event.worker_id}))
-    await chunk_warm.warm_ready(p, event.worker_id)
     await plan_hot(p)
+    # After the plan: a first ready has no hot set before it.
+    await chunk_warm.warm_ready(p, event.worker_id)
     if not p.settings.track_queries:
         return
     per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token

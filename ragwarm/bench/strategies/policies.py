@@ -82,6 +82,8 @@ class Policy:
 
     name: ClassVar[str]
     cache_requests: ClassVar[bool] = True
+    # Whether its worker blends held chunk KV into prompts (RAGWARM_WORKER_CHUNK_REUSE).
+    chunk_reuse: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
@@ -180,6 +182,7 @@ POLICIES: dict[str, str] = {
     "event-rag": "ragwarm.bench.strategies.streams_sim:EventRag",
     "hot-tokens": "ragwarm.bench.strategies.streams_sim:HotTokens",
     "hybrid": "ragwarm.bench.strategies.streams_sim:Hybrid",
+    "hybrid-blend": "ragwarm.bench.strategies.blend_policy:HybridBlend",
 }
 
 
