@@ -260,6 +260,7 @@ class Runner:
             steps = self.rig.base.generate(q.prompt.token_ids, max_tokens=1,
                                            tenant=f"{self.rig.tenant}-reference")
             exact = next(s.result for s in steps if s.result is not None)
+            self.measured["reference_runs"] += 1
         first = exact.token_ids[:1]
         return [replace(r, first_token_agrees=a.result.token_ids[:1] == first)
                 if r.blended_tokens else r for r, a in answers]
@@ -311,9 +312,12 @@ class Runner:
 
     def measure_counts(self) -> dict[str, int]:
         """Distinct TTFT measurements (each `ttft_runs` engine runs), requests served, those
-        that reused another policy's measurement, and their deployed runs (not timed)."""
-        reruns = sum(lane.worker.reruns for lane in self.lanes.values())
-        return {"measurements": self.measured["measurements"], "requests": len(self.rows),
+        that reused another policy's measurement, and the engine runs not timed: deployed
+        runs of shared measurements, and full prefills judging blended answers."""
+        workers = [lane.worker for lane in self.lanes.values()]
+        reruns = sum(w.reruns for w in workers) + self.measured["reference_runs"]
+        own = sum(w.own_measurements for w in workers)
+        return {"measurements": self.measured["measurements"] + own, "requests": len(self.rows),
                 "shared_requests": self.measured["shared_requests"], "untimed_runs": reruns}
 
     def policy_figures(self) -> dict[str, dict[str, Any]]:

@@ -96,6 +96,7 @@ class SimWorker:
         self.warm_seconds = 0.0
         self.outcomes: Counter[str] = Counter()
         self.reruns = 0  # deployed runs whose TTFT was not needed (a shared measurement)
+        self.own_measurements = 0  # measurements never shared (a blending worker's)
         self._drain()
 
     @property
@@ -119,6 +120,7 @@ class SimWorker:
         spans = tuple(spans) if self.chunk_reuse else ()
         if self.chunk_reuse:
             shared = None
+            self.own_measurements += 1
         cached = self.expected_cached(token_ids, tenant)
         known = shared.get(cached) if shared is not None else None
         if shared is not None and known is not None:
