@@ -42,6 +42,7 @@ def plan_chunk_warmup(
     budget: int,
     command_ids: Sequence[str],
     token_budget: int | None = None,
+    pin: bool = False,
 ) -> list[WarmupCommand]:
     """Chunk prefills for the new chunks of a hot or tracked document, and one invalidation
     of the chunk versions it replaced (their KV can never be reused: its hash is gone).
@@ -50,7 +51,8 @@ def plan_chunk_warmup(
     nobody is known to ask about them). `budget`: most chunk prefills sent for one change
     (the warm budget), taken in document order: a deterministic choice, nothing here knows
     which chunk will rank. `token_budget`: most chunk tokens of KV those prefills compute
-    (None: no limit). `command_ids`: fresh ids, one per command.
+    (None: no limit). `pin`: held until `ttl_s` runs out (KV nobody has used yet is
+    otherwise the LRU's first victim). `command_ids`: fresh ids, one per command.
     A stale change (older version) plans nothing.
     """
     if change.is_stale(prior.version if prior else None):
@@ -70,7 +72,7 @@ def plan_chunk_warmup(
     for ref in chosen:
         commands.append(chunk_prefill(
             next(ids), change.tenant, ref, chunk_tokens[ref.chunk_id], opening_ids, ttl_s,
-            f"{change.doc_id} v{change.version}: new chunk {ref.chunk_id}",
+            f"{change.doc_id} v{change.version}: new chunk {ref.chunk_id}", pin=pin,
         ))
     return commands
 
@@ -92,12 +94,13 @@ def within_budget(
 def chunk_prefill(
     command_id: str, tenant: str, ref: ChunkRef, tokens: Sequence[int],
     opening_ids: Sequence[int], ttl_s: float, reason: str, worker_id: str | None = None,
+    pin: bool = False,
 ) -> WarmupCommand:
     """One `prefill_chunk` command (to every worker unless `worker_id` names one)."""
     return WarmupCommand(
         command_id=command_id, op="prefill_chunk", tenant=tenant, worker_id=worker_id,
         token_ids=list(tokens), opening_ids=list(opening_ids), chunk_refs=[ref], ttl_s=ttl_s,
-        reason=reason,
+        pin=pin, reason=reason,
     )
 
 
@@ -121,6 +124,7 @@ def plan_ready_chunks(
     ttl_s: float,
     token_budget: int,
     command_ids: Sequence[str],
+    pin: bool = False,
 ) -> list[WarmupCommand]:
     """A worker that became ready gets the chunk KV of the hot set's chunks (each once, in
     the hot set's order, most used first) within `token_budget` tokens: a first-asked
@@ -137,6 +141,6 @@ def plan_ready_chunks(
     ids = iter(command_ids)
     return [
         chunk_prefill(next(ids), tenant, ref, chunk_tokens[ref.chunk_id], opening_ids, ttl_s,
-                      f"worker {worker_id} ready: hot chunk {ref.chunk_id}", worker_id)
+                      f"worker {worker_id} ready: hot chunk {ref.chunk_id}", worker_id, pin)
         for ref in chosen
     ]

@@ -65,6 +65,12 @@ class StreamsSettings(BaseSettings):
         description="Share of the smallest ready worker's KV memory the chunk KV one KB "
         "change (or one ready worker's hot chunks) may take.",
     )
+    chunk_ttl_s: float = Field(
+        default=900.0, gt=0,
+        description="How long warmed chunk KV stays pinned; then it is evictable like any "
+        "cached prompt (chunk KV nobody has used yet would otherwise be the LRU's first "
+        "victim). Pinned KV counts against the worker's warmup threshold.",
+    )
     worker_stale_s: float = Field(
         default=30.0, description="Heartbeat age that marks a worker gone."
     )

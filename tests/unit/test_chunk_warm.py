@@ -49,6 +49,7 @@ def test_an_edit_to_a_linked_document_prefills_its_new_chunk_and_drops_the_old_k
     assert prefill.chunk_refs == [ChunkRef(chunk_id="d.md#0", content_hash=NEW)]
     assert prefill.token_ids == [9] * 20 and prefill.opening_ids == OPENING
     assert prefill.expires_at is not None  # a late chunk prefill is skipped like a prefill
+    assert prefill.pin and prefill.ttl_s == p.settings.chunk_ttl_s  # pinned until its TTL
     assert (p.stats["chunk_prefills"], p.stats["chunk_invalidations"]) == (1, 1)
 
 
