@@ -51,7 +51,8 @@ async def warm_changed(
     commands = chunks.plan_chunk_warmup(
         change, prior, new_chunks, tracked=tracked, opening_ids=opening, chunk_tokens=tokens,
         ttl_s=p.settings.chunk_ttl_s, budget=p.settings.chunk_warm_max,
-        token_budget=chunk_tokens_budget(p), command_ids=_ids(len(new) + 1), pin=True,
+        token_budget=chunk_tokens_budget(p), command_ids=_ids(len(new) + 1),
+        pin=p.settings.chunk_pin,
     )
     await _send(p, commands)
     if tracked:
@@ -75,7 +76,7 @@ async def warm_ready(p: HandlerDeps, worker_id: str) -> None:
         await _send(p, chunks.plan_ready_chunks(
             hot_refs, tokens, tenant=tenant, worker_id=worker_id, opening_ids=opening,
             ttl_s=p.settings.chunk_ttl_s, token_budget=chunk_tokens_budget(p),
-            command_ids=_ids(len(refs)), pin=True,
+            command_ids=_ids(len(refs)), pin=p.settings.chunk_pin,
         ))
 
 

@@ -49,8 +49,15 @@ def test_an_edit_to_a_linked_document_prefills_its_new_chunk_and_drops_the_old_k
     assert prefill.chunk_refs == [ChunkRef(chunk_id="d.md#0", content_hash=NEW)]
     assert prefill.token_ids == [9] * 20 and prefill.opening_ids == OPENING
     assert prefill.expires_at is not None  # a late chunk prefill is skipped like a prefill
-    assert prefill.pin and prefill.ttl_s == p.settings.chunk_ttl_s  # pinned until its TTL
+    assert not prefill.pin and prefill.ttl_s == p.settings.chunk_ttl_s
     assert (p.stats["chunk_prefills"], p.stats["chunk_invalidations"]) == (1, 1)
+
+
+def test_chunk_pin_pins_the_chunk_prefills():
+    port = ChunkPort({("default", "d.md#0"): NEW})
+    p, out, change = edited(port, linked=True, chunk_warmup=True, chunk_pin=True)
+    run_sync(handlers.apply_indexed(p, change, {"d.md#0": NEW}))
+    assert [c.pin for c in out.commands if c.op == "prefill_chunk"] == [True]
 
 
 def test_an_edit_to_a_document_nobody_uses_only_drops_the_old_chunk_kv():
