@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.engines.blend import SELECTORS, Piece, Selection, _plan, _top_rows
+from workers.engines.blend import SELECTORS, Piece, Selection, _causal_mask, _plan, _top_rows
 from workers.settings import ChunkSelection
 
 
@@ -94,3 +94,15 @@ def test_gradual_filtering_narrows_from_widened_share_to_the_share() -> None:
 def test_checks_must_increase() -> None:
     with pytest.raises(ValueError, match="checks"):
         Selection(checks=(4, 1))
+
+
+def test_causal_mask_lets_each_chosen_row_see_the_prompt_up_to_its_own_position() -> None:
+    mask = _causal_mask(torch.tensor([1, 4, 5]), torch.float32)
+    assert mask.shape == (3, 6)  # up to the last row, inclusive
+    visible = mask == 0
+    assert visible.tolist() == [
+        [True, True, False, False, False, False],
+        [True, True, True, True, True, False],
+        [True, True, True, True, True, True],
+    ]
+    assert bool(torch.isneginf(mask[~visible]).all())
