@@ -9,7 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.engines.blend import SELECTORS, Piece, Selection, _causal_mask, _plan, _top_rows
+from workers.engines.blend import (
+    SELECTORS,
+    Piece,
+    Selection,
+    _causal_mask,
+    _moved_positions,
+    _plan,
+    _top_rows,
+)
 from workers.settings import ChunkSelection
 
 
@@ -106,3 +114,18 @@ def test_causal_mask_lets_each_chosen_row_see_the_prompt_up_to_its_own_position(
         [True, True, True, True, True, True],
     ]
     assert bool(torch.isneginf(mask[~visible]).all())
+
+
+def test_a_piece_computed_after_exactly_what_precedes_it_is_not_moved() -> None:
+    # Computed after the opening alone and standing right after it: settled by position.
+    first = _piece(10, 5, computed_at=10)
+    # Bridged: computed after the chunk before it (so at its own position), told by the caller.
+    bridged = Piece(start=15, kv=_piece(0, 5).kv, computed_at=15, in_context=True)
+    # Same positions by coincidence, after other text: moved, though no rotation is needed.
+    elsewhere = Piece(start=20, kv=_piece(0, 5).kv, computed_at=20, in_context=False)
+    moved = _piece(25, 5, computed_at=10)
+    assert first.settled and bridged.settled
+    assert not elsewhere.settled and not moved.settled
+    assert _moved_positions([first, bridged, elsewhere, moved], 10) == [*range(20, 30)]
+    # Tokens the exact prefix covers are never moved.
+    assert _moved_positions([moved], 27) == [27, 28, 29]
