@@ -264,15 +264,15 @@ class CommandConsumer:
             metadata_max_age_ms=5_000,
             **self._options,
         )
+        consumer.subscribe([self._topic])
         try:
-            # The topic's partitions known before the group join: joined without them, the
-            # consumer is assigned nothing and joins again once metadata arrives, and that
-            # second join was seen to hang for minutes (a worker never ready).
+            # The subscribed topic's partitions known before the group join (the first
+            # poll): joined without them, the consumer is assigned nothing, then joins again
+            # when metadata arrives, and that second join was seen to hang for minutes.
             consumer.partitions_for_topic(self._topic)
         except BaseException:
             consumer.close()
             raise
-        consumer.subscribe([self._topic])
         return consumer
 
     def _mark_assigned(self, consumer: Any) -> None:
