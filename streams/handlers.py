@@ -143,8 +143,9 @@ async def on_prefix_op(p: HandlerDeps, op: PrefixOp) -> None:
     if op.op in ("warm", "warm_on") and not await refs_current(p, op.chunk_refs, op.tenant):
         # Freshness: never prefill KV from chunk text that is no longer current.
         p.stats["stale_warm_skipped"] += 1
-        log.debug("skipped %s op %s of %s (%s) as stale: %s", op.op, op.prefix_hash[:12],
-                  op.tenant, op.reason, [(r.chunk_id, r.content_hash[:12]) for r in op.chunk_refs])
+        log.debug("skipped %s op %s of %s (%s) as stale", op.op, op.prefix_hash[:12],
+                  op.tenant, op.reason)
+        await drop_stale_prefix(p, op)
         return
     if op.op == "invalidate":
         p.tracker.forget(op.prefix_hash)
@@ -152,6 +153,23 @@ async def on_prefix_op(p: HandlerDeps, op: PrefixOp) -> None:
     state = PrefixState.model_validate(raw) if raw else None
     plan = logic.plan_prefix_op(op, state, p.live_workers(), p.clock(), p.settings.prefix_ttl_s)
     await apply_plan(p, plan, op)
+
+
+async def drop_stale_prefix(p: HandlerDeps, op: PrefixOp) -> None:
+    """Invalidate the tracked prefix a stale warm op was made from (`logic.
+    stale_prefix_invalidation`): its state goes, holders evict it, its questions re-warm."""
+    raw = p.tables.prefixes.get(op.prefix_hash)
+    state = PrefixState.model_validate(raw) if raw else None
+    invalidate = logic.stale_prefix_invalidation(op, state)
+    if invalidate is None:
+        return
+    p.stats["stale_prefixes_dropped"] += 1
+    log.info("prefix %s of %s: its refs are stale, invalidated (%s)", op.prefix_hash[:12],
+             invalidate.tenant, invalidate.reason)
+    p.tracker.forget(op.prefix_hash)
+    plan = logic.plan_prefix_op(invalidate, state, p.live_workers(), p.clock(),
+                                p.settings.prefix_ttl_s)
+    await apply_plan(p, plan, invalidate)
 
 
 async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> None:
@@ -471,14 +489,6 @@ async def hot_warm_op(p: HandlerDeps, prefix_hash: str, payload: HotPayload) -> 
     if prefix is None or prefix.prefix_hash != prefix_hash:
         # The query's chunks changed since it was asked: warm what it would retrieve now.
         prefix = await p.blocking(p.rag.prefix_for_question, payload.question, payload.tenant)
-        if prefix is not None and not await refs_current(p, prefix.chunk_refs, payload.tenant):
-            # The index retrieved refs its own by-id lookup calls stale: sent, the op would be
-            # skipped as stale by its handler at every tick. Counted and left to the next tick.
-            p.stats["hot_stale_retrievals"] += 1
-            log.debug("hot: %s's retrieval for %r named stale refs %s", payload.tenant,
-                      payload.question, [(r.chunk_id, r.content_hash[:12])
-                                         for r in prefix.chunk_refs])
-            return None
     if prefix is None:
         return None
     return warm_op(prefix, payload.tenant, payload.question, pin=True)

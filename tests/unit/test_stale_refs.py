@@ -5,7 +5,6 @@ from __future__ import annotations
 from ragwarm.rag_port import stale_refs
 from schemas import ChunkRef
 
-
 H = {name: (name * 16)[:16] for name in ("a", "b", "c", "d")}  # valid hex content hashes
 
 
