@@ -207,8 +207,8 @@ class RagService:
         held = {cid: (s.chunk.content_hash, s.version) for cid, s in stored.items()}
         stale = stale_refs(refs, held)
         if stale:
-            # What the by-id lookup holds against what the refs name: a ref that retrieval
-            # just returned and this calls stale means the index disagrees with itself.
+            # Which chunk moved on, and to what: a warm op skipped as stale says why here
+            # (once at info level per distinct report, then at debug).
             key = (tenant, tuple(stale))
             level = logging.DEBUG if key in self._stale_logged else logging.INFO
             if len(self._stale_logged) > 4096:
