@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
 from schemas.signing import authentic
-from streams import logic
+from streams import logic, synthesize
 from streams.hot import HotPayload, HotTracker
 from streams.ports import IndexReplica, RagPort, WarmPrefix
 from streams.records import (
@@ -32,6 +32,7 @@ from streams.records import (
     doc_key,
 )
 from streams.settings import StreamsSettings
+from streams.synthetic import SyntheticState
 
 Table = MutableMapping[str, Any]
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class HandlerDeps:
     # The share of the rag.queries partitions this process owns: with N instances each
     # plans the hot set of its own tenants within that share of the hot-token budget.
     owned_share: Callable[[], float] = field(default=lambda: 1.0)
+    synthetic: SyntheticState = field(default_factory=SyntheticState)  # this process's
 
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:
@@ -207,6 +209,7 @@ async def apply_indexed(
     p.stats["kb_events"] += 1
     for op in plan.ops:
         await p.out.op(op)
+    await synthesize.on_kb_changed(p, prior, plan.state, change.doc_id)
 
 
 def edit_rewarm_tokens(p: HandlerDeps) -> int:
@@ -291,6 +294,8 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
         p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens
     if event.kind == "ready":
         await warm_new_worker(p, event)
+    elif event.kind == "synthesized":
+        await synthesize.on_synthesized(p, event)
 
 
 async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
@@ -405,6 +410,7 @@ async def on_query(p: HandlerDeps, query: QueryEvent) -> None:
     )
     p.tracker.observe(query.prefix_hash, payload, p.clock())
     p.stats["queries"] += 1
+    synthesize.count_query(p, query)
     if p.settings.track_queries:
         op = await query_warm_op(p, query)
         if op is not None:

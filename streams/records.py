@@ -47,6 +47,7 @@ class PrefixState(_Record):
     prefill_at: float | None = None  # when the last prefill command was sent
     resends: int = 0  # re-sends of that prefill no worker confirmed (the resend timer)
     uses: int = 0  # queries that reported it (a held, fresh prefix's repeats are not sent)
+    synthetic: bool = False  # first warmed for a question a worker's model made up
 
 
 class WorkerState(_Record):
@@ -97,6 +98,8 @@ class PrefixOp(_Record):
     recheck: bool = False
     # The KB plan chose it to re-warm even if no worker holds it (`logic.edit_rewarm`).
     rewarm: bool = False
+    # Warms the top-3 of a synthetic question (`streams.synthetic`): recorded on the state.
+    synthetic: bool = False
     reason: str = ""
     origin_ts: float | None = None
 

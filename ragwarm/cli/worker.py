@@ -22,6 +22,7 @@ from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime, chunk_keys
 from workers.service import ServiceConfig, ServiceState, serve
 from workers.settings import WorkerSettings
+from workers.synthesis import RateLimit, SynthesisLimits
 
 log = logging.getLogger("ragwarm.worker")
 
@@ -160,6 +161,7 @@ class WorkerLifecycle:
             metrics=self.metrics,
             limits=engine_limits(engine, s),
             cache_requests=s.cache_requests,
+            synthesis=SynthesisLimits(RateLimit(s.synthetic_per_minute), s.synthetic_share),
         )
         if s.kafka:
             report("joining warmup.commands")

@@ -16,7 +16,7 @@ def test_v1_worker_event_reads_as_current_without_epoch():
     old = WorkerEventV1(worker_id="w", kind="ready", mem_total_bytes=10)
     event = decode(encode(old), WorkerEvent)
     assert type(event) is WorkerEvent
-    assert event.schema_version == 3
+    assert event.schema_version == 4
     assert event.epoch is None
     assert event.mem_total_bytes == 10
 
@@ -25,7 +25,7 @@ def test_worker_event_round_trips_with_epoch_and_tier():
     event = WorkerEvent(
         worker_id="w", kind="ready", epoch=17, tier_prefixes=["ab" * 16], tier_bytes=7
     )
-    assert json.loads(encode(event))["schema_version"] == 3
+    assert json.loads(encode(event))["schema_version"] == 4
     assert decode(encode(event)) == event
 
 
@@ -89,7 +89,7 @@ def test_v2_command_reads_as_v3():
     old = WarmupCommandV2(command_id="c", op="prefill", token_ids=[1, 2])
     cmd = decode(encode(old), WarmupCommand)
     assert type(cmd) is WarmupCommand
-    assert cmd.schema_version == 3
+    assert cmd.schema_version == 4
     assert cmd.opening_ids == []
 
 

@@ -103,6 +103,16 @@ def test_json_report_has_exactly_the_contract_keys():
     assert isinstance(report["policies"]["none"]["stale_hits"], int)
 
 
+def test_a_policy_s_own_figures_join_its_row_and_the_json_where_it_has_them():
+    extras = {"synthetic": {"figures": {"synthetic_memory_share": 0.03,
+                                        "synthetic_first_ask_hit_rate": 0.25}}}
+    figures = summarize([row("none", 5.0), row("synthetic", 1.0)], extras, ["none", "synthetic"])
+    assert figures["synthetic"]["synthetic_memory_share"] == 0.03
+    report = json_report(figures, queries=1, kb_events=0)
+    assert report["policies"]["synthetic"]["synthetic_first_ask_hit_rate"] == 0.25
+    assert set(report["policies"]["none"]) == set(JSON_KEYS)
+
+
 def test_policy_names_and_the_error_listing_them():
     assert policy_names() == [
         "none",
@@ -112,6 +122,7 @@ def test_policy_names_and_the_error_listing_them():
         "event-rag",
         "hot-tokens",
         "hybrid",
+        "synthetic",
     ]
     assert policy_class("hybrid").name == "hybrid"
     with pytest.raises(ValueError, match="valid names: none, reactive, .*hybrid"):

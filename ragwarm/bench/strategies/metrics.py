@@ -13,6 +13,8 @@ JSON_KEYS = (
     "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "hit_rate", "post_edit_hit_rate", "stale_hits",
     "kv_memory_share", "warmup_seconds",
 )
+# Figures only some policies have (`Policy.figures`), in `--json` where they do.
+POLICY_JSON_KEYS = ("synthetic_memory_share", "synthetic_first_ask_hit_rate")
 
 
 def share(flags: Iterable[bool]) -> float | None:
@@ -63,7 +65,7 @@ def policy_figures(rows: Sequence[Row], extra: Mapping[str, Any]) -> dict[str, A
         if prompt else None,
         "pinned_memory_share": round(mean(r.pinned_share for r in rows), 4),
         "outdated_partial_reuse": sum(r.outdated_partial for r in rows),
-    }
+    } | dict(extra.get("figures", {}))
 
 
 def summarize(
@@ -86,7 +88,10 @@ def json_report(figures: Mapping[str, Mapping[str, Any]], queries: int, kb_event
     """Exactly the object `--json` prints; `measurements`: distinct TTFT measurements made
     (policies whose request was the same computation share one)."""
     report = {
-        "policies": {name: {k: f[k] for k in JSON_KEYS} for name, f in figures.items()},
+        "policies": {
+            name: {k: f[k] for k in (*JSON_KEYS, *POLICY_JSON_KEYS) if k in f or k in JSON_KEYS}
+            for name, f in figures.items()
+        },
         "queries": queries,
         "kb_events": kb_events,
     }

@@ -16,6 +16,7 @@ from workers.engines.base import GenerationResult, PrefixEngine
 from workers.memory import MEMORY_THRESHOLD, Budget
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
+from workers.synthesis import DEFAULT_PER_MINUTE, RateLimit, SynthesisLimits
 
 
 class _Events:
@@ -85,6 +86,8 @@ class SimWorker:
             metrics=WorkerMetrics(worker_id=worker_id, model_name=engine.model_id),
             limits=Limits(1 << 15, 1, 1 << 15, 1 << 20), cache_requests=cache_requests,
             warmup_threshold=MEMORY_THRESHOLD,
+            # Synthetic warmup's rate limit runs on the simulated clock, as the policies do.
+            synthesis=SynthesisLimits(RateLimit(DEFAULT_PER_MINUTE), clock=clock),
         )
         self.refs: dict[str, frozenset[ChunkKey]] = {}
         # Who reads this worker's `worker.events` (the streams policies' pipelines).
@@ -170,7 +173,7 @@ class SimWorker:
         """Carry out a warmup command as the worker does; prefill time is warmup time."""
         started = time.perf_counter()
         outcome = self.runtime.apply(command)
-        if command.op == "prefill":
+        if command.op in ("prefill", "synthesize"):  # sampling questions is warmup work too
             self.warm_seconds += time.perf_counter() - started
         self.outcomes[f"{command.op}:{outcome}"] += 1
         self._drain()
