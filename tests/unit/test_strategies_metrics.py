@@ -166,3 +166,15 @@ def test_markdown_table_lists_every_policy():
     table = markdown_table(figures).splitlines()
     assert table[0].startswith("| policy | TTFT p50 ms")
     assert table[3].startswith("| reactive | 5 | -50% | 5 |")
+
+
+def test_policy_notes_report_the_synthetic_share_and_first_ask_hits():
+    from ragwarm.bench.strategies.report import policy_notes
+
+    figures = {"reactive": {"hit_rate": 0.5},
+               "synthetic": {"synthetic_memory_share": 0.021, "synthetic_memory_share_max": 0.048,
+                             "synthetic_first_ask_hit_rate": 0.25, "synthetic_first_hits": 2,
+                             "first_asks": 8}}
+    [line] = policy_notes(figures)
+    assert line.startswith("synthetic: synthetic prefixes held 2.1%")
+    assert "at most 4.8%" in line and "25% (2 of 8)" in line

@@ -14,7 +14,9 @@ JSON_KEYS = (
     "kv_memory_share", "warmup_seconds",
 )
 # Figures only some policies have (`Policy.figures`), in `--json` where they do.
-POLICY_JSON_KEYS = ("synthetic_memory_share", "synthetic_first_ask_hit_rate")
+POLICY_JSON_KEYS = (
+    "synthetic_memory_share", "synthetic_memory_share_max", "synthetic_first_ask_hit_rate",
+)
 
 
 def share(flags: Iterable[bool]) -> float | None:
