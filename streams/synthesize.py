@@ -73,11 +73,17 @@ async def request(p: HandlerDeps, c: syn.DocCandidate, why: str) -> int:
     s = p.settings
     prompt = await p.blocking(p.rag.synthesis_prompt, list(c.refs), c.tenant,
                               s.synthetic_source_tokens)
-    worker = logic.choose_worker(p.live_workers(), [])
+    workers = {w.worker_id: w for w in p.live_workers()}
+    worker = logic.choose_worker(list(workers.values()), [])
     if prompt is None or worker is None:
         p.stats["synthetic_skipped"] += 1
         return 0
     p.synthetic.last_at[syn.doc_key_of(c)] = p.clock()
+    per_token = p.stats.get("kv_bytes_per_token") or s.kv_bytes_per_token
+    if not syn.sampling_fits(len(prompt.token_ids), s.synthetic_max_new_tokens, per_token,
+                             workers[worker].mem_total, s.synthetic_share):
+        p.stats["synthetic_over_share"] += 1  # the worker would refuse it
+        return 0
     spec = syn.SynthesisSpec(s.synthetic_questions, s.synthetic_max_new_tokens,
                              s.synthetic_temperature, syn.sampling_seed(s.synthetic_seed, c),
                              s.synthetic_top_k)

@@ -154,6 +154,13 @@ def synthesize_command(command_id: str, worker_id: str, tenant: str, prompt: Syn
     )
 
 
+def sampling_fits(prompt_tokens: int, max_new_tokens: int, kv_bytes_per_token: int,
+                  mem_total: int, share: float) -> bool:
+    """Whether the worker will take the command: one sampled sequence's KV (prompt and new
+    tokens) within `share` of its memory (the worker checks it again and refuses)."""
+    return 0 < (prompt_tokens + max_new_tokens) * kv_bytes_per_token <= share * mem_total
+
+
 def live_bytes(held: Mapping[str, Held], now: float) -> int:
     """KV bytes of a worker's synthetic prefixes whose TTL has not ended."""
     return sum(h.nbytes for h in held.values() if h.expires_at > now)

@@ -139,3 +139,10 @@ def test_a_first_ask_served_from_a_synthetic_prefix_is_counted_once():
     other = QueryEvent(question="Other?", prefix_hash=h, prefix_tokens=40, cached_tokens=16)
     synthesize.count_query(p, other)  # a partial hit does not count
     assert (p.stats["first_asks"], p.stats["synthetic_first_hits"]) == (2, 1)
+
+
+def test_no_command_goes_to_a_worker_whose_share_cannot_hold_the_sampling():
+    # (3 prompt + 24 new tokens) x 10 bytes = 270 bytes > 5% of 5,000.
+    p, out = pipeline(5_000)
+    run_sync(handlers.on_kb_change(p, change()))
+    assert out.commands == [] and p.stats["synthetic_over_share"] == 1

@@ -178,3 +178,9 @@ def test_v3_records_read_as_v4_and_synthesized_round_trips():
     assert decode(encode(answer)) == answer
     with pytest.raises(ValueError):
         WorkerEventV3(worker_id="w", kind="synthesized")  # v3 has no such kind
+
+
+def test_the_app_sends_no_sampling_the_worker_would_refuse():
+    assert syn.sampling_fits(200, 24, 100, mem_total=448_000, share=0.05)
+    assert not syn.sampling_fits(200, 24, 100, mem_total=447_999, share=0.05)
+    assert not syn.sampling_fits(0, 0, 100, mem_total=1, share=0.05)
