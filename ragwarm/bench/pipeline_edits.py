@@ -92,7 +92,8 @@ def stage_times(
 ) -> dict[str, float | None]:
     """When (epoch s) each stage of an edit made at `t0` happened, None if not (yet):
     `indexed` the app's invalidation naming the `stale` ref, `sent` its first prefill of
-    `new_hash`, `warm` the worker's `stored` event for it."""
+    `new_hash`, `warm` the worker's `stored` event for it, or its first heartbeat after
+    `indexed` listing it (held already)."""
     indexed = min(
         (at for at, c in commands if at >= t0 and c.op == "invalidate" and stale in c.chunk_refs),
         default=None,
@@ -106,6 +107,12 @@ def stage_times(
         (at for at, e in seen if at >= t0 and e.kind == "stored" and e.prefix_hash == new_hash),
         default=None,
     )
+    if indexed is not None and new_hash is not None:
+        # The edited question may now retrieve a prefix the worker already held (the edited
+        # chunk left its top-k): no prefill, no `stored` event; a heartbeat lists it.
+        held = (at for at, e in seen if at >= indexed and e.kind == "heartbeat"
+                and new_hash in e.warm_prefixes)
+        warm = min((t for t in (warm, next(held, None)) if t is not None), default=None)
     return {"indexed": indexed, "sent": sent, "warm": warm}
 
 

@@ -101,10 +101,11 @@ def _cmd(op: str, prefix_hash: str, refs=(), reason: str = "hot"):
                          reason=reason)
 
 
-def _event(kind: str, prefix_hash: str, reason: str | None = None):
+def _event(kind: str, prefix_hash: str | None, reason: str | None = None, held=()):
     from schemas import WorkerEvent
 
-    return WorkerEvent(worker_id="w", kind=kind, prefix_hash=prefix_hash, reason=reason)
+    return WorkerEvent(worker_id="w", kind=kind, prefix_hash=prefix_hash, reason=reason,
+                       warm_prefixes=list(held))
 
 
 STALE = ChunkRef(chunk_id="d.md#1", content_hash="1" * 64)
@@ -159,3 +160,14 @@ def test_an_edited_document_is_edited_again_only_when_no_other_can_be() -> None:
     assert warm_chunk_edit(Chunker(), latest, held, rows, 1)[1] == a.ref
     assert warm_chunk_edit(Chunker(), latest, held, rows, 1, {"d.md"})[1] == c.ref
     assert warm_chunk_edit(Chunker(), latest, [a.ref], rows, 1, {"d.md"})[1] == a.ref
+
+
+def test_an_edit_whose_question_now_retrieves_a_prefix_already_held_is_warm_at_once() -> None:
+    from ragwarm.bench.pipeline_edits import stage_times
+
+    commands = [(100.5, _cmd("invalidate", OLD, [STALE]))]
+    seen = [(99.0, _event("stored", NEW)),  # held before the edit: no new `stored` event
+            (100.2, _event("heartbeat", None, held=[OLD, NEW])),  # before the indexing
+            (101.2, _event("heartbeat", None, held=[NEW]))]
+    times = stage_times(commands, seen, 100.0, STALE, NEW)
+    assert times == {"indexed": 100.5, "sent": None, "warm": 101.2}
