@@ -29,12 +29,19 @@ DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
 class Bench:
     """One namespace on the broker with a streams app and a worker in it."""
 
-    def __init__(self, bootstrap: str, workdir: Path, say, streams: int = 1):
+    def __init__(self, bootstrap: str, workdir: Path, say, streams: int = 1,
+                 client_options: dict | None = None):
         from kafka import KafkaConsumer, KafkaProducer
+
+        from ragwarm.kafka.admin import create_topics
 
         self.say = say
         self.prefix = f"bench-{uuid.uuid4().hex[:8]}."
         self.bootstrap = bootstrap
+        # Before any client names them: a consumer's metadata request would otherwise let
+        # the broker auto-create them with one partition, and Faust then refuses its tables
+        # (the changelogs have the app's partition count): no worker event is ever applied.
+        create_topics(bootstrap, client_options or {}, prefixed(self.prefix))
         env = {"RAGWARM_KAFKA_BOOTSTRAP": bootstrap, "RAGWARM_KAFKA_TOPIC_PREFIX": self.prefix}
         # N instances of one app (one consumer group), each with its port and disk.
         self.streams_all = [self._streams_proc(i, workdir, env) for i in range(streams)]
@@ -278,14 +285,12 @@ def pipeline(
     printed all the same and the command then exits with status 1 (0 when every edit
     warmed again)."""
     from rag.trace import read_questions
-    from ragwarm.kafka.admin import create_topics
     from ragwarm.kafka.local import LocalKafka
 
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     kafka = KafkaSettings()
     with LocalKafka(HomeSettings(), kafka) as bootstrap, _workdir(workdir) as tmp:
-        b = Bench(bootstrap, Path(tmp), say, streams_n)
-        create_topics(bootstrap, kafka.client_options(), prefixed(b.prefix))
+        b = Bench(bootstrap, Path(tmp), say, streams_n, kafka.client_options())
         try:
             result = run(
                 b, events, read_questions(questions), kb_events, queries, hot, edits, embed_sample
