@@ -282,8 +282,8 @@ def pipeline(
     Each edit changes a chunk of a warm prefix and is followed until the worker stores the
     prefix its question retrieves afterwards. An edit that does not get there within 60 s
     per stage is recorded as missed, with its reason, and the run goes on; the figures are
-    printed all the same and the command then exits with status 1 (0 when every edit
-    warmed again)."""
+    printed all the same and the command then exits with status 1, as it does when no
+    edit could be measured (no hot question warm, no chunk to edit)."""
     from rag.trace import read_questions
     from ragwarm.kafka.local import LocalKafka
 
@@ -303,7 +303,7 @@ def pipeline(
         for key, value in result.items():
             if key != "edits":
                 click.echo(f"{key:<28}{'-' if value is None else f'{value:.1f}':>12}")
-    if result["edits_missed"]:
+    if result["edits_missed"] or (edits and not result["edits_warm"]):
         raise SystemExit(1)
 
 
