@@ -123,7 +123,7 @@ def _run(events: list, questions: list, settings: Any, names: list[str], plan: d
 def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
             load_before: tuple[float, float, float]) -> None:
     from ragwarm.bench.strategies.metrics import json_report, summarize
-    from ragwarm.bench.strategies.report import markdown_table, write_outputs
+    from ragwarm.bench.strategies.report import tables, write_outputs
 
     figures = summarize(result.rows, result.policies, names)
     machine = _machine(load_before)
@@ -136,7 +136,7 @@ def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
         click.echo(json.dumps(json_report(figures, result.queries, result.kb_events,
                                           result.meta.get("measurements"))))
         return
-    click.echo(header + "\n\n" + markdown_table(figures))
+    click.echo(header + "\n\n" + tables(figures))
     click.echo("\nwritten: " + ", ".join(str(p) for p in [*paths, out / "run.json"]))
 
 

@@ -31,6 +31,9 @@ class QueryRow:
     outdated_partial: bool  # reused the unchanged leading tokens of an outdated chunk version
     mem_share: float
     pinned_share: float
+    blended_tokens: int = 0  # prompt tokens placed from held chunk KV (chunk reuse)
+    # Blended rows: whether the first token is the exact computation's; None otherwise.
+    first_token_agrees: bool | None = None
 
 
 def reuse_check(
