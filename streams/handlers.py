@@ -429,6 +429,10 @@ async def _plan_hot(p: HandlerDeps) -> None:
         # eviction): warm what it retrieves now; the prefix op itself waits for a prefill
         # already on its way.
         if known is None or known.prefix_hash not in held:
+            if known is not None and _prefill_pending(p, known.prefix_hash):
+                # Not held yet, its prefill on its way (an edit's re-warm takes seconds):
+                # retrieving again every tick would take CPU from that very prefill.
+                continue
             op = await hot_warm_op(p, prefix_hash, payloads[prefix_hash])
             if op is not None:
                 p.tracker.hot[prefix_hash] = op
@@ -444,6 +448,12 @@ async def _plan_hot(p: HandlerDeps) -> None:
         await p.out.op(
             PrefixOp(op="cool", prefix_hash=op.prefix_hash, tenant=op.tenant, reason="cooled down")
         )
+
+
+def _prefill_pending(p: HandlerDeps, prefix_hash: str) -> bool:
+    raw = p.tables.prefixes.get(prefix_hash)  # None where another instance owns it
+    state = PrefixState.model_validate(raw) if raw else None
+    return logic.prefill_pending(state, p.clock())
 
 
 async def warm_per_node(

@@ -286,8 +286,7 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
             plan.commands = [_extend_command(op, state.tenant, ttl_s)]
             plan.counters = {"ttl_extensions": 1}
         return plan
-    in_flight = state is not None and state.prefill_at is not None
-    if target is None and in_flight and state.prefill_at > now - PREFILL_WAIT_S:
+    if target is None and prefill_pending(state, now):
         return plan  # a prefill is already on its way; wait for the worker's report
     worker = target or choose_worker(workers, [op.prefix_hash])
     if worker is None:
@@ -297,6 +296,13 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
     plan.commands = [_prefill(op, plan.state, worker, ttl_s, pin)]
     plan.counters = {"prefills": 1}
     return plan
+
+
+def prefill_pending(state: PrefixState | None, now: float) -> bool:
+    """Whether a prefill of the prefix was sent less than `PREFILL_WAIT_S` ago."""
+    return state is not None and state.prefill_at is not None and (
+        state.prefill_at > now - PREFILL_WAIT_S
+    )
 
 
 def _prefill(op: PrefixOp, state: PrefixState, worker: str, ttl_s: float, pin: bool):

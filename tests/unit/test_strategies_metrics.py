@@ -87,10 +87,10 @@ def test_p90_is_reported_and_rates_without_queries_are_absent_not_zero():
 
 
 def test_one_percentile_for_every_benchmark():
-    from ragwarm.bench import pipeline, stats
+    from ragwarm.bench import pipeline_edits, stats
     from ragwarm.bench.strategies import metrics
 
-    assert metrics.percentile is stats.percentile is pipeline.percentile
+    assert metrics.percentile is stats.percentile is pipeline_edits.percentile
     assert "interpolation" in (stats.percentile.__doc__ or "")
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
-from streams import handlers
+from streams import handlers, logic
 from streams.hot import HotPayload, HotTracker
 from streams.ports import WarmPrefix
 from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState, doc_key
@@ -218,6 +218,25 @@ def test_a_hot_prefix_no_worker_holds_is_warmed_again_on_the_next_plan():
     held = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=[P1], last_seen=100)
     p.tables.workers["w1"] = held.model_dump(mode="json")
     run_sync(handlers.plan_hot(p))  # held now: nothing more
+    assert len(out.ops) == 2
+
+
+def test_a_hot_prefix_whose_prefill_is_on_its_way_is_not_retrieved_again_each_tick():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    clock = {"now": 100.0}
+    p, out = pipeline(port, hot_min_count=1.0, track_queries=False, kv_bytes_per_token=1)
+    p.clock = lambda: clock["now"]
+    for _ in range(2):
+        run_sync(handlers.on_query(p, query()))
+    run_sync(handlers.plan_hot(p))
+    [op] = out.ops
+    run_sync(handlers.on_prefix_op(p, op))  # its owner sends the prefill
+    assert [c.op for c in out.commands] == ["prefill"]
+    asked = len(port.calls)
+    run_sync(handlers.plan_hot(p))  # not held yet, but on its way: nothing more
+    assert len(out.ops) == 1 and len(port.calls) == asked
+    clock["now"] += logic.PREFILL_WAIT_S + 1  # never confirmed: asked again
+    run_sync(handlers.plan_hot(p))
     assert len(out.ops) == 2
 
 
