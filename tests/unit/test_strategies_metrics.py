@@ -112,6 +112,7 @@ def test_policy_names_and_the_error_listing_them():
         "event-rag",
         "hot-tokens",
         "hybrid",
+        "tiered",
     ]
     assert policy_class("hybrid").name == "hybrid"
     with pytest.raises(ValueError, match="valid names: none, reactive, .*hybrid"):

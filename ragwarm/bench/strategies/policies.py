@@ -72,12 +72,14 @@ class PolicyContext:
 class Policy:
     """A warmup policy: reacts to the run's start, time, KB changes and answered queries.
 
-    Subclasses set `name` and `cache_requests` (whether the worker caches each served prompt,
-    like vLLM's automatic prefix caching) and override the hooks they need.
+    Subclasses set `name`, `cache_requests` (whether the worker caches each served prompt,
+    like vLLM's automatic prefix caching) and `disk_tier` (whether the worker keeps the disk
+    KV tier below device memory) and override the hooks they need.
     """
 
     name: ClassVar[str]
     cache_requests: ClassVar[bool] = True
+    disk_tier: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
@@ -87,7 +89,8 @@ class Policy:
         that keeps state over the query stream can rebuild it."""
 
     def start(self) -> None:
-        """The initial KB is indexed and the worker is up; no query has been asked today."""
+        """The worker is up: at the run's start (the initial KB indexed, no query asked
+        today) and again after a restart (its device cache empty)."""
 
     def tick(self, now: float) -> None:
         """The clock reached `now` (called before every step of the timeline)."""
@@ -176,6 +179,7 @@ POLICIES: dict[str, str] = {
     "event-rag": "ragwarm.bench.strategies.streams_sim:EventRag",
     "hot-tokens": "ragwarm.bench.strategies.streams_sim:HotTokens",
     "hybrid": "ragwarm.bench.strategies.streams_sim:Hybrid",
+    "tiered": "ragwarm.bench.strategies.tiered:TieredHybrid",
 }
 
 
