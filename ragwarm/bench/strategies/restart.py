@@ -52,9 +52,10 @@ def restart_figures(
 
 def restart_markdown(figures: Mapping[str, Mapping[str, Any]], window: int, at: float) -> str:
     """The restart table: one row per policy."""
+    after = max((f.get("queries_after") or 0 for f in figures.values()), default=0)
     lines = [
-        f"Restart at {at / 60:.1f} simulated minutes (every worker, same disk); the "
-        f"{window} queries after it:",
+        f"Restart at {at / 60:.1f} simulated minutes (every worker, same disk); the first "
+        f"{after} queries after it (window {window}) and as many before it:",
         "",
         "| policy | disk blocks at boot | re-warm s | hit rate before | hit rate after "
         "| TTFT p50 ms after | TTFT max ms after | restored hits | stale hits after |",

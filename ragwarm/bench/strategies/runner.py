@@ -115,7 +115,7 @@ class Runner:
                  progress: bool | None = None, tier_root: Path | None = None) -> None:
         self.rig = rig
         self.tier_root = tier_root  # one folder per policy with a disk tier, kept on restart
-        self.budget = Budget(max_bytes=0, max_entries=DEFAULT_MAX_ENTRIES)
+        self.budget = Budget(max_bytes=0, max_entries=DEFAULT_MAX_ENTRIES, warm_bytes=0)
         self.boots: dict[str, dict[str, Any]] = {}  # per policy, what its restart did
         self.restart_at: float | None = None
         self.since_restart: int | None = None
