@@ -328,10 +328,13 @@ class Runner:
 
     def measure_counts(self) -> dict[str, int]:
         """Distinct TTFT measurements (each `ttft_runs` engine runs), requests served, those
-        that reused another policy's measurement, and their deployed runs (not timed)."""
+        that reused another policy's measurement, their deployed runs (not timed), and
+        requests read back from a disk tier (one timed run each, never shared)."""
         reruns = sum(lane.worker.reruns for lane in self.lanes.values())
+        restored = sum(lane.worker.restore_runs for lane in self.lanes.values())
         return {"measurements": self.measured["measurements"], "requests": len(self.rows),
-                "shared_requests": self.measured["shared_requests"], "untimed_runs": reruns}
+                "shared_requests": self.measured["shared_requests"], "untimed_runs": reruns,
+                "restore_runs": restored}
 
     def policy_figures(self) -> dict[str, dict[str, Any]]:
         out = {}

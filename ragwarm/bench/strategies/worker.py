@@ -87,6 +87,7 @@ class SimWorker:
         self.outcomes: Counter[str] = Counter()
         self.reruns = 0  # deployed runs whose TTFT was not needed (a shared measurement)
         self.restarts = 0
+        self.restore_runs = 0  # requests read back from the disk tier: run once, not shared
         self._drain()
 
     def _boot(self, engine: PrefixEngine[Any]) -> None:
@@ -131,6 +132,7 @@ class SimWorker:
             # change what the next run finds: the request runs once, as deployed.
             marks = self._tier_marks(token_ids, tenant)
             result = self._deployed(token_ids, tenant, keys, None)
+            self.restore_runs += 1
             return self._served(result, result.ttft_s, restored=marks)
         known = shared.get(cached) if shared is not None else None
         if shared is not None and known is not None:
