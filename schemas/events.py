@@ -266,8 +266,8 @@ class WorkerEventV2(WorkerEventV1):
     signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
-class WorkerEvent(WorkerEventV2):
-    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+class WorkerEventV3(WorkerEventV2):
+    """Version 3 of `WorkerEvent` (no node); still read, upgraded on decode.
 
     v3: a worker with a disk KV tier keeps prefixes across restarts, so a new `epoch` no
     longer means that everything is gone: `ready` and `heartbeat` list in `tier_prefixes`
@@ -280,6 +280,21 @@ class WorkerEvent(WorkerEventV2):
     schema_version: Literal[3] = 3  # type: ignore[assignment]
     tier_prefixes: list[Hash] = Field(default_factory=list, max_length=65_536)
     tier_bytes: int = Field(default=0, ge=0)
+
+
+class WorkerEvent(WorkerEventV3):
+    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+
+    v4: `node` names the machine the worker runs on (its host name unless set), so the
+    streams app can keep at least one worker per node holding the hot set (seed 000: "keep
+    ≥1 hot instance per node"). An older event has none: its worker shares one unnamed node
+    with the others that report none.
+    """
+
+    VERSION: ClassVar[int] = 4
+
+    schema_version: Literal[4] = 4  # type: ignore[assignment]
+    node: Id | None = None
 
 
 class DeadLetter(DeadLetterV1):
@@ -398,5 +413,6 @@ LEGACY_TYPES: tuple[type[Event], ...] = (
     WarmupCommandV2,
     WorkerEventV1,
     WorkerEventV2,
+    WorkerEventV3,
     DeadLetterV1,
 )

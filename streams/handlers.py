@@ -8,20 +8,20 @@ simulated clock, so both run this same code.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections import Counter
-from collections.abc import Callable, MutableMapping
-from concurrent.futures import Executor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
+from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
 from schemas.signing import authentic
-from streams import logic
-from streams.hot import HotPayload, HotTracker
-from streams.ports import IndexReplica, RagPort, WarmPrefix
+from streams import logic, progressive
+from streams.deps import (  # noqa: F401 - re-exported: the handlers' inputs in one place
+    HandlerDeps,
+    Outbox,
+    Readiness,
+    StreamTables,
+    Table,
+)
+from streams.hot import HotPayload
+from streams.ports import WarmPrefix
 from streams.records import (
     DocLink,
     DocState,
@@ -31,95 +31,8 @@ from streams.records import (
     WorkerState,
     doc_key,
 )
-from streams.settings import StreamsSettings
 
-Table = MutableMapping[str, Any]
 log = logging.getLogger(__name__)
-
-
-class Outbox(Protocol):
-    """Where the handlers' output goes: the internal topics and the workers' commands."""
-
-    async def op(self, op: PrefixOp) -> None:
-        """To `ragwarm.prefix-ops`, keyed by the prefix hash."""
-
-    async def link(self, link: DocLink) -> None:
-        """To `ragwarm.doc-links`, keyed by the doc id."""
-
-    async def command(self, cmd: WarmupCommand) -> None:
-        """To `warmup.commands`, keyed by the prefix hash."""
-
-    async def ready(self, req: ReadyRewarm) -> None:
-        """To every partition of `ragwarm.worker-ready` (one request per partition)."""
-
-
-@dataclass
-class StreamTables:
-    """The app's state; Faust changelog tables in the app, dicts in the benchmark."""
-
-    docs: Table  # doc_key(tenant, doc_id) -> DocState
-    doc_prefixes: Table  # doc_key(tenant, doc_id) -> {prefix hash: [chunk refs]}
-    prefixes: Table  # prefix hash -> PrefixState
-    workers: Table  # worker id -> WorkerState (read by every partition)
-
-
-@dataclass
-class Readiness:
-    """What `/ragwarm/health/ready` reports: tables recovered and the index consistent with
-    them. KB changes wait for `index` (re-indexing must not race them). Set by default:
-    only the Faust app, which recovers, clears it."""
-
-    index: asyncio.Event = field(default_factory=asyncio.Event)
-    reason: str = "ready"
-
-    def __post_init__(self) -> None:
-        self.index.set()
-
-    def wait_for_recovery(self) -> None:
-        self.index.clear()
-        self.reason = "recovering tables"
-
-    def recovered(self) -> None:
-        self.reason = "ready"
-        self.index.set()
-
-
-@dataclass
-class HandlerDeps:
-    """Everything the handlers share: tables, outbox, the RAG port, clock and counters."""
-
-    tables: StreamTables
-    out: Outbox
-    rag: RagPort
-    settings: StreamsSettings
-    tracker: HotTracker
-    clock: Callable[[], float] = time.time
-    stats: Counter = field(default_factory=Counter)
-    # Qdrant local mode and the embedder are not safe to share across threads: in the app
-    # one thread runs every store call, off the event loop. None runs them inline.
-    executor: Executor | None = None
-    # The hot-tick timer and a worker's `ready` both re-plan the hot set; one at a time.
-    hot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    readiness: Readiness = field(default_factory=Readiness)
-    # The partition of a table key among n (the producer's partitioner in the app).
-    partition_of: Callable[[str, int], int] = field(default=lambda key, n: 0)
-    # The index replica fed by rag.chunks (streams.replica); None: nothing to publish.
-    replica: IndexReplica | None = None
-    # The share of the rag.queries partitions this process owns: with N instances each
-    # plans the hot set of its own tenants within that share of the hot-token budget.
-    owned_share: Callable[[], float] = field(default=lambda: 1.0)
-
-    async def blocking(self, fn: Callable, *args):
-        if self.executor is None:
-            return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-
-    def live_workers(self) -> list[WorkerState]:
-        horizon = self.clock() - self.settings.worker_stale_s
-        rows = [WorkerState.model_validate(v) for v in self.tables.workers.values() if v]
-        return [
-            w if w.last_seen >= horizon else w.model_copy(update={"ready": False}) for w in rows
-        ]
 
 
 def warm_op(
@@ -291,12 +204,15 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
         p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens
     if event.kind == "ready":
         await warm_new_worker(p, event)
+    elif event.kind == "heartbeat":
+        await next_warm_step(p, state)
 
 
 async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     """A worker that (re)started holds nothing: send it the hot set, re-plan the hot set
     with its memory added, then the tracked prefixes most used while they fit its free
-    memory beside the hot set (they are unpinned: later warmups may evict them)."""
+    memory beside the hot set (they are unpinned: later warmups may evict them), in
+    `warmup_steps` growing steps (`streams.progressive`): the first one now."""
     for op in list(p.tracker.hot.values()):
         await p.out.op(op.model_copy(update={"op": "warm_on", "target_worker": event.worker_id}))
     await plan_hot(p)
@@ -307,13 +223,44 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     hot = sum(len(op.token_ids) for op in p.tracker.hot.values()) * per_token
     reserve = min(hot, int(p.settings.hot_share * event.mem_total_bytes))
     budget = event.mem_total_bytes - event.mem_used_bytes - reserve
-    # The hot set is keyed by the hash queries reported; its ops may name a newer prefix.
-    sent = set(p.tracker.hot) | {op.prefix_hash for op in p.tracker.hot.values()}
+    sent = hot_sent(p)
     # The tracked prefixes live in every partition of the prefixes table: each owner warms
     # its own, within its share of the budget.
-    await p.out.ready(
-        ReadyRewarm(worker_id=event.worker_id, budget_bytes=max(0, budget), skip=sorted(sent))
+    steps = p.settings.warmup_steps
+    req = ReadyRewarm(
+        worker_id=event.worker_id, budget_bytes=max(0, budget), skip=sent, steps=steps
     )
+    # The later steps go after its heartbeats (`next_warm_step`), with the same budget.
+    row = WorkerState.model_validate(p.tables.workers[event.worker_id])
+    progress = {"warm_step": 2 if steps > 1 else 0, "warm_steps": steps,
+                "warm_budget": req.budget_bytes}
+    p.tables.workers[event.worker_id] = row.model_copy(update=progress).model_dump(mode="json")
+    await p.out.ready(req)
+
+
+def hot_sent(p: HandlerDeps) -> list[str]:
+    """What a ready worker gets as the hot set, by the hash queries reported and the one its
+    ops name (a newer prefix): the re-warm skips both."""
+    return sorted(set(p.tracker.hot) | {op.prefix_hash for op in p.tracker.hot.values()})
+
+
+async def next_warm_step(p: HandlerDeps, state: WorkerState) -> None:
+    """After a heartbeat, the worker's next progressive step if one is pending and its KV
+    use is within the threshold (`streams.progressive`); above it, none of the rest."""
+    if not state.warm_step:
+        return
+    step = progressive.next_step(state)
+    following = state.warm_step + 1 if step is not None and step < state.warm_steps else 0
+    update = {"warm_step": following}
+    p.tables.workers[state.worker_id] = state.model_copy(update=update).model_dump(mode="json")
+    if step is None:
+        p.stats["warm_steps_stopped"] += 1
+        return
+    p.stats["warm_steps"] += 1
+    await p.out.ready(ReadyRewarm(
+        worker_id=state.worker_id, budget_bytes=state.warm_budget, skip=hot_sent(p),
+        step=step, steps=state.warm_steps,
+    ))
 
 
 async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
@@ -331,6 +278,11 @@ async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
     states = dict(tracked)
     share = req.budget_bytes // max(1, req.partitions if req.partition is not None else 1)
     chosen = logic.plan_rewarm(tracked, now, share, per_token, req.skip, counts)
+    if req.steps > 1:
+        # Step `req.step` of the plan: the plan is made again at each step (the counts move a
+        # little meanwhile; a prefix sent twice is a no-op on a worker holding it).
+        sizes = [(h, len(states[h].token_ids) * per_token) for h in chosen]
+        chosen = progressive.wave(sizes, share, req.step, req.steps)
     for prefix_hash in reversed(chosen):
         state = states[prefix_hash]
         await p.out.op(
@@ -458,7 +410,7 @@ async def _plan_hot(p: HandlerDeps) -> None:
         candidates, budget, per_token, p.tracker.hot, p.settings.hot_min_count
     )
     payloads = {h: pl for h, _, pl in ranked}
-    held = {h for w in p.live_workers() if w.ready for h in w.prefixes}
+    held = {h for w in ready for h in w.prefixes}
     for prefix_hash in hot:
         known = p.tracker.hot.get(prefix_hash)
         # New to the hot set, or still hot but on no worker (a refused or lost prefill, an
@@ -469,6 +421,9 @@ async def _plan_hot(p: HandlerDeps) -> None:
             if op is not None:
                 p.tracker.hot[prefix_hash] = op
                 await p.out.op(op)
+                await warm_per_node(p, op, ready, owner_picks=True)
+        else:
+            await warm_per_node(p, known, ready)
     for prefix_hash in cooled:
         # An invalidation (`tracker.forget`) may have dropped it while this plan awaited.
         op = p.tracker.hot.pop(prefix_hash, None)
@@ -477,6 +432,23 @@ async def _plan_hot(p: HandlerDeps) -> None:
         await p.out.op(
             PrefixOp(op="cool", prefix_hash=op.prefix_hash, tenant=op.tenant, reason="cooled down")
         )
+
+
+async def warm_per_node(
+    p: HandlerDeps, op: PrefixOp, ready: list[WorkerState], *, owner_picks: bool = False
+) -> None:
+    """Warm a hot prefix on a worker of every node that holds none (`logic.hot_targets`).
+
+    `owner_picks`: an untargeted op was just sent, and the prefix's owner places it on the
+    worker `choose_worker` picks; that worker's node is covered by it.
+    """
+    picked = logic.choose_worker(ready, [op.prefix_hash]) if owner_picks else None
+    covered = {w.node for w in ready if w.worker_id == picked}
+    for worker in logic.hot_targets(op.prefix_hash, ready):
+        if next(w.node for w in ready if w.worker_id == worker) in covered:
+            continue
+        p.stats["hot_per_node"] += 1
+        await p.out.op(op.model_copy(update={"op": "warm_on", "target_worker": worker}))
 
 
 async def hot_warm_op(p: HandlerDeps, prefix_hash: str, payload: HotPayload) -> PrefixOp | None:

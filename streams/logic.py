@@ -19,6 +19,7 @@ from streams.fleet import (  # noqa: F401 - re-exported: the app's decisions in 
     cold_weight,
     epoch_order,
     holders_of,
+    hot_targets,
 )
 from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState
 

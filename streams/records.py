@@ -62,6 +62,12 @@ class WorkerState(_Record):
     prefixes: list[str] = Field(default_factory=list)
     last_seen: float = 0.0
     epoch: int | None = None  # the boot it last reported from (None: a v1 worker)
+    node: str | None = None  # the machine it runs on (None: a worker before v4 events)
+    # Its progressive warmup (streams.progressive): the step its next heartbeat sends (0:
+    # none pending), of how many, and the budget every step's plan shares.
+    warm_step: int = 0
+    warm_steps: int = 1
+    warm_budget: int = 0
 
     @property
     def mem_ratio(self) -> float:
@@ -122,3 +128,7 @@ class ReadyRewarm(_Record):
     partition: int | None = None
     partitions: int = 1
     skip: list[str] = Field(default_factory=list)
+    # Which of the progressive warmup's steps this is (streams.progressive); one step of one
+    # (every prefix that fits) for records sent before steps existed.
+    step: int = 1
+    steps: int = 1

@@ -43,6 +43,14 @@ class StreamsSettings(BaseSettings):
         description="Keep the prefix of every answered query warm (TTL) and linked to its "
         "chunks, so a KB change re-warms what its questions retrieve; off: hot prefixes only.",
     )
+    warmup_steps: int = Field(
+        default=3,
+        ge=1,
+        description="Steps of a ready worker's re-warm (seed 000's router: warmup_steps 3, "
+        "progressive): growing shares of its budget (1/6, 2/6, 3/6), most used prefixes first, "
+        "the next one after each heartbeat while its KV use is within the memory threshold "
+        "(0.7). 1: everything that fits at once.",
+    )
     rewarm_questions: int = Field(default=4, description="Hot questions re-warmed per prefix.")
     edit_rewarm_share: float = Field(
         default=0.18, ge=0.0, le=0.5,

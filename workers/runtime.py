@@ -75,8 +75,12 @@ class WorkerRuntime:
         cache_requests: bool = True,
         warmup_threshold: float = MEMORY_THRESHOLD,
         epoch: int | None = None,
+        node: str | None = None,
     ) -> None:
         self.engine = engine
+        # The machine it runs on, on every event: the app keeps the hot set on a worker of
+        # every node (seed 000: "keep ≥1 hot instance per node").
+        self.node = node
         # This boot's id on every event: later boots have larger ones (start time in µs), so
         # the streams app tells a restart (cache lost) from leftovers of an earlier process.
         self.epoch = epoch if epoch is not None else time.time_ns() // 1000
@@ -304,6 +308,7 @@ class WorkerRuntime:
             worker_id=self.worker_id,
             kind=kind,
             epoch=self.epoch,
+            node=self.node,
             url=self.url,
             mem_used_bytes=snap.mem_used,
             mem_total_bytes=snap.mem_total,
@@ -320,6 +325,7 @@ class WorkerRuntime:
             worker_id=self.worker_id,
             kind="refused",
             epoch=self.epoch,
+            node=self.node,
             command_id=command_id,
             reason=reason[:1024],
         )
@@ -340,6 +346,7 @@ class WorkerRuntime:
             worker_id=self.worker_id,
             kind=ev.kind,
             epoch=self.epoch,
+            node=self.node,
             tenant=ev.tenant,
             prefix_hash=ev.prefix_hash,
             prefix_tokens=ev.n_tokens,

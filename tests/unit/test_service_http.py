@@ -104,6 +104,7 @@ class GatedLifecycle:
             sink=self.sink,
             metrics=self.metrics,
             limits=Limits(max_prompt_tokens=40, max_tokens=8, context_tokens=64, vocab_size=500),
+            node="node-1",
         )
 
     def stop(self) -> None:
@@ -169,6 +170,8 @@ async def test_not_ready_until_boot_finishes_then_ready_event() -> None:
     finally:
         await client.close()
     assert lifecycle.sink.kinds()[-1] == "stopped" and lifecycle.stopped
+    # Every event names the node (the streams app keeps a hot worker on each).
+    assert {e.node for e in lifecycle.sink.events} == {"node-1"}
 
 
 async def test_prefill_then_hit_then_reactive_extension(booted) -> None:

@@ -166,7 +166,9 @@ def test_run_sync_refuses_a_handler_that_waits():
 
 def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_most_in_use():
     port = Port({("default", "d.md#0"): "1" * 64})
-    p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False, kv_bytes_per_token=10)
+    # One step: every prefix that fits at once (the steps: tests/unit/test_progressive.py).
+    p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False, kv_bytes_per_token=10,
+                      warmup_steps=1)
     for name, expires, used_at in (("1", 150.0, 50.0), ("2", 90.0, 60.0), ("3", 150.0, 70.0)):
         p.tables.prefixes[name * 64] = PrefixState(
             tenant="default",
@@ -192,7 +194,8 @@ def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_most_in_use():
 
 def test_a_ready_worker_gets_tracked_prefixes_in_the_room_the_hot_set_leaves():
     port = Port({("default", "d.md#0"): "1" * 64})
-    p, out = pipeline(port, prefix_ttl_s=60.0, hot_share=0.5, kv_bytes_per_token=10)
+    p, out = pipeline(port, prefix_ttl_s=60.0, hot_share=0.5, kv_bytes_per_token=10,
+                      warmup_steps=1)
     for name in "12":
         p.tables.prefixes[name * 64] = PrefixState(
             tenant="default", chunk_refs=REFS, token_ids=[7] * 32, expires_at=150.0,
