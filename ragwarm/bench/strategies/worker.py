@@ -123,7 +123,8 @@ class SimWorker:
         request as deployed. Its TTFT is the lower median of the runs. A request that is the
         same computation as one another policy's worker measured for this query (same prompt
         ids, same cached tokens) reuses that measurement: it runs once, as deployed, for its
-        effect on this cache (not at all when it has none), and no trial runs.
+        effect on this cache (not at all when it has none), and no trial runs. A request
+        that reads blocks back from a disk tier runs once, as deployed, and shares nothing.
         """
         keys = [(r.chunk_id, r.content_hash) for r in refs]
         cached, restoring = self._expected(token_ids, tenant)
