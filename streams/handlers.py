@@ -12,7 +12,7 @@ import logging
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
 from schemas.signing import authentic
-from streams import logic, progressive
+from streams import chunk_warm, logic, progressive
 from streams.deps import (  # noqa: F401 - re-exported: the handlers' inputs in one place
     HandlerDeps,
     Outbox,
@@ -120,6 +120,7 @@ async def apply_indexed(
     p.stats["kb_events"] += 1
     for op in plan.ops:
         await p.out.op(op)
+    await chunk_warm.warm_changed(p, change, prior, new_chunks, bool(dependents))
 
 
 def edit_rewarm_tokens(p: HandlerDeps) -> int:
@@ -216,6 +217,8 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     for op in list(p.tracker.hot.values()):
         await p.out.op(op.model_copy(update={"op": "warm_on", "target_worker": event.worker_id}))
     await plan_hot(p)
+    # After the plan: a first ready has no hot set before it.
+    await chunk_warm.warm_ready(p, event.worker_id)
     if not p.settings.track_queries:
         return
     per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token

@@ -317,7 +317,7 @@ def _prefill(op: PrefixOp, state: PrefixState, worker: str, ttl_s: float, pin: b
 def with_expiry(cmd: WarmupCommand, now: float, expiry_s: float) -> WarmupCommand:
     """A prefill stamped with when it stops being worth carrying out; other ops unchanged
     (an invalidation must never be skipped, however late it is read)."""
-    if cmd.op != "prefill":
+    if cmd.op not in ("prefill", "prefill_chunk"):
         return cmd
     expires = datetime.fromtimestamp(now + expiry_s, UTC)
     return cmd.model_copy(update={"expires_at": expires})

@@ -12,6 +12,7 @@ from typing import Any, Literal, Unpack
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import ApiError, Limits, check_prompt
 from workers.cache import CacheEvent, ChunkKey, WarmupRefused
+from workers.chunk_kv import ChunkSpan
 from workers.commands import EventSink
 from workers.engines.base import (
     Engine,
@@ -126,6 +127,8 @@ class WorkerRuntime:
         arrived: float,
         emit: Emit,
         chunk_refs: Iterable[ChunkKey] = (),
+        chunks: Sequence[ChunkSpan] = (),
+        chunk_reuse: bool = True,
     ) -> GenerationResult | None:
         """Stream a completion through `emit` (False stops it); None when it was stopped.
 
@@ -142,6 +145,8 @@ class WorkerRuntime:
                 temperature=temperature,
                 cache_prompt=self.cache_requests,
                 chunk_refs=chunk_refs,
+                chunks=chunks,
+                chunk_reuse=chunk_reuse,
             )
 
             # Metrics are counted before the last step goes out: a client reading /metrics

@@ -65,6 +65,27 @@ def policy_figures(rows: Sequence[Row], extra: Mapping[str, Any]) -> dict[str, A
         "outdated_partial_reuse": sum(r.outdated_partial for r in rows),
         "disk_share": _disk_share(rows),
         "restored_queries": sum(r.restored for r in rows),
+        **first_ask_figures(rows),
+    }
+
+
+def first_ask_figures(rows: Sequence[Row]) -> dict[str, Any]:
+    """First asks (the question's first time in the run: no exact prefix can be warm for
+    it unless a warmup guessed it) and the quality of blended answers, whose first token is
+    checked against the exact computation's."""
+    first = [r.ttft_ms for r in rows if not r.repeat]
+    blended = [r for r in rows if r.blended_tokens]
+    return {
+        "first_ask_queries": len(first),
+        "first_ask_ttft_p50_ms": pct(first, 50),
+        "first_ask_ttft_p90_ms": pct(first, 90),
+        "blended_queries": len(blended),
+        "blended_first_token_agreement": share(
+            bool(r.first_token_agrees) for r in blended if r.first_token_agrees is not None
+        ),
+        "blended_token_share": round(sum(r.blended_tokens for r in blended)
+                                     / sum(r.prompt_tokens for r in blended), 4)
+        if blended else None,
     }
 
 

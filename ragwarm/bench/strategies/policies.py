@@ -28,6 +28,10 @@ class PolicyRag(Protocol):
 
     def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool: ...
 
+    def chunk_tokens(self, refs: Sequence[ChunkRef], tenant: str) -> dict[str, list[int]]: ...
+
+    def opening_ids(self) -> list[int]: ...
+
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]: ...
 
     def doc_states(self, tenant: str) -> dict[str, dict]:
@@ -80,6 +84,8 @@ class Policy:
     name: ClassVar[str]
     cache_requests: ClassVar[bool] = True
     disk_tier: ClassVar[bool] = False
+    # Whether its worker blends held chunk KV into prompts (RAGWARM_WORKER_CHUNK_REUSE).
+    chunk_reuse: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
@@ -179,6 +185,7 @@ POLICIES: dict[str, str] = {
     "event-rag": "ragwarm.bench.strategies.streams_sim:EventRag",
     "hot-tokens": "ragwarm.bench.strategies.streams_sim:HotTokens",
     "hybrid": "ragwarm.bench.strategies.streams_sim:Hybrid",
+    "hybrid-blend": "ragwarm.bench.strategies.blend_policy:HybridBlend",
     "tiered": "ragwarm.bench.strategies.tiered:TieredHybrid",
 }
 

@@ -34,6 +34,9 @@ class QueryRow:
     disk_share: float | None = None  # disk tier bytes / device KV budget; None: no tier
     restored: bool = False  # some of its cached tokens were read back from the disk tier
     since_restart: int | None = None  # its policy's queries since the restart; None: before
+    blended_tokens: int = 0  # prompt tokens placed from held chunk KV (chunk reuse)
+    # Blended rows: whether the first token is the exact computation's; None otherwise.
+    first_token_agrees: bool | None = None
 
 
 def reuse_check(

@@ -12,7 +12,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from ragwarm.bench.strategies.worker import Measurements, SimAnswer, make_cache
 from ragwarm.rag_port import RagService
 from schemas import KbChange, QueryEvent
 from schemas.prefix import PromptChain, prefix_chain
+from workers.chunk_kv import ChunkSpan
 from workers.engines.torch_engine import TorchEngine
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
 from workers.settings import WorkerSettings
@@ -178,15 +179,17 @@ class Runner:
         """A booting worker's engine for policy `name`: an empty cache on the shared weights,
         and the disk tier the policy keeps (its folder scanned, as at a worker's boot)."""
         cache = make_cache(self.budget, self.clock, self.rig.worker_settings.block_size)
-        base, tier = self.rig.base, None
-        if policy_class(name).disk_tier:
+        base, tier, cls = self.rig.base, None, policy_class(name)
+        # Chunk reuse as the worker's setting turns it on: default share and selection.
+        settings = self.rig.worker_settings.model_copy(update={"chunk_reuse": True}) \
+            if cls.chunk_reuse else self.rig.worker_settings
+        if cls.disk_tier:
             if self.tier_root is None:
                 raise ValueError(f"policy {name!r} keeps a disk tier: give the runner a folder")
             tier_bytes = int(self.settings.tiered_disk_share * self.budget.max_bytes)
-            tier = open_sim_tier(base.model, self.rig.worker_settings, self.tier_root / name,
-                                 tier_bytes)
+            tier = open_sim_tier(base.model, settings, self.tier_root / name, tier_bytes)
         return TorchEngine(base.model, base.tokenizer, model_id=base.model_id,
-                           settings=self.rig.worker_settings, cache=cache, tier=tier)
+                           settings=settings, cache=cache, tier=tier)
 
     def restart(self) -> None:
         """Every worker restarts mid-run (a crash: no flush) on the same disk, and gets the
@@ -268,16 +271,37 @@ class Runner:
         turn = step.index % len(self.names)
         names = self.names[turn:] + self.names[:turn]
         shared = Measurements()
+        spans = [ChunkSpan((r.chunk_id, r.content_hash), a, b) for r, a, b in query.spans]
+        answers = []
         for name in names:
             lane = self.lanes[name]
             served = lane.worker.serve(query.prompt.token_ids, self.rig.tenant,
-                                       query.prompt.chunk_refs, shared)
-            self.rows.append(self.row(name, lane, query, served, post_edit, repeat))
+                                       query.prompt.chunk_refs, shared, spans)
+            answers.append((self.row(name, lane, query, served, post_edit, repeat), served))
             lane.policy.served(self.event(query, served, name))
+        self.rows.extend(self.judge_blends(query, answers, shared))
         self.measured["measurements"] += len(shared)
         self.measured["shared_requests"] += shared.reused
         if self.since_restart is not None:
             self.since_restart += 1
+
+    def judge_blends(self, q: Prepared, answers: list[tuple[QueryRow, SimAnswer]],
+                     shared: Measurements) -> list[QueryRow]:
+        """Rows whose prompt was blended from chunk KV, with whether their first token is
+        the one the exact computation gives (a measurement of another policy when there is
+        one, else a full prefill on the shared weights, untimed)."""
+        rows = [row for row, _ in answers]
+        if not any(r.blended_tokens for r in rows):
+            return rows
+        exact = next((m.result for m in shared.values() if m.result.token_ids), None)
+        if exact is None:
+            steps = self.rig.base.generate(q.prompt.token_ids, max_tokens=1,
+                                           tenant=f"{self.rig.tenant}-reference")
+            exact = next(s.result for s in steps if s.result is not None)
+            self.measured["reference_runs"] += 1
+        first = exact.token_ids[:1]
+        return [replace(r, first_token_agrees=a.result.token_ids[:1] == first)
+                if r.blended_tokens else r for r, a in answers]
 
     def prepare(self, step: wl.QueryStep) -> Prepared:
         retrieval = self.rig.retriever.retrieve(step.question.question, self.rig.tenant)
@@ -303,7 +327,7 @@ class Runner:
             partial=0 < cached < aligned, stale=stale, outdated_partial=outdated,
             mem_share=cache.bytes_used / total, pinned_share=cache.pinned_bytes / total,
             disk_share=None if tier is None else tier / total, restored=served.restored,
-            since_restart=self.since_restart,
+            since_restart=self.since_restart, blended_tokens=result.blended_tokens,
         )
 
     def event(self, q: Prepared, served: SimAnswer, name: str) -> QueryEvent:
@@ -328,13 +352,15 @@ class Runner:
 
     def measure_counts(self) -> dict[str, int]:
         """Distinct TTFT measurements (each `ttft_runs` engine runs), requests served, those
-        that reused another policy's measurement, their deployed runs (not timed), and
-        requests read back from a disk tier (one timed run each, never shared)."""
-        reruns = sum(lane.worker.reruns for lane in self.lanes.values())
-        restored = sum(lane.worker.restore_runs for lane in self.lanes.values())
-        return {"measurements": self.measured["measurements"], "requests": len(self.rows),
+        that reused another policy's measurement, the engine runs not timed (deployed runs
+        of shared measurements, full prefills judging blended answers), and requests read
+        back from a disk tier (one timed run each, never shared)."""
+        workers = [lane.worker for lane in self.lanes.values()]
+        reruns = sum(w.reruns for w in workers) + self.measured["reference_runs"]
+        own = sum(w.own_measurements for w in workers)
+        return {"measurements": self.measured["measurements"] + own, "requests": len(self.rows),
                 "shared_requests": self.measured["shared_requests"], "untimed_runs": reruns,
-                "restore_runs": restored}
+                "restore_runs": sum(w.restore_runs for w in workers)}
 
     def policy_figures(self) -> dict[str, dict[str, Any]]:
         out = {}

@@ -12,6 +12,7 @@ from typing import Any
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
 from workers.cache import ChunkKey, PrefixCache
+from workers.chunk_kv import ChunkSpan
 from workers.engines.base import GenerationResult, PrefixEngine
 from workers.memory import MEMORY_THRESHOLD, Budget
 from workers.metrics import WorkerMetrics
@@ -74,7 +75,10 @@ class SimWorker:
         worker_id: str,
         cache_requests: bool,
         ttft_runs: int = 1,
+        chunk_reuse: bool = False,
     ) -> None:
+        # Blending held chunk KV: its answers are another computation than any exact one.
+        self.chunk_reuse = chunk_reuse
         self.ttft_runs = ttft_runs
         self.clock = clock
         self.worker_id = worker_id
@@ -88,6 +92,7 @@ class SimWorker:
         self.reruns = 0  # deployed runs whose TTFT was not needed (a shared measurement)
         self.restarts = 0
         self.restore_runs = 0  # requests read back from the disk tier: run once, not shared
+        self.own_measurements = 0  # measurements never shared (a blending worker's)
         self._drain()
 
     def _boot(self, engine: PrefixEngine[Any]) -> None:
@@ -114,7 +119,7 @@ class SimWorker:
         return self.engine.cache
 
     def serve(self, token_ids: Sequence[int], tenant: str, refs: Sequence[ChunkRef],
-              shared: Measurements | None = None) -> SimAnswer:
+              shared: Measurements | None = None, spans: Sequence[ChunkSpan] = ()) -> SimAnswer:
         """Answer with one token (TTFT measured by the engine); with request caching the
         engine also stores the prompt's blocks from the request's own KV.
 
@@ -123,18 +128,24 @@ class SimWorker:
         request as deployed. Its TTFT is the lower median of the runs. A request that is the
         same computation as one another policy's worker measured for this query (same prompt
         ids, same cached tokens) reuses that measurement: it runs once, as deployed, for its
-        effect on this cache (not at all when it has none), and no trial runs. A request
-        that reads blocks back from a disk tier runs once, as deployed, and shares nothing.
+        effect on this cache (not at all when it has none), and no trial runs. A worker that
+        blends chunk KV (`spans`: where the chunks stand) never shares measurements. A
+        request that reads blocks back from a disk tier runs once, as deployed, and shares
+        nothing.
         """
         keys = [(r.chunk_id, r.content_hash) for r in refs]
+        spans = tuple(spans) if self.chunk_reuse else ()
         cached, restoring = self._expected(token_ids, tenant)
         if restoring:
             # A read from the disk tier moves the blocks onto the device, so a trial would
             # change what the next run finds: the request runs once, as deployed.
             marks = self._tier_marks(token_ids, tenant)
-            result = self._deployed(token_ids, tenant, keys, None)
+            result = self._deployed(token_ids, tenant, keys, None, spans)
             self.restore_runs += 1
             return self._served(result, result.ttft_s, restored=marks)
+        if self.chunk_reuse:
+            shared = None
+            self.own_measurements += 1
         known = shared.get(cached) if shared is not None else None
         if shared is not None and known is not None:
             result = self._deployed(token_ids, tenant, keys, known)
@@ -146,8 +157,8 @@ class SimWorker:
             self.reruns -= 1
             shared.record(result.cached_tokens, result, result.ttft_s)
             return self._served(result, result.ttft_s)
-        trials = [self._trial_ttft(token_ids, tenant) for _ in range(self.ttft_runs - 1)]
-        result = self._deployed(token_ids, tenant, keys, None)
+        trials = [self._trial_ttft(token_ids, tenant, spans) for _ in range(self.ttft_runs - 1)]
+        result = self._deployed(token_ids, tenant, keys, None, spans)
         ttft = statistics.median_low([*trials, result.ttft_s])
         if shared is not None:
             shared.record(result.cached_tokens, result, ttft)
@@ -169,14 +180,14 @@ class SimWorker:
         return min(blocks * self.engine.block_size, max(0, len(token_ids) - 1)), restored > 0
 
     def _deployed(self, token_ids: Sequence[int], tenant: str, keys: list[ChunkKey],
-                  known: Measured | None) -> GenerationResult:
+                  known: Measured | None, spans: Sequence[ChunkSpan] = ()) -> GenerationResult:
         """The request as deployed; skipped when a measurement exists and running it would
         change nothing here (no request caching, nothing cached to touch)."""
         if known is not None and not self.runtime.cache_requests and known.cached == 0:
             return replace(known.result, prefix_hash=None, stored=None)
         result = self.runtime.generate(
             token_ids, tenant=tenant, max_tokens=1, temperature=0.0,
-            arrived=time.perf_counter(), emit=lambda step: True, chunk_refs=keys,
+            arrived=time.perf_counter(), emit=lambda step: True, chunk_refs=keys, chunks=spans,
         )
         if result is None:
             raise RuntimeError("the runtime stopped a generation nobody cancelled")
@@ -201,8 +212,9 @@ class SimWorker:
         held = (tier.index.get(h) for h in self.engine.block_hashes(token_ids, tenant=tenant))
         return frozenset().union(*(b.marks for b in held if b is not None))
 
-    def _trial_ttft(self, token_ids: Sequence[int], tenant: str) -> float:
-        for step in self.engine.generate(token_ids, max_tokens=1, tenant=tenant):
+    def _trial_ttft(self, token_ids: Sequence[int], tenant: str,
+                    spans: Sequence[ChunkSpan] = ()) -> float:
+        for step in self.engine.generate(token_ids, max_tokens=1, tenant=tenant, chunks=spans):
             if step.result is not None:
                 return step.result.ttft_s
         raise RuntimeError("the engine returned no result")
@@ -211,7 +223,7 @@ class SimWorker:
         """Carry out a warmup command as the worker does; prefill time is warmup time."""
         started = time.perf_counter()
         outcome = self.runtime.apply(command)
-        if command.op == "prefill":
+        if command.op in ("prefill", "prefill_chunk"):
             self.warm_seconds += time.perf_counter() - started
         self.outcomes[f"{command.op}:{outcome}"] += 1
         self._drain()
