@@ -77,13 +77,19 @@ async def publish_indexed(p: HandlerDeps) -> None:
         await p.replica.publish()
 
 
+async def caught_up(p: HandlerDeps) -> None:
+    """Bring the index replica up to what every instance has published (read-your-writes):
+    an op another instance's edit led to is sent after the edit's chunks were published, and
+    a replica that has not applied them calls the old ref current and retrieves the old
+    prefix again. A wait that runs out (counted) leaves the local answer."""
+    if p.replica is not None:
+        await p.replica.caught_up()
+
+
 async def refs_current(p: HandlerDeps, refs: list[ChunkRef], tenant: str) -> bool:
-    """Whether the refs are current in the local index; if not, the index may be a replica
-    that has not yet applied what another instance indexed: catch up and ask again."""
-    if await p.blocking(p.rag.refs_current, refs, tenant):
-        return True
-    if p.replica is None or not await p.replica.caught_up():
-        return False
+    """Whether the refs are current in the index, once the replica has caught up: checked
+    before it, a stale ref the replica has not seen replaced yet passes for current."""
+    await caught_up(p)
     return await p.blocking(p.rag.refs_current, refs, tenant)
 
 
@@ -158,7 +164,10 @@ async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> No
     p.stats.update(plan.counters)
     if op.reason.startswith("re-prefill") and plan.counters.get("prefills"):
         p.stats["re_prefills"] += 1
-    for question in plan.rewarm_questions[: p.settings.rewarm_questions]:
+    questions = plan.rewarm_questions[: p.settings.rewarm_questions]
+    if questions:
+        await caught_up(p)  # retrieve over the edit that invalidated it, wherever indexed
+    for question in questions:
         prefix = await p.blocking(p.rag.prefix_for_question, question, op.tenant)
         if prefix is not None:
             await p.out.op(warm_op(prefix, op.tenant, question, op, pin=plan.rewarm_pin))
@@ -455,6 +464,7 @@ async def warm_per_node(
 
 
 async def hot_warm_op(p: HandlerDeps, prefix_hash: str, payload: HotPayload) -> PrefixOp | None:
+    await caught_up(p)  # else a lagging replica names the old prefix of an edited chunk
     prefix = await p.blocking(p.rag.prefix_for_refs, list(payload.chunk_refs), payload.tenant)
     if prefix is None or prefix.prefix_hash != prefix_hash:
         # The query's chunks changed since it was asked: warm what it would retrieve now.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rag.chunking import chunk_document
-from ragwarm.bench.pipeline import edit_inside, stage_figures, warm_chunk_edit
-from schemas import ChunkRef, KbChange
+from ragwarm.bench.pipeline import edit_inside, held, stage_figures, warm_chunk_edit
+from schemas import ChunkRef, KbChange, WorkerEvent
 
 
 class Words:
@@ -91,3 +91,18 @@ def test_the_timed_embedder_counts_time_and_texts():
     timed = TimedEmbedder(Inner(), stats)  # type: ignore[arg-type]
     assert timed.embed(["a", "b"]).shape == (2, 3) and timed.dim == 3
     assert stats["embedded_chunks"] == 2 and stats["embed_ms"] >= 0
+
+
+P, Q = "a" * 32, "b" * 32
+
+
+def test_a_prefix_is_held_while_the_workers_last_word_on_it_is_stored() -> None:
+    def said(*kinds: str) -> list[WorkerEvent]:
+        return [WorkerEvent(kind=k, worker_id="w1", prefix_hash=P) for k in kinds]
+
+    # Edits 3 and 8 of the default run edited the refs of a prefix that an edit made for
+    # another question had invalidated: the edit is now chosen from a prefix held now.
+    assert held(P, said("stored"))
+    assert not held(P, said("stored", "invalidated"))
+    assert held(P, said("stored", "invalidated", "stored", "heartbeat"))
+    assert not held(P, said("evicted")) and not held(Q, said("stored"))
