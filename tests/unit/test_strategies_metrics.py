@@ -113,6 +113,7 @@ def test_policy_names_and_the_error_listing_them():
         "hot-tokens",
         "hybrid",
         "hybrid-blend",
+        "tiered",
     ]
     assert policy_class("hybrid").name == "hybrid"
     blend = policy_class("hybrid-blend")

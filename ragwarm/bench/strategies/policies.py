@@ -76,12 +76,14 @@ class PolicyContext:
 class Policy:
     """A warmup policy: reacts to the run's start, time, KB changes and answered queries.
 
-    Subclasses set `name` and `cache_requests` (whether the worker caches each served prompt,
-    like vLLM's automatic prefix caching) and override the hooks they need.
+    Subclasses set `name`, `cache_requests` (whether the worker caches each served prompt,
+    like vLLM's automatic prefix caching) and `disk_tier` (whether the worker keeps the disk
+    KV tier below device memory) and override the hooks they need.
     """
 
     name: ClassVar[str]
     cache_requests: ClassVar[bool] = True
+    disk_tier: ClassVar[bool] = False
     # Whether its worker blends held chunk KV into prompts (RAGWARM_WORKER_CHUNK_REUSE).
     chunk_reuse: ClassVar[bool] = False
 
@@ -93,7 +95,8 @@ class Policy:
         that keeps state over the query stream can rebuild it."""
 
     def start(self) -> None:
-        """The initial KB is indexed and the worker is up; no query has been asked today."""
+        """The worker is up: at the run's start (the initial KB indexed, no query asked
+        today) and again after a restart (its device cache empty)."""
 
     def tick(self, now: float) -> None:
         """The clock reached `now` (called before every step of the timeline)."""
@@ -183,6 +186,7 @@ POLICIES: dict[str, str] = {
     "hot-tokens": "ragwarm.bench.strategies.streams_sim:HotTokens",
     "hybrid": "ragwarm.bench.strategies.streams_sim:Hybrid",
     "hybrid-blend": "ragwarm.bench.strategies.blend_policy:HybridBlend",
+    "tiered": "ragwarm.bench.strategies.tiered:TieredHybrid",
 }
 
 

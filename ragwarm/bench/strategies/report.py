@@ -71,11 +71,14 @@ def write_outputs(
     rows: Sequence[QueryRow],
     kb_times: Sequence[float],
     header: str,
+    sections: Sequence[str] = (),
 ) -> list[Path]:
-    """Write every output under `out`; returns the paths written."""
+    """Write every output under `out` (`sections`: more markdown after the table); returns
+    the paths written."""
     out.mkdir(parents=True, exist_ok=True)
+    text = "\n\n".join([header, tables(figures), *sections]) + "\n"
     paths = [
-        _write(out / "strategies.md", header + "\n\n" + tables(figures) + "\n"),
+        _write(out / "strategies.md", text),
         _write_csv(out / "strategies.csv", figures),
         _write(out / "queries.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in rows)),
     ]
