@@ -46,9 +46,14 @@ class StreamsSettings(BaseSettings):
     rewarm_questions: int = Field(default=4, description="Hot questions re-warmed per prefix.")
     edit_rewarm_share: float = Field(
         default=0.18, ge=0.0, le=0.5,
-        description="Share of the ready workers' KV memory one KB change may re-warm into "
-        "prefixes it invalidated that no worker held any more (asked in the hot window, most "
-        "asked first); held or hot ones are re-warmed whatever this says.",
+        description="Share of the ready workers' KV memory one KB change may re-warm and hold "
+        "(pinned until asked) for its dependents asked in the hot window, most asked first, "
+        "held by a worker or not; other held or hot invalidated ones are re-warmed unpinned.",
+    )
+    edit_hold_s: float = Field(
+        default=1800.0, gt=0,
+        description="How long a prefix an edit re-warmed stays pinned waiting for its next "
+        "ask (the ask unpins it); the hold then ends and the LRU may evict it.",
     )
     worker_stale_s: float = Field(
         default=30.0, description="Heartbeat age that marks a worker gone."

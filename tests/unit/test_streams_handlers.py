@@ -297,3 +297,29 @@ def test_an_edit_rewarms_evicted_dependents_asked_recently_within_its_budget():
     for op in invalidations:
         run_sync(handlers.on_prefix_op(p, op))
     assert [(o.op, o.question, o.pin) for o in out.ops] == [("warm", "popular?", False)]
+
+
+def test_the_ask_an_edit_held_a_prefix_for_releases_it_and_an_unasked_hold_ends():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    p, out = pipeline(port, prefix_ttl_s=60.0, edit_hold_s=50.0)
+    held_state = PrefixState(tenant="default", chunk_refs=REFS, token_ids=[7] * 32,
+                             questions=["why?"], expires_at=150.0, held_at=90.0)
+    p.tables.prefixes[P1] = held_state.model_dump(mode="json")
+    w1 = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=[P1], last_seen=100)
+    p.tables.workers["w1"] = w1.model_dump(mode="json")
+    # Known, fresh and held by a worker, but held for this ask: the op goes out.
+    run_sync(handlers.on_query(p, query()))
+    [op] = out.ops
+    run_sync(handlers.on_prefix_op(p, op))
+    assert [c.op for c in out.commands] == ["release"]
+    assert PrefixState.model_validate(p.tables.prefixes[P1]).held_at is None
+    # Unasked for `edit_hold_s`: the sweep ends the hold.
+    p.tables.prefixes[P1] = held_state.model_copy(update={"held_at": 40.0}).model_dump(
+        mode="json")
+    out.ops.clear()
+    out.commands.clear()
+    run_sync(handlers.sweep_prefixes(p))
+    [end] = out.ops
+    assert (end.op, end.hold) == ("cool", True)
+    run_sync(handlers.on_prefix_op(p, end))
+    assert [c.op for c in out.commands] == ["release"]
