@@ -196,10 +196,12 @@ async def apply_indexed(
     links = p.tables.doc_prefixes.get(key) or {}
     dependents = {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
     now = p.clock()
-    # The hot window (this process's view of rag.queries) ranks the dependents' re-warms.
+    # The hot window (this process's view of rag.queries) ranks the dependents' re-warms;
+    # the hot set's are pinned already and re-warmed pinned, so they take no edit budget.
+    pinned = {op.prefix_hash for op in p.tracker.hot.values()}
     recent = [
         logic.HotCandidate(h, c, pl.prefix_tokens)
-        for h, c, pl in p.tracker.ranked(now) if h in dependents
+        for h, c, pl in p.tracker.ranked(now) if h in dependents and h not in pinned
     ]
     plan = logic.plan_kb_change(
         change, prior, new_chunks, dependents, now, recent, edit_rewarm_tokens(p)

@@ -44,8 +44,10 @@ class StreamsSettings(BaseSettings):
         "chunks, so a KB change re-warms what its questions retrieve; off: hot prefixes only.",
     )
     rewarm_questions: int = Field(default=4, description="Hot questions re-warmed per prefix.")
+    # 0.5: with the hot set's 0.18 it stays under the 0.7 of memory a worker lets warmup
+    # pin (workers.memory.MEMORY_THRESHOLD), so the worker refuses neither.
     edit_rewarm_share: float = Field(
-        default=0.18, ge=0.0, le=0.5,
+        default=0.5, ge=0.0, le=0.7,
         description="Share of the ready workers' KV memory one KB change may re-warm and hold "
         "(pinned until asked) for its dependents asked in the hot window, most asked first, "
         "held by a worker or not; other held or hot invalidated ones are re-warmed unpinned.",
