@@ -31,6 +31,9 @@ class QueryRow:
     outdated_partial: bool  # reused the unchanged leading tokens of an outdated chunk version
     mem_share: float
     pinned_share: float
+    # The prefix asked (block-chain hash): a miss traces to the app's ops on it (run.json's
+    # commands, the streams counters) and to the same question's earlier asks.
+    prefix_hash: str | None = None
 
 
 def reuse_check(

@@ -261,6 +261,7 @@ class Runner:
             cached_tokens=cached, hit=aligned > 0 and cached >= aligned,
             partial=0 < cached < aligned, stale=stale, outdated_partial=outdated,
             mem_share=cache.bytes_used / total, pinned_share=cache.pinned_bytes / total,
+            prefix_hash=q.chain.prefix_hash,
         )
 
     def event(self, q: Prepared, served: SimAnswer, name: str) -> QueryEvent:
