@@ -52,11 +52,18 @@ class StreamsSettings(BaseSettings):
         "(0.7). 1: everything that fits at once.",
     )
     rewarm_questions: int = Field(default=4, description="Hot questions re-warmed per prefix.")
+    # 0.5: with the hot set's 0.18 it stays under the 0.7 of memory a worker lets warmup
+    # pin (workers.memory.MEMORY_THRESHOLD), so the worker refuses neither.
     edit_rewarm_share: float = Field(
-        default=0.18, ge=0.0, le=0.5,
-        description="Share of the ready workers' KV memory one KB change may re-warm into "
-        "prefixes it invalidated that no worker held any more (asked in the hot window, most "
-        "asked first); held or hot ones are re-warmed whatever this says.",
+        default=0.5, ge=0.0, le=0.7,
+        description="Share of the ready workers' KV memory one KB change may re-warm and hold "
+        "(pinned until asked) for its dependents asked in the hot window, most asked first, "
+        "held by a worker or not; other held or hot invalidated ones are re-warmed unpinned.",
+    )
+    edit_hold_s: float = Field(
+        default=1800.0, gt=0,
+        description="How long a prefix an edit re-warmed stays pinned waiting for its next "
+        "ask (the ask unpins it); the hold then ends and the LRU may evict it.",
     )
     chunk_warmup: bool = Field(
         default=False,

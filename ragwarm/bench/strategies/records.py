@@ -37,6 +37,9 @@ class QueryRow:
     blended_tokens: int = 0  # prompt tokens placed from held chunk KV (chunk reuse)
     # Blended rows: whether the first token is the exact computation's; None otherwise.
     first_token_agrees: bool | None = None
+    # The prefix asked (block-chain hash): a miss traces to the app's ops on it (run.json's
+    # commands, the streams counters) and to the same question's earlier asks.
+    prefix_hash: str | None = None
 
 
 def reuse_check(

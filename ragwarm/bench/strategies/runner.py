@@ -328,6 +328,7 @@ class Runner:
             mem_share=cache.bytes_used / total, pinned_share=cache.pinned_bytes / total,
             disk_share=None if tier is None else tier / total, restored=served.restored,
             since_restart=self.since_restart, blended_tokens=result.blended_tokens,
+            prefix_hash=q.chain.prefix_hash,
         )
 
     def event(self, q: Prepared, served: SimAnswer, name: str) -> QueryEvent:
