@@ -55,6 +55,9 @@ class Prompt:
     text: str
     prefix_text: str
     chunk_refs: tuple[ChunkRef, ...]
+    # Token [start, end) of each chunk's block, in the order of `chunk_refs`: where a worker
+    # may place the chunk's own KV (chunk-level reuse).
+    chunk_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def prefix_ids(self) -> tuple[int, ...]:
@@ -124,8 +127,18 @@ class PromptBuilder:
     def prefix_parts(self, chunks: Sequence[ChunkLike]) -> list[str]:
         """The prefix as the texts tokenized one by one, chunks in canonical order."""
         blocks = [chunk_block(c) for c in canonical_order(chunks)]
-        opening = self.layout.head + self.system_prompt + CONTEXT_HEADER
-        return [opening, *blocks, self.layout.between]
+        return [self.opening(), *blocks, self.layout.between]
+
+    def opening(self) -> str:
+        """The text before the first chunk: what a chunk's own KV is computed after."""
+        return self.layout.head + self.system_prompt + CONTEXT_HEADER
+
+    def opening_ids(self) -> list[int]:
+        return self._encode(self.opening())
+
+    def chunk_ids(self, chunk: ChunkLike) -> list[int]:
+        """The tokens of `chunk`'s block, as every prompt holding it has them."""
+        return self._encode(chunk_block(chunk))
 
     def build_prefix(self, chunks: Sequence[ChunkLike]) -> list[int]:
         """The prefix token ids a worker prefills for this chunk set."""
@@ -134,15 +147,21 @@ class PromptBuilder:
     def build(self, chunks: Sequence[ChunkLike], question: str) -> Prompt:
         """The full prompt; its first `prefix_len` ids equal `build_prefix(chunks)`."""
         parts = self.prefix_parts(chunks)
-        prefix = [t for part in parts for t in self._encode(part)]
+        encoded = [self._encode(part) for part in parts]
+        prefix = [t for ids in encoded for t in ids]
         asked = question.strip() + self.layout.tail
         prefix_text = "".join(parts)
+        spans, start = [], len(encoded[0])
+        for ids in encoded[1:-1]:
+            spans.append((start, start + len(ids)))
+            start += len(ids)
         return Prompt(
             token_ids=tuple(prefix + self._encode(asked)),
             prefix_len=len(prefix),
             text=prefix_text + asked,
             prefix_text=prefix_text,
             chunk_refs=tuple(_ref(c) for c in canonical_order(chunks)),
+            chunk_spans=tuple(spans),
         )
 
     def question_prompt(

@@ -205,6 +205,17 @@ class RagService:
             for r in refs
         )
 
+    def chunk_tokens(self, refs: Sequence[ChunkRef], tenant: str) -> dict[str, list[int]]:
+        stored = self.store.get_chunks([r.chunk_id for r in refs], tenant)
+        return {
+            r.chunk_id: self.prompts.chunk_ids(stored[r.chunk_id].chunk)
+            for r in refs
+            if r.chunk_id in stored and stored[r.chunk_id].chunk.content_hash == r.content_hash
+        }
+
+    def opening_ids(self) -> list[int]:
+        return self.prompts.opening_ids()
+
     def search(self, question: str, tenant: str, k: int) -> list[dict]:
         hits = self.retriever.retrieve(question, tenant, k).hits
         return [

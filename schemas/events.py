@@ -319,7 +319,7 @@ class WorkerEventV2(WorkerEventV1):
 
 
 class WorkerEventV3(WorkerEventV2):
-    """Version 3 of `WorkerEvent` (no synthetic questions); still read, upgraded on decode.
+    """Version 3 of `WorkerEvent` (no node); still read, upgraded on decode.
 
     v3: a worker with a disk KV tier keeps prefixes across restarts, so a new `epoch` no
     longer means that everything is gone: `ready` and `heartbeat` list in `tier_prefixes`
@@ -334,17 +334,32 @@ class WorkerEventV3(WorkerEventV2):
     tier_bytes: int = Field(default=0, ge=0)
 
 
-class WorkerEvent(WorkerEventV3):
-    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+class WorkerEventV4(WorkerEventV3):
+    """Version 4 of `WorkerEvent` (no synthetic questions); still read, upgraded on decode.
 
-    v4: kind `synthesized` answers a `synthesize` command: `questions` are the questions
-    its model sampled about the chunks in `chunk_refs` (cleaned, duplicates dropped; empty
-    when none came out usable), for the app to retrieve and warm.
+    v4: `node` names the machine the worker runs on (its host name unless set), so the
+    streams app can keep at least one worker per node holding the hot set (seed 000: "keep
+    ≥1 hot instance per node"). An older event has none: its worker shares one unnamed node
+    with the others that report none.
     """
 
     VERSION: ClassVar[int] = 4
 
     schema_version: Literal[4] = 4  # type: ignore[assignment]
+    node: Id | None = None
+
+
+class WorkerEvent(WorkerEventV4):
+    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+
+    v5: kind `synthesized` answers a `synthesize` command: `questions` are the questions
+    its model sampled about the chunks in `chunk_refs` (cleaned, duplicates dropped; empty
+    when none came out usable), for the app to retrieve and warm.
+    """
+
+    VERSION: ClassVar[int] = 5
+
+    schema_version: Literal[5] = 5  # type: ignore[assignment]
     kind: Literal[WorkerKind, "synthesized"]  # type: ignore[assignment]
     questions: list[
         Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUESTION_CHARS)]
@@ -469,5 +484,6 @@ LEGACY_TYPES: tuple[type[Event], ...] = (
     WorkerEventV1,
     WorkerEventV2,
     WorkerEventV3,
+    WorkerEventV4,
     DeadLetterV1,
 )

@@ -69,6 +69,8 @@ def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float
     ws = state or WorkerState(worker_id=event.worker_id)
     if event.epoch is not None:
         ws = ws.model_copy(update={"epoch": event.epoch})
+    if event.node is not None:
+        ws = ws.model_copy(update={"node": event.node})
     update: dict = {"last_seen": now}
     if event.url:
         update["url"] = event.url
@@ -102,3 +104,35 @@ def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float
             pinned=event.pinned_bytes,
         )
     return ws.model_copy(update=update)
+
+
+# Seed 000, deployment: "keep ≥1 hot instance per node".
+MIN_HOT_PER_NODE = 1
+
+
+def hot_targets(
+    prefix_hash: str,
+    workers: Sequence[WorkerState],
+    threshold: float = MEMORY_THRESHOLD,
+    per_node: int = MIN_HOT_PER_NODE,
+) -> list[str]:
+    """The ready workers a hot prefix must be warmed on so `per_node` of every node hold it.
+
+    A node whose workers hold it already needs nothing; otherwise its eligible workers
+    (ready, pinned share within the threshold) with the most room (the cold weight) take
+    it, ties to the lower id. A node losing its holder (a restart, an eviction) then still
+    serves the hot set without crossing to another machine, and one node's failure leaves
+    the others hot. Workers that report no node (before v4 events) count as one node.
+    """
+    by_node: dict[str | None, list[WorkerState]] = {}
+    for w in workers:
+        if w.ready:
+            by_node.setdefault(w.node, []).append(w)
+    targets: list[str] = []
+    for node in sorted(by_node, key=lambda n: n or ""):
+        group = sorted(by_node[node], key=lambda w: w.worker_id)
+        missing = per_node - sum(prefix_hash in w.prefixes for w in group)
+        free = [w for w in group if prefix_hash not in w.prefixes and w.warm_ratio <= threshold]
+        free.sort(key=cold_weight, reverse=True)  # stable: equal weights keep id order
+        targets.extend(w.worker_id for w in free[: max(0, missing)])
+    return targets

@@ -8,20 +8,20 @@ simulated clock, so both run this same code.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections import Counter
-from collections.abc import Callable, MutableMapping
-from concurrent.futures import Executor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
+from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
 from schemas.signing import authentic
-from streams import logic, synthesize
-from streams.hot import HotPayload, HotTracker
-from streams.ports import IndexReplica, RagPort, WarmPrefix
+from streams import chunk_warm, logic, progressive, synthesize
+from streams.deps import (  # noqa: F401 - re-exported: the handlers' inputs in one place
+    HandlerDeps,
+    Outbox,
+    Readiness,
+    StreamTables,
+    Table,
+)
+from streams.hot import HotPayload
+from streams.ports import WarmPrefix
 from streams.records import (
     DocLink,
     DocState,
@@ -31,97 +31,8 @@ from streams.records import (
     WorkerState,
     doc_key,
 )
-from streams.settings import StreamsSettings
-from streams.synthetic import SyntheticState
 
-Table = MutableMapping[str, Any]
 log = logging.getLogger(__name__)
-
-
-class Outbox(Protocol):
-    """Where the handlers' output goes: the internal topics and the workers' commands."""
-
-    async def op(self, op: PrefixOp) -> None:
-        """To `ragwarm.prefix-ops`, keyed by the prefix hash."""
-
-    async def link(self, link: DocLink) -> None:
-        """To `ragwarm.doc-links`, keyed by the doc id."""
-
-    async def command(self, cmd: WarmupCommand) -> None:
-        """To `warmup.commands`, keyed by the prefix hash."""
-
-    async def ready(self, req: ReadyRewarm) -> None:
-        """To every partition of `ragwarm.worker-ready` (one request per partition)."""
-
-
-@dataclass
-class StreamTables:
-    """The app's state; Faust changelog tables in the app, dicts in the benchmark."""
-
-    docs: Table  # doc_key(tenant, doc_id) -> DocState
-    doc_prefixes: Table  # doc_key(tenant, doc_id) -> {prefix hash: [chunk refs]}
-    prefixes: Table  # prefix hash -> PrefixState
-    workers: Table  # worker id -> WorkerState (read by every partition)
-
-
-@dataclass
-class Readiness:
-    """What `/ragwarm/health/ready` reports: tables recovered and the index consistent with
-    them. KB changes wait for `index` (re-indexing must not race them). Set by default:
-    only the Faust app, which recovers, clears it."""
-
-    index: asyncio.Event = field(default_factory=asyncio.Event)
-    reason: str = "ready"
-
-    def __post_init__(self) -> None:
-        self.index.set()
-
-    def wait_for_recovery(self) -> None:
-        self.index.clear()
-        self.reason = "recovering tables"
-
-    def recovered(self) -> None:
-        self.reason = "ready"
-        self.index.set()
-
-
-@dataclass
-class HandlerDeps:
-    """Everything the handlers share: tables, outbox, the RAG port, clock and counters."""
-
-    tables: StreamTables
-    out: Outbox
-    rag: RagPort
-    settings: StreamsSettings
-    tracker: HotTracker
-    clock: Callable[[], float] = time.time
-    stats: Counter = field(default_factory=Counter)
-    # Qdrant local mode and the embedder are not safe to share across threads: in the app
-    # one thread runs every store call, off the event loop. None runs them inline.
-    executor: Executor | None = None
-    # The hot-tick timer and a worker's `ready` both re-plan the hot set; one at a time.
-    hot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    readiness: Readiness = field(default_factory=Readiness)
-    # The partition of a table key among n (the producer's partitioner in the app).
-    partition_of: Callable[[str, int], int] = field(default=lambda key, n: 0)
-    # The index replica fed by rag.chunks (streams.replica); None: nothing to publish.
-    replica: IndexReplica | None = None
-    # The share of the rag.queries partitions this process owns: with N instances each
-    # plans the hot set of its own tenants within that share of the hot-token budget.
-    owned_share: Callable[[], float] = field(default=lambda: 1.0)
-    synthetic: SyntheticState = field(default_factory=SyntheticState)  # this process's
-
-    async def blocking(self, fn: Callable, *args):
-        if self.executor is None:
-            return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-
-    def live_workers(self) -> list[WorkerState]:
-        horizon = self.clock() - self.settings.worker_stale_s
-        rows = [WorkerState.model_validate(v) for v in self.tables.workers.values() if v]
-        return [
-            w if w.last_seen >= horizon else w.model_copy(update={"ready": False}) for w in rows
-        ]
 
 
 def warm_op(
@@ -131,6 +42,7 @@ def warm_op(
     cause: PrefixOp | None = None,
     *,
     pin: bool = False,
+    hold: bool = False,
     reason: str = "hot",
 ) -> PrefixOp:
     """A `warm` op for `prefix`; `cause` is the op whose decision led here, if any."""
@@ -142,6 +54,7 @@ def warm_op(
         token_ids=prefix.token_ids,
         question=question,
         pin=pin,
+        hold=hold,
         reason=f"re-prefill after {cause.reason}" if cause else reason,
         origin_ts=cause.origin_ts if cause else None,
     )
@@ -166,13 +79,19 @@ async def publish_indexed(p: HandlerDeps) -> None:
         await p.replica.publish()
 
 
+async def caught_up(p: HandlerDeps) -> None:
+    """Bring the index replica up to what every instance has published (read-your-writes):
+    an op another instance's edit led to is sent after the edit's chunks were published, and
+    a replica that has not applied them calls the old ref current and retrieves the old
+    prefix again. A wait that runs out (counted) leaves the local answer."""
+    if p.replica is not None:
+        await p.replica.caught_up()
+
+
 async def refs_current(p: HandlerDeps, refs: list[ChunkRef], tenant: str) -> bool:
-    """Whether the refs are current in the local index; if not, the index may be a replica
-    that has not yet applied what another instance indexed: catch up and ask again."""
-    if await p.blocking(p.rag.refs_current, refs, tenant):
-        return True
-    if p.replica is None or not await p.replica.caught_up():
-        return False
+    """Whether the refs are current in the index, once the replica has caught up: checked
+    before it, a stale ref the replica has not seen replaced yet passes for current."""
+    await caught_up(p)
     return await p.blocking(p.rag.refs_current, refs, tenant)
 
 
@@ -196,10 +115,12 @@ async def apply_indexed(
     links = p.tables.doc_prefixes.get(key) or {}
     dependents = {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
     now = p.clock()
-    # The hot window (this process's view of rag.queries) ranks the dependents' re-warms.
+    # The hot window (this process's view of rag.queries) ranks the dependents' re-warms;
+    # the hot set's are pinned already and re-warmed pinned, so they take no edit budget.
+    pinned = {op.prefix_hash for op in p.tracker.hot.values()}
     recent = [
         logic.HotCandidate(h, c, pl.prefix_tokens)
-        for h, c, pl in p.tracker.ranked(now) if h in dependents
+        for h, c, pl in p.tracker.ranked(now) if h in dependents and h not in pinned
     ]
     plan = logic.plan_kb_change(
         change, prior, new_chunks, dependents, now, recent, edit_rewarm_tokens(p)
@@ -209,6 +130,7 @@ async def apply_indexed(
     p.stats["kb_events"] += 1
     for op in plan.ops:
         await p.out.op(op)
+    await chunk_warm.warm_changed(p, change, prior, new_chunks, bool(dependents))
     await synthesize.on_kb_changed(p, prior, plan.state, change.doc_id)
 
 
@@ -247,10 +169,14 @@ async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> No
     p.stats.update(plan.counters)
     if op.reason.startswith("re-prefill") and plan.counters.get("prefills"):
         p.stats["re_prefills"] += 1
-    for question in plan.rewarm_questions[: p.settings.rewarm_questions]:
+    questions = plan.rewarm_questions[: p.settings.rewarm_questions]
+    if questions:
+        await caught_up(p)  # retrieve over the edit that invalidated it, wherever indexed
+    for question in questions:
         prefix = await p.blocking(p.rag.prefix_for_question, question, op.tenant)
         if prefix is not None:
-            await p.out.op(warm_op(prefix, op.tenant, question, op, pin=plan.rewarm_pin))
+            await p.out.op(warm_op(prefix, op.tenant, question, op, pin=plan.rewarm_pin,
+                                   hold=plan.rewarm_hold))
 
 
 # --- ragwarm.doc-links (key tenant + doc_id) ----------------------------------------------
@@ -294,6 +220,8 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
         p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens
     if event.kind == "ready":
         await warm_new_worker(p, event)
+    elif event.kind == "heartbeat":
+        await next_warm_step(p, state)
     elif event.kind == "synthesized":
         await synthesize.on_synthesized(p, event)
 
@@ -301,10 +229,13 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
 async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     """A worker that (re)started holds nothing: send it the hot set, re-plan the hot set
     with its memory added, then the tracked prefixes most used while they fit its free
-    memory beside the hot set (they are unpinned: later warmups may evict them)."""
+    memory beside the hot set (they are unpinned: later warmups may evict them), in
+    `warmup_steps` growing steps (`streams.progressive`): the first one now."""
     for op in list(p.tracker.hot.values()):
         await p.out.op(op.model_copy(update={"op": "warm_on", "target_worker": event.worker_id}))
     await plan_hot(p)
+    # After the plan: a first ready has no hot set before it.
+    await chunk_warm.warm_ready(p, event.worker_id)
     if not p.settings.track_queries:
         return
     per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
@@ -312,13 +243,44 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     hot = sum(len(op.token_ids) for op in p.tracker.hot.values()) * per_token
     reserve = min(hot, int(p.settings.hot_share * event.mem_total_bytes))
     budget = event.mem_total_bytes - event.mem_used_bytes - reserve
-    # The hot set is keyed by the hash queries reported; its ops may name a newer prefix.
-    sent = set(p.tracker.hot) | {op.prefix_hash for op in p.tracker.hot.values()}
+    sent = hot_sent(p)
     # The tracked prefixes live in every partition of the prefixes table: each owner warms
     # its own, within its share of the budget.
-    await p.out.ready(
-        ReadyRewarm(worker_id=event.worker_id, budget_bytes=max(0, budget), skip=sorted(sent))
+    steps = p.settings.warmup_steps
+    req = ReadyRewarm(
+        worker_id=event.worker_id, budget_bytes=max(0, budget), skip=sent, steps=steps
     )
+    # The later steps go after its heartbeats (`next_warm_step`), with the same budget.
+    row = WorkerState.model_validate(p.tables.workers[event.worker_id])
+    progress = {"warm_step": 2 if steps > 1 else 0, "warm_steps": steps,
+                "warm_budget": req.budget_bytes}
+    p.tables.workers[event.worker_id] = row.model_copy(update=progress).model_dump(mode="json")
+    await p.out.ready(req)
+
+
+def hot_sent(p: HandlerDeps) -> list[str]:
+    """What a ready worker gets as the hot set, by the hash queries reported and the one its
+    ops name (a newer prefix): the re-warm skips both."""
+    return sorted(set(p.tracker.hot) | {op.prefix_hash for op in p.tracker.hot.values()})
+
+
+async def next_warm_step(p: HandlerDeps, state: WorkerState) -> None:
+    """After a heartbeat, the worker's next progressive step if one is pending and its KV
+    use is within the threshold (`streams.progressive`); above it, none of the rest."""
+    if not state.warm_step:
+        return
+    step = progressive.next_step(state)
+    following = state.warm_step + 1 if step is not None and step < state.warm_steps else 0
+    update = {"warm_step": following}
+    p.tables.workers[state.worker_id] = state.model_copy(update=update).model_dump(mode="json")
+    if step is None:
+        p.stats["warm_steps_stopped"] += 1
+        return
+    p.stats["warm_steps"] += 1
+    await p.out.ready(ReadyRewarm(
+        worker_id=state.worker_id, budget_bytes=state.warm_budget, skip=hot_sent(p),
+        step=step, steps=state.warm_steps,
+    ))
 
 
 async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
@@ -336,6 +298,11 @@ async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
     states = dict(tracked)
     share = req.budget_bytes // max(1, req.partitions if req.partition is not None else 1)
     chosen = logic.plan_rewarm(tracked, now, share, per_token, req.skip, counts)
+    if req.steps > 1:
+        # Step `req.step` of the plan: the plan is made again at each step (the counts move a
+        # little meanwhile; a prefix sent twice is a no-op on a worker holding it).
+        sizes = [(h, len(states[h].token_ids) * per_token) for h in chosen]
+        chosen = progressive.wave(sizes, share, req.step, req.steps)
     for prefix_hash in reversed(chosen):
         state = states[prefix_hash]
         await p.out.op(
@@ -351,7 +318,8 @@ async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
 
 
 async def sweep_prefixes(p: HandlerDeps) -> int:
-    """Ask for the prefixes expired `forget_after_s` ago that nobody holds to be dropped.
+    """Ask for the prefixes expired `forget_after_s` ago that nobody holds to be dropped,
+    and for the edit holds older than `edit_hold_s` to end.
 
     A timer runs this over the local table; the `forget` op goes through prefix-ops, so the
     partition that owns each prefix rechecks and drops it (a use in between keeps it).
@@ -363,6 +331,10 @@ async def sweep_prefixes(p: HandlerDeps) -> int:
         if not raw:
             continue
         state = PrefixState.model_validate(raw)
+        if logic.hold_ended(state, now, p.settings.edit_hold_s):
+            await p.out.op(PrefixOp(op="cool", prefix_hash=prefix_hash, tenant=state.tenant,
+                                    hold=True, reason="edit hold ended unasked"))
+            sent += 1
         if logic.forgettable(prefix_hash, state, workers, now, after):
             await p.out.op(
                 PrefixOp(
@@ -432,7 +404,8 @@ async def query_warm_op(p: HandlerDeps, query: QueryEvent) -> PrefixOp | None:
     state = PrefixState.model_validate(raw)
     fresh = state.expires_at - p.clock() > p.settings.prefix_ttl_s / 2
     # Cheap checks first: this runs for every query, the worker rows only when needed.
-    if fresh and query.question in state.questions:
+    # A held prefix's ask ends its hold (`logic._warm`), so it is always sent.
+    if fresh and query.question in state.questions and state.held_at is None:
         if logic.holders_of(query.prefix_hash, p.live_workers()):
             return None
     # The state has the tokens; the op only refreshes the TTL and the question list.
@@ -464,17 +437,24 @@ async def _plan_hot(p: HandlerDeps) -> None:
         candidates, budget, per_token, p.tracker.hot, p.settings.hot_min_count
     )
     payloads = {h: pl for h, _, pl in ranked}
-    held = {h for w in p.live_workers() if w.ready for h in w.prefixes}
+    held = {h for w in ready for h in w.prefixes}
     for prefix_hash in hot:
         known = p.tracker.hot.get(prefix_hash)
         # New to the hot set, or still hot but on no worker (a refused or lost prefill, an
         # eviction): warm what it retrieves now; the prefix op itself waits for a prefill
         # already on its way.
         if known is None or known.prefix_hash not in held:
+            if known is not None and _prefill_pending(p, known.prefix_hash):
+                # Not held yet, its prefill on its way (an edit's re-warm takes seconds):
+                # retrieving again every tick would take CPU from that very prefill.
+                continue
             op = await hot_warm_op(p, prefix_hash, payloads[prefix_hash])
             if op is not None:
                 p.tracker.hot[prefix_hash] = op
                 await p.out.op(op)
+                await warm_per_node(p, op, ready, owner_picks=True)
+        else:
+            await warm_per_node(p, known, ready)
     for prefix_hash in cooled:
         # An invalidation (`tracker.forget`) may have dropped it while this plan awaited.
         op = p.tracker.hot.pop(prefix_hash, None)
@@ -485,7 +465,31 @@ async def _plan_hot(p: HandlerDeps) -> None:
         )
 
 
+def _prefill_pending(p: HandlerDeps, prefix_hash: str) -> bool:
+    raw = p.tables.prefixes.get(prefix_hash)  # None where another instance owns it
+    state = PrefixState.model_validate(raw) if raw else None
+    return logic.prefill_pending(state, p.clock())
+
+
+async def warm_per_node(
+    p: HandlerDeps, op: PrefixOp, ready: list[WorkerState], *, owner_picks: bool = False
+) -> None:
+    """Warm a hot prefix on a worker of every node that holds none (`logic.hot_targets`).
+
+    `owner_picks`: an untargeted op was just sent, and the prefix's owner places it on the
+    worker `choose_worker` picks; that worker's node is covered by it.
+    """
+    picked = logic.choose_worker(ready, [op.prefix_hash]) if owner_picks else None
+    covered = {w.node for w in ready if w.worker_id == picked}
+    for worker in logic.hot_targets(op.prefix_hash, ready):
+        if next(w.node for w in ready if w.worker_id == worker) in covered:
+            continue
+        p.stats["hot_per_node"] += 1
+        await p.out.op(op.model_copy(update={"op": "warm_on", "target_worker": worker}))
+
+
 async def hot_warm_op(p: HandlerDeps, prefix_hash: str, payload: HotPayload) -> PrefixOp | None:
+    await caught_up(p)  # else a lagging replica names the old prefix of an edited chunk
     prefix = await p.blocking(p.rag.prefix_for_refs, list(payload.chunk_refs), payload.tenant)
     if prefix is None or prefix.prefix_hash != prefix_hash:
         # The query's chunks changed since it was asked: warm what it would retrieve now.

@@ -46,6 +46,13 @@ class RagPort(Protocol):
     def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
         """Whether every ref's content hash is still the current one of its chunk."""
 
+    def chunk_tokens(self, refs: Sequence[ChunkRef], tenant: str) -> dict[str, list[int]]:
+        """chunk_id -> the tokens of its block in a canonical prompt, for the refs still
+        current (what a worker computes the chunk's KV from)."""
+
+    def opening_ids(self) -> list[int]:
+        """The canonical prompt's tokens before its first chunk (the system prompt)."""
+
     def synthesis_prompt(
         self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
     ) -> SynthesisPrompt | None:

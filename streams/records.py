@@ -48,6 +48,8 @@ class PrefixState(_Record):
     resends: int = 0  # re-sends of that prefill no worker confirmed (the resend timer)
     uses: int = 0  # queries that reported it (a held, fresh prefix's repeats are not sent)
     synthetic: bool = False  # first warmed for a question a worker's model made up
+    # Pinned by an edit's re-warm until its next ask (or `edit_hold_s` after this time).
+    held_at: float | None = None
 
 
 class WorkerState(_Record):
@@ -63,6 +65,12 @@ class WorkerState(_Record):
     prefixes: list[str] = Field(default_factory=list)
     last_seen: float = 0.0
     epoch: int | None = None  # the boot it last reported from (None: a v1 worker)
+    node: str | None = None  # the machine it runs on (None: a worker before v4 events)
+    # Its progressive warmup (streams.progressive): the step its next heartbeat sends (0:
+    # none pending), of how many, and the budget every step's plan shares.
+    warm_step: int = 0
+    warm_steps: int = 1
+    warm_budget: int = 0
 
     @property
     def mem_ratio(self) -> float:
@@ -100,6 +108,9 @@ class PrefixOp(_Record):
     rewarm: bool = False
     # Warms the top-3 of a synthetic question (`streams.synthetic`): recorded on the state.
     synthetic: bool = False
+    # An edit's re-warm: pin the prefix until its next ask, so the worker's LRU does not
+    # evict it first. On a `cool` op: end that hold (not the hot-set pin).
+    hold: bool = False
     reason: str = ""
     origin_ts: float | None = None
 
@@ -125,3 +136,7 @@ class ReadyRewarm(_Record):
     partition: int | None = None
     partitions: int = 1
     skip: list[str] = Field(default_factory=list)
+    # Which of the progressive warmup's steps this is (streams.progressive); one step of one
+    # (every prefix that fits) for records sent before steps existed.
+    step: int = 1
+    steps: int = 1

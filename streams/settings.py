@@ -43,12 +43,52 @@ class StreamsSettings(BaseSettings):
         description="Keep the prefix of every answered query warm (TTL) and linked to its "
         "chunks, so a KB change re-warms what its questions retrieve; off: hot prefixes only.",
     )
+    warmup_steps: int = Field(
+        default=3,
+        ge=1,
+        description="Steps of a ready worker's re-warm (seed 000's router: warmup_steps 3, "
+        "progressive): growing shares of its budget (1/6, 2/6, 3/6), most used prefixes first, "
+        "the next one after each heartbeat while its KV use is within the memory threshold "
+        "(0.7). 1: everything that fits at once.",
+    )
     rewarm_questions: int = Field(default=4, description="Hot questions re-warmed per prefix.")
+    # 0.5: with the hot set's 0.18 it stays under the 0.7 of memory a worker lets warmup
+    # pin (workers.memory.MEMORY_THRESHOLD), so the worker refuses neither.
     edit_rewarm_share: float = Field(
-        default=0.18, ge=0.0, le=0.5,
-        description="Share of the ready workers' KV memory one KB change may re-warm into "
-        "prefixes it invalidated that no worker held any more (asked in the hot window, most "
-        "asked first); held or hot ones are re-warmed whatever this says.",
+        default=0.5, ge=0.0, le=0.7,
+        description="Share of the ready workers' KV memory one KB change may re-warm and hold "
+        "(pinned until asked) for its dependents asked in the hot window, most asked first, "
+        "held by a worker or not; other held or hot invalidated ones are re-warmed unpinned.",
+    )
+    edit_hold_s: float = Field(
+        default=1800.0, gt=0,
+        description="How long a prefix an edit re-warmed stays pinned waiting for its next "
+        "ask (the ask unpins it); the hold then ends and the LRU may evict it.",
+    )
+    chunk_warmup: bool = Field(
+        default=False,
+        description="Event-driven chunk warmup: on a KB change, prefill on every worker the "
+        "KV of the new chunks of documents that are hot or linked to tracked prefixes (and "
+        "drop the KV of the versions they replace); a ready worker gets the hot set's "
+        "chunks. For workers with RAGWARM_WORKER_CHUNK_REUSE on.",
+    )
+    chunk_warm_max: int = Field(
+        default=16, ge=0, description="Most chunk prefills one KB change sends."
+    )
+    chunk_warm_share: float = Field(
+        default=0.1, ge=0.0, le=0.5,
+        description="Share of the smallest ready worker's KV memory the chunk KV one KB "
+        "change (or one ready worker's hot chunks) may take.",
+    )
+    chunk_ttl_s: float = Field(
+        default=900.0, gt=0, description="TTL of warmed chunk KV (pinned until then with "
+        "RAGWARM_STREAMS_CHUNK_PIN).",
+    )
+    chunk_pin: bool = Field(
+        default=False,
+        description="Pin warmed chunk KV until its TTL (unpinned, KV nobody has used yet is "
+        "the LRU's first victim). Off: in the quick strategies run pinning took 37% of KV "
+        "memory and cut hybrid-blend's hit rate from 67% to 51% with no answer blended.",
     )
     worker_stale_s: float = Field(
         default=30.0, description="Heartbeat age that marks a worker gone."

@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from schemas import MAX_TTL_S, ChunkRef
+from workers.chunk_kv import ChunkSpan, check_spans
 
 Tenant = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 DONE = b"data: [DONE]\n\n"
@@ -51,6 +52,18 @@ class StreamOptions(BaseModel):
     include_usage: bool = True
 
 
+class ChunkSpanIn(BaseModel):
+    """Where one retrieved chunk's block stands in the prompt: token positions [start, end)
+    of the prompt's token ids, with the chunk's identity (its chunk KV is keyed by it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chunk_id: Annotated[str, StringConstraints(min_length=1, max_length=512)]
+    content_hash: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,128}$")]
+    start: int = Field(ge=0)
+    end: int = Field(ge=1)
+
+
 class CompletionRequest(BaseModel):
     """The supported subset of OpenAI's `POST /v1/completions`, plus `tenant`."""
 
@@ -74,6 +87,11 @@ class CompletionRequest(BaseModel):
     # so an invalidation by chunk reaches it; and vLLM's switch for returning token ids.
     chunk_refs: list[ChunkRef] = Field(default_factory=list, max_length=256)
     return_token_ids: bool = False
+    # Non-standard: where the retrieved chunks stand (token positions; the prompt must be
+    # token ids), so a worker holding their chunk KV can blend it; `chunk_reuse` false opts
+    # this request out of blending (exact prefix reuse only).
+    chunk_spans: list[ChunkSpanIn] = Field(default_factory=list, max_length=256)
+    chunk_reuse: bool = True
     # vLLM's per-request prefix-cache namespace; it stands for `tenant` when that is unset.
     cache_salt: Tenant | None = None
 
@@ -183,17 +201,37 @@ def check_prompt(token_ids: Sequence[int], limits: Limits, *, max_tokens: int = 
         )
 
 
+def check_spans_of(req: CompletionRequest, prompt: str | list[int], n_prompt: int
+                   ) -> tuple[ChunkSpan, ...]:
+    """The request's chunk spans, checked against its prompt of `n_prompt` tokens."""
+    if not req.chunk_spans:
+        return ()
+    if not isinstance(prompt, list):
+        raise ApiError(400, "chunk_spans need the prompt as token ids (spans are token "
+                       "positions; text would be tokenized here)", param="chunk_spans")
+    try:
+        spans = tuple(ChunkSpan((s.chunk_id, s.content_hash), s.start, s.end)
+                      for s in req.chunk_spans)
+        check_spans(spans, n_prompt)
+    except ValueError as exc:
+        raise ApiError(400, f"chunk_spans: {exc}", param="chunk_spans") from None
+    return spans
+
+
 def completion_id() -> str:
     return f"cmpl-{uuid.uuid4().hex}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached: int, ttft_ms: float) -> dict:
-    """OpenAI usage with `prompt_tokens_details.cached_tokens` and a non-standard `ttft_ms`."""
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached: int, ttft_ms: float, blended: int = 0
+) -> dict:
+    """OpenAI usage with `prompt_tokens_details.cached_tokens`, and non-standard `ttft_ms`
+    and `prompt_tokens_details.blended_tokens` (placed from chunk KV, not computed)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": {"cached_tokens": cached, "blended_tokens": blended},
         "ttft_ms": round(ttft_ms, 3),
     }
 

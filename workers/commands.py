@@ -245,25 +245,35 @@ class CommandConsumer:
             consumer.close()
 
     def _connect(self) -> Any:
+        return connect_with_retry(
+            self._subscribed, f"{self._topic} at {self._bootstrap}", self._connect_wait_s
+        )
+
+    def _subscribed(self) -> Any:
         from kafka import KafkaConsumer
 
-        return connect_with_retry(
-            lambda: KafkaConsumer(
-                self._topic,
-                bootstrap_servers=self._bootstrap,
-                group_id=self.group_id,
-                auto_offset_reset="latest",
-                enable_auto_commit=True,
-                auto_commit_interval_ms=1000,
-                # A topic created after the subscription (a fresh cluster, the streams app
-                # creating it) is only seen at the next metadata refresh: kafka-python's
-                # default of 5 min left a worker unassigned past its start timeout.
-                metadata_max_age_ms=5_000,
-                **self._options,
-            ),
-            f"{self._topic} at {self._bootstrap}",
-            self._connect_wait_s,
+        consumer = KafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            group_id=self.group_id,
+            auto_offset_reset="latest",
+            enable_auto_commit=True,
+            auto_commit_interval_ms=1000,
+            # A topic created after the subscription (a fresh cluster, the streams app
+            # creating it) is only seen at the next metadata refresh: kafka-python's
+            # default of 5 min left a worker unassigned past its start timeout.
+            metadata_max_age_ms=5_000,
+            **self._options,
         )
+        consumer.subscribe([self._topic])
+        try:
+            # The subscribed topic's partitions known before the group join (the first
+            # poll): joined without them, the consumer is assigned nothing, then joins again
+            # when metadata arrives, and that second join was seen to hang for minutes.
+            consumer.partitions_for_topic(self._topic)
+        except BaseException:
+            consumer.close()
+            raise
+        return consumer
 
     def _mark_assigned(self, consumer: Any) -> None:
         if self._assigned.is_set():

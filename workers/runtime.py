@@ -12,6 +12,7 @@ from typing import Any, Literal, Unpack
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import ApiError, Limits, check_prompt
 from workers.cache import CacheEvent, ChunkKey, WarmupRefused
+from workers.chunk_kv import ChunkSpan
 from workers.commands import EventSink
 from workers.engines.base import (
     Engine,
@@ -84,10 +85,14 @@ class WorkerRuntime:
         warmup_threshold: float = MEMORY_THRESHOLD,
         epoch: int | None = None,
         synthesis: SynthesisLimits | None = None,
+        node: str | None = None,
     ) -> None:
         self.engine = engine
         # Synthetic warmup's bounds; by default the workers' settings' defaults.
         self.synthesis = synthesis or SynthesisLimits(RateLimit(DEFAULT_PER_MINUTE))
+        # The machine it runs on, on every event: the app keeps the hot set on a worker of
+        # every node (seed 000: "keep ≥1 hot instance per node").
+        self.node = node
         # This boot's id on every event: later boots have larger ones (start time in µs), so
         # the streams app tells a restart (cache lost) from leftovers of an earlier process.
         self.epoch = epoch if epoch is not None else time.time_ns() // 1000
@@ -133,6 +138,8 @@ class WorkerRuntime:
         arrived: float,
         emit: Emit,
         chunk_refs: Iterable[ChunkKey] = (),
+        chunks: Sequence[ChunkSpan] = (),
+        chunk_reuse: bool = True,
     ) -> GenerationResult | None:
         """Stream a completion through `emit` (False stops it); None when it was stopped.
 
@@ -149,6 +156,8 @@ class WorkerRuntime:
                 temperature=temperature,
                 cache_prompt=self.cache_requests,
                 chunk_refs=chunk_refs,
+                chunks=chunks,
+                chunk_reuse=chunk_reuse,
             )
 
             # Metrics are counted before the last step goes out: a client reading /metrics
@@ -313,6 +322,7 @@ class WorkerRuntime:
         self.send(WorkerEvent(
             worker_id=self.worker_id, kind="synthesized", epoch=self.epoch, tenant=cmd.tenant,
             chunk_refs=cmd.chunk_refs, command_id=cmd.command_id, questions=questions,
+            node=self.node,
         ))
         return "synthesized" if questions else "no_questions"
 
@@ -353,6 +363,7 @@ class WorkerRuntime:
             worker_id=self.worker_id,
             kind=kind,
             epoch=self.epoch,
+            node=self.node,
             url=self.url,
             mem_used_bytes=snap.mem_used,
             mem_total_bytes=snap.mem_total,
@@ -369,6 +380,7 @@ class WorkerRuntime:
             worker_id=self.worker_id,
             kind="refused",
             epoch=self.epoch,
+            node=self.node,
             command_id=command_id,
             reason=reason[:1024],
         )
@@ -389,6 +401,7 @@ class WorkerRuntime:
             worker_id=self.worker_id,
             kind=ev.kind,
             epoch=self.epoch,
+            node=self.node,
             tenant=ev.tenant,
             prefix_hash=ev.prefix_hash,
             prefix_tokens=ev.n_tokens,

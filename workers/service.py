@@ -24,6 +24,7 @@ from workers.api import (
     PrefillRequest,
     check_completion,
     check_prompt,
+    check_spans_of,
     completion_body,
     completion_id,
     error_body,
@@ -33,6 +34,7 @@ from workers.api import (
     usage_chunk,
 )
 from workers.cache import WarmupRefused
+from workers.chunk_kv import ChunkSpan
 from workers.commands import BrokerUnavailable
 from workers.engines.base import GenerationResult, GenerationStep
 from workers.metrics import CONTENT_TYPE, WorkerMetrics
@@ -245,9 +247,10 @@ class Handlers:
             raise ApiError(
                 404, f"the model `{req.model}` does not exist", kind="NotFoundError", param="model"
             )
-        ids = await self._tokens(runtime, req.single_prompt())
+        ids = await self._tokens(runtime, prompt := req.single_prompt())
         check_prompt(ids, runtime.limits, max_tokens=req.max_tokens)
-        run = _Generation(self.state, runtime, ids, req, arrived)
+        spans = check_spans_of(req, prompt, len(ids))
+        run = _Generation(self.state, runtime, ids, req, arrived, spans)
         if req.stream:
             return await self._stream(request, run)
         return await self._complete(run)
@@ -307,18 +310,18 @@ class _Generation:
         runtime: WorkerRuntime,
         ids: list[int],
         req: CompletionRequest,
-        arrived: float,
+        arrived: float, spans: tuple[ChunkSpan, ...] = (),
     ) -> None:
-        self.state, self.runtime, self.ids, self.req = state, runtime, ids, req
+        self.state, self.runtime, self.ids, self.req, self.spans = state, runtime, ids, req, spans
         self.arrived = arrived
         self.first = 0.0
         self.cid = completion_id()
         self.model = runtime.engine.model_id
         self.created = int(time.time())
 
-    def usage(self, result: GenerationResult) -> dict:
+    def usage(self, r: GenerationResult) -> dict:
         ttft_ms = (self.first - self.arrived) * 1000
-        return usage(result.prompt_tokens, len(result.token_ids), result.cached_tokens, ttft_ms)
+        return usage(r.prompt_tokens, len(r.token_ids), r.cached_tokens, ttft_ms, r.blended_tokens)
 
     def chunk(self, step: GenerationStep) -> dict:
         finish = step.result.finish_reason if step.result is not None else None
@@ -350,6 +353,7 @@ class _Generation:
             arrived=self.arrived,
             emit=emit,
             chunk_refs=chunk_keys(self.req.chunk_refs),
+            chunks=self.spans, chunk_reuse=self.req.chunk_reuse,
         )
         future = loop.run_in_executor(self.state.executor, job)
         future.add_done_callback(lambda f: queue.put_nowait(_outcome(f)))
@@ -460,9 +464,7 @@ async def _heartbeats(state: ServiceState, runtime: WorkerRuntime) -> None:
         await asyncio.sleep(state.config.heartbeat_s)
         try:
             await loop.run_in_executor(state.heartbeat_executor, runtime.tick)
-            await loop.run_in_executor(
-                state.heartbeat_executor, _send_status, runtime, "heartbeat"
-            )
+            await loop.run_in_executor(state.heartbeat_executor, _send_status, runtime, "heartbeat")
         except Exception:
             log.exception("heartbeat failed; the next one is in %.0f s", state.config.heartbeat_s)
 

@@ -65,6 +65,22 @@ class WorkerSettings(BaseSettings):
         "bounded activation memory). Unset, by device class (seed 000): A10G-class cards "
         "(<= 24 GiB) 768, 24-40 GiB 1,024, A100-80G-class 1,536, CPU 512.",
     )
+    boot_warmup: bool = Field(
+        default=True,
+        description="Before reporting ready, run one throwaway request through the freshly "
+        "loaded model (torch engine): a prompt of the seed's warmup token amount, min(context "
+        "x 25%, memory_bandwidth / (weight bytes x 2)), plus the quantization extra (AWQ +12%, "
+        "GPTQ +8%), then the first decode step, so the first real request does not pay the "
+        "first pass's one-time costs (CUDA context, library handles, lazily loaded kernels; "
+        "small on a CPU). Nothing of it is cached.",
+    )
+    memory_bandwidth: float | None = Field(
+        default=None,
+        gt=0,
+        description="Bytes per second of the device's memory, the bandwidth term of the warmup "
+        "token amount. Unset, by device class: CPU 51.2e9, <= 24 GiB cards 600e9 (A10G), "
+        "24-40 GiB 1.555e12 (A100-40GB), larger 2.039e12 (A100-80G).",
+    )
     disk_tier: bool = Field(
         default=False,
         description="Keep a disk KV tier below device memory (torch engine): warm prefixes are "
@@ -86,6 +102,12 @@ class WorkerSettings(BaseSettings):
     worker_id: str = Field(
         default_factory=socket.gethostname,
         description="This worker's id: key of its events, target of commands; the host name.",
+    )
+    node: str = Field(
+        default_factory=socket.gethostname,
+        description="The machine this worker runs on, reported in its events: the streams "
+        "app keeps the hot set on at least one ready worker of every node (seed 000: keep >= 1 "
+        "hot instance per node). The host name; set it to the node's name in a pod.",
     )
     host: str = Field(default="127.0.0.1", description="Address the HTTP API listens on.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port of the HTTP API.")

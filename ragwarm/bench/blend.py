@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     import torch
 
     from rag.retrieve import Retrieval
-    from rag.trace import Question
     from workers.engines.blend import KV, Piece, Selection
 
 DEFAULT_QUESTIONS = DEFAULT_EVENTS.with_name("questions.jsonl")
@@ -36,6 +35,8 @@ class Case:
     token_ids: list[int]
     opening: int
     chunks: list[tuple[str, list[int]]]  # (chunk key, token ids) in prompt order
+    # Per chunk, the token ids of the chunk before it in its document ([] for a first one).
+    bridges: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -52,23 +53,49 @@ class Outcome:
 
 @dataclass
 class Runner:
-    """The model, the system prompt's KV and every chunk's KV computed on its own (once)."""
+    """The model, the system prompt's KV and every chunk's KV computed on its own (once).
+
+    `bridge` > 0: a chunk is computed after the system prompt and the last `bridge` tokens of
+    the chunk before it in its document (its KV alone is kept), so its tokens have attended
+    to text like what precedes them in a prompt; retrieved chunks are often neighbours, and
+    the canonical order puts them in document order. A chunk has one KV, bridged or not.
+    """
 
     model: Any
     opening_kv: KV
     opening_ids: list[int]
-    chunk_kv: dict[str, KV] = field(default_factory=dict)
+    bridge: int = 0
+    chunk_kv: dict[str, tuple[KV, int]] = field(default_factory=dict)
 
     def pieces(self, case: Case) -> list[Piece]:
-        from workers.engines.blend import Piece, prefill
+        from workers.engines.blend import Piece
 
         out, start = [], case.opening
-        for key, ids in case.chunks:
+        bridges = case.bridges or [[] for _ in case.chunks]
+        for (key, ids), before in zip(case.chunks, bridges, strict=True):
+            tail = before[-self.bridge :] if self.bridge else []
             if key not in self.chunk_kv:
-                self.chunk_kv[key], _ = prefill(self.model, ids, self.opening_kv)
-            out.append(Piece(start=start, kv=self.chunk_kv[key], computed_at=case.opening))
+                self.chunk_kv[key] = self._compute(ids, tail)
+            kv, at = self.chunk_kv[key]
+            # After exactly what precedes it here (the opening, then its bridge whole)?
+            context = case.token_ids[case.opening : start]
+            out.append(Piece(start, kv, at, in_context=at == start and context == tail))
             start += len(ids)
         return out
+
+    def _compute(self, ids: list[int], bridge: list[int]) -> tuple[KV, int]:
+        """The chunk's KV after the system prompt and `bridge`, and its first position."""
+        import torch
+
+        from workers.engines.blend import prefill
+
+        past = self.opening_kv
+        if bridge:
+            bridge_kv, _ = prefill(self.model, bridge, past)
+            past = tuple((torch.cat((k, bk), -2), torch.cat((v, bv), -2))
+                         for (k, v), (bk, bv) in zip(past, bridge_kv, strict=True))
+        kv, _ = prefill(self.model, ids, past)
+        return kv, len(self.opening_ids) + len(bridge)
 
 
 # -- measuring -----------------------------------------------------------------------------
@@ -175,8 +202,12 @@ def _p50_ms(seconds: Sequence[float]) -> float:
 # -- the prompts ---------------------------------------------------------------------------
 
 
-def make_case(builder: Any, qid: str, question: str, retrieval: Retrieval) -> Case:
-    """The canonical prompt of a question, with the token span of each chunk."""
+def make_case(
+    builder: Any, qid: str, question: str, retrieval: Retrieval,
+    before: dict[str, str] | None = None,
+) -> Case:
+    """The canonical prompt of a question, with the token span of each chunk (and the
+    tokens of the chunk before each in its document: `before`, chunk id to its block)."""
     from rag.prompt import canonical_order
 
     prompt = builder.build(retrieval.chunks, question)
@@ -185,8 +216,27 @@ def make_case(builder: Any, qid: str, question: str, retrieval: Retrieval) -> Ca
     ids = [list(encode(part, add_special_tokens=False)) for part in parts]
     if [t for p in ids for t in p] != list(prompt.prefix_ids):
         raise click.ClickException("the prompt's parts do not tokenize to its prefix")
-    keys = [f"{c.chunk_id}@{c.content_hash}" for c in canonical_order(retrieval.chunks)]
-    return Case(qid, list(prompt.token_ids), len(ids[0]), list(zip(keys, ids[1:-1], strict=True)))
+    ordered = canonical_order(retrieval.chunks)
+    keys = [f"{c.chunk_id}@{c.content_hash}" for c in ordered]
+    bridges = [list(encode((before or {}).get(c.chunk_id, ""), add_special_tokens=False))
+               for c in ordered]
+    return Case(qid, list(prompt.token_ids), len(ids[0]),
+                list(zip(keys, ids[1:-1], strict=True)), bridges)
+
+
+def blocks_before(store: Any, retrievals: Sequence[Retrieval]) -> dict[str, str]:
+    """Per retrieved chunk id, the prompt block of the chunk before it in its document."""
+    from rag.chunking import chunk_id, split_chunk_id
+    from rag.prompt import chunk_block
+
+    wanted = {}
+    for retrieval in retrievals:
+        for c in retrieval.chunks:
+            doc, ordinal = split_chunk_id(c.chunk_id)
+            if ordinal > 0:
+                wanted[chunk_id(doc, ordinal - 1)] = c.chunk_id
+    found = store.get_chunks(sorted(wanted), "bench")
+    return {wanted[i]: chunk_block(s.chunk) for i, s in found.items()}
 
 
 def retrieve_cases(
@@ -227,12 +277,10 @@ def retrieve_cases(
         found = Retriever(store, embedder, settings.top_k).retrieve_many(
             [q.question for q in questions], "bench"
         )
+        before = blocks_before(store, found)
     builder = PromptBuilder(tokenizer, settings.system_prompt)
-    return [_case(builder, q, r) for q, r in zip(questions, found, strict=True) if r.chunks]
-
-
-def _case(builder: Any, question: Question, retrieval: Retrieval) -> Case:
-    return make_case(builder, question.qid, question.question, retrieval)
+    return [make_case(builder, q.qid, q.question, r, before)
+            for q, r in zip(questions, found, strict=True) if r.chunks]
 
 
 # -- the command ---------------------------------------------------------------------------
@@ -289,13 +337,17 @@ def measure(
               help="Layers where scored tokens are filtered (gradually, down to the share).")
 @click.option("--widen", default=2.0, show_default=True,
               help="Kept share at the first check, as a multiple of the final share.")
+@click.option("--bridge", type=int, default=0, show_default=True,
+              help="Compute each chunk's KV after this many last tokens of the chunk before "
+              "it in its document (0: after the system prompt alone).")
 @click.option("--threads", type=int, default=None, help="torch threads (default: settings).")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also draw the curve (quality and TTFT ratio per share) into this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def blend(
     events_path: Path, questions_path: Path, recompute: str, questions_limit: int | None,
-    method: str, checks: str, widen: float, threads: int | None, chart: Path | None, as_json: bool,
+    method: str, checks: str, widen: float, bridge: int, threads: int | None, chart: Path | None,
+    as_json: bool,
 ) -> None:
     """First-token agreement, greedy agreement, KL and TTFT of chunk-KV reuse vs full prefill."""
     from ragwarm.models import ModelMissing, llm_dir
@@ -314,10 +366,11 @@ def blend(
     if not cases:
         raise click.ClickException("no question retrieved any chunk")
     opening = cases[0].token_ids[: cases[0].opening]
-    runner = Runner(engine.model, prefill(engine.model, opening)[0], opening)
+    runner = Runner(engine.model, prefill(engine.model, opening)[0], opening, bridge)
     layers = tuple(int(c) for c in checks.split(","))
     results = measure(runner, cases, shares, method, layers, widen)
     report = {"questions": len(cases), "method": method, "checks": list(layers), "widen": widen,
+              "bridge": bridge,
               "prompt_tokens_p50": statistics.median(len(c.token_ids) for c in cases),
               "results": results}
     if chart is not None:

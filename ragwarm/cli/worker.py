@@ -15,6 +15,7 @@ import click
 from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings, keyring
 from schemas.topics import DEADLETTER, WARMUP_COMMANDS, WORKER_EVENTS
 from workers.api import Limits, PrefillRequest, WarmSetError, parse_warm_set
+from workers.boot import warm_engine
 from workers.cache import WarmupRefused
 from workers.commands import CommandConsumer, EventSink, KafkaEventSink, NullSink
 from workers.engines.base import Engine
@@ -142,6 +143,11 @@ class WorkerLifecycle:
         items = read_warm_set(s.warm_set)  # fail before the slow part
         report(f"loading model ({s.engine} engine)")
         engine = make_engine(s, self.models)
+        if engine.boot_warmup_tokens:
+            report(f"warming the engine ({engine.boot_warmup_tokens} tokens)")
+            took = warm_engine(engine, engine.boot_warmup_tokens)
+            log.info("engine warmup: %d prompt tokens and the first decode step in %.2f s",
+                     engine.boot_warmup_tokens, took)
         if s.kafka:
             report(f"connecting to Kafka at {self.kafka.servers}")
             self.sink = self.kafka_sink = KafkaEventSink(
@@ -162,6 +168,7 @@ class WorkerLifecycle:
             limits=engine_limits(engine, s),
             cache_requests=s.cache_requests,
             synthesis=SynthesisLimits(RateLimit(s.synthetic_per_minute), s.synthetic_share),
+            node=s.node,
         )
         if s.kafka:
             report("joining warmup.commands")

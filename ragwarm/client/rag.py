@@ -92,6 +92,7 @@ class Answer:
     doc_ids: tuple[str, ...]
     finish_reason: str | None
     failed_workers: tuple[str, ...] = ()
+    blended_tokens: int = 0  # prompt tokens the worker placed from held chunk KV
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
@@ -295,21 +296,24 @@ class RagClient:
                                           {"block_hashes": list(prepared.block_hashes)}))
 
     def query(self, question: str, tenant: str | None = None, max_tokens: int | None = None,
-              on_token: OnToken | None = None) -> Answer:
+              on_token: OnToken | None = None, *, chunk_reuse: bool = True) -> Answer:
         """Answer one question. `on_token` gets the text as it streams (after a retry the
-        answer starts again from its beginning)."""
+        answer starts again from its beginning). `chunk_reuse=False`: the worker computes
+        the chunks after the exact prefix, never blending held chunk KV."""
         started = time.perf_counter()
-        return self.ask(self.prepare(question, tenant), max_tokens, on_token, started)
+        return self.ask(self.prepare(question, tenant), max_tokens, on_token, started,
+                        chunk_reuse=chunk_reuse)
 
     def ask(self, prepared: PreparedQuery, max_tokens: int | None = None,
-            on_token: OnToken | None = None, started: float | None = None) -> Answer:
+            on_token: OnToken | None = None, started: float | None = None, *,
+            chunk_reuse: bool = True) -> Answer:
         """Route and stream an already prepared query, then emit its QueryEvent."""
         started = started if started is not None else time.perf_counter()
         routed_at = time.perf_counter()
         route = self.route(prepared)
         route_ms = (time.perf_counter() - routed_at) * 1000
         workers = workers_to_try(route, self.settings.max_attempts, self.settings.streams_url)
-        body = self._completion_body(prepared, max_tokens)
+        body = self._completion_body(prepared, max_tokens, chunk_reuse)
         worker, result, failed = self._first_success(workers, body, on_token)
         answer = build_answer(prepared, worker, result, failed, started, route_ms,
                          route.matched_blocks if worker == route.chosen else 0)
@@ -325,9 +329,10 @@ class RagClient:
         result = self._stream(worker, self._completion_body(prepared, max_tokens), None)
         return build_answer(prepared, worker, result, [], started, 0.0, 0)
 
-    def _completion_body(self, prepared: PreparedQuery, max_tokens: int | None) -> dict:
+    def _completion_body(self, prepared: PreparedQuery, max_tokens: int | None,
+                         chunk_reuse: bool = True) -> dict:
         return completion_body(prepared, max_tokens or self.settings.max_tokens,
-                               self.settings.temperature)
+                               self.settings.temperature, chunk_reuse)
 
     def _first_success(self, workers: Sequence[WorkerRef], body: dict,
                        on_token: OnToken | None) -> tuple[WorkerRef, StreamResult, list[str]]:
@@ -452,6 +457,7 @@ def build_answer(prepared: PreparedQuery, worker: WorkerRef, result: StreamResul
         retrieve_ms=prepared.retrieve_ms, route_ms=route_ms,
         prompt_tokens=int(usage.get("prompt_tokens") or len(prepared.prompt.token_ids)),
         cached_tokens=int(details.get("cached_tokens") or 0),
+        blended_tokens=int(details.get("blended_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),
         prefix_tokens=prepared.prompt.prefix_len, prefix_hash=prepared.prefix_hash,
         matched_blocks=matched, chunk_refs=prepared.prompt.chunk_refs,
@@ -460,8 +466,15 @@ def build_answer(prepared: PreparedQuery, worker: WorkerRef, result: StreamResul
     )
 
 
-def completion_body(prepared: PreparedQuery, max_tokens: int, temperature: float) -> dict:
-    """The worker's streamed /v1/completions request for a prepared query (token ids)."""
+def completion_body(prepared: PreparedQuery, max_tokens: int, temperature: float,
+                    chunk_reuse: bool = True) -> dict:
+    """The worker's streamed /v1/completions request for a prepared query (token ids), with
+    where each chunk stands (a worker holding their chunk KV may blend it)."""
+    prompt = prepared.prompt
+    spans = [
+        {"chunk_id": ref.chunk_id, "content_hash": ref.content_hash, "start": a, "end": b}
+        for ref, (a, b) in zip(prompt.chunk_refs, prompt.chunk_spans, strict=True)
+    ]
     return {
         "prompt": list(prepared.prompt.token_ids),
         "max_tokens": max_tokens,
@@ -470,6 +483,8 @@ def completion_body(prepared: PreparedQuery, max_tokens: int, temperature: float
         "stream_options": {"include_usage": True},
         "tenant": prepared.tenant,
         "chunk_refs": [r.model_dump() for r in prepared.prompt.chunk_refs],
+        "chunk_spans": spans,
+        "chunk_reuse": chunk_reuse,
     }
 
 

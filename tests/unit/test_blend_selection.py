@@ -9,7 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.engines.blend import SELECTORS, Piece, Selection, _plan, _top_rows
+from workers.engines.blend import (
+    SELECTORS,
+    Piece,
+    Selection,
+    _causal_mask,
+    _moved_positions,
+    _plan,
+    _top_rows,
+)
 from workers.settings import ChunkSelection
 
 
@@ -94,3 +102,30 @@ def test_gradual_filtering_narrows_from_widened_share_to_the_share() -> None:
 def test_checks_must_increase() -> None:
     with pytest.raises(ValueError, match="checks"):
         Selection(checks=(4, 1))
+
+
+def test_causal_mask_lets_each_chosen_row_see_the_prompt_up_to_its_own_position() -> None:
+    mask = _causal_mask(torch.tensor([1, 4, 5]), torch.float32)
+    assert mask.shape == (3, 6)  # up to the last row, inclusive
+    visible = mask == 0
+    assert visible.tolist() == [
+        [True, True, False, False, False, False],
+        [True, True, True, True, True, False],
+        [True, True, True, True, True, True],
+    ]
+    assert bool(torch.isneginf(mask[~visible]).all())
+
+
+def test_a_piece_computed_after_exactly_what_precedes_it_is_not_moved() -> None:
+    # Computed after the opening alone and standing right after it: settled by position.
+    first = _piece(10, 5, computed_at=10)
+    # Bridged: computed after the chunk before it (so at its own position), told by the caller.
+    bridged = Piece(start=15, kv=_piece(0, 5).kv, computed_at=15, in_context=True)
+    # Same positions by coincidence, after other text: moved, though no rotation is needed.
+    elsewhere = Piece(start=20, kv=_piece(0, 5).kv, computed_at=20, in_context=False)
+    moved = _piece(25, 5, computed_at=10)
+    assert first.settled and bridged.settled
+    assert not elsewhere.settled and not moved.settled
+    assert _moved_positions([first, bridged, elsewhere, moved], 10) == [*range(20, 30)]
+    # Tokens the exact prefix covers are never moved.
+    assert _moved_positions([moved], 27) == [27, 28, 29]

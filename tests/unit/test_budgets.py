@@ -7,10 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from workers.budgets import (
+    BOOT_DECODE_TOKENS,
+    boot_warmup_tokens,
     chunk_spans,
-    keep_hot_per_node,
+    default_memory_bandwidth,
     prefill_chunk_tokens,
-    progressive_steps,
     quantization_method,
     quantized_warmup,
     warmup_token_amount,
@@ -59,19 +60,31 @@ def test_chunk_spans_cover_the_prompt_once(n: int, chunk: int) -> None:
     assert all(e - s <= chunk for s, e in spans)
 
 
-@given(st.lists(st.integers(), max_size=50), st.integers(1, 6))
-def test_progressive_steps_keep_order_and_count(items: list[int], steps: int) -> None:
-    waves = progressive_steps(items, steps)
-    assert [x for wave in waves for x in wave] == items
-    assert len(waves) <= steps
+def test_bandwidth_defaults_by_device_class() -> None:
+    # The seed's cards at their datasheet figures; a CPU at two DDR4-3200 channels.
+    assert default_memory_bandwidth(24 * GiB) == 600e9  # A10G
+    assert default_memory_bandwidth(80 * GiB) == 2039e9  # A100-80G
+    assert default_memory_bandwidth(32 * GiB) == 1555e9  # between the two: A100-40GB
+    assert default_memory_bandwidth(0, accelerator=False) == 51.2e9
 
 
-def test_three_waves_by_default() -> None:
-    # Seed router: "warmup_steps 3 (progressive)".
-    assert progressive_steps(list(range(7))) == [[0, 1, 2], [3, 4, 5], [6]]
+def test_boot_warmup_on_the_seeds_setup() -> None:
+    # Seed 000: DeepSeek-V2 7B (14 GB in FP16) on an A10G (600 GB/s), a 4k context:
+    # min(4096 × 25%, 600e9 / (14e9 × 2)) = 21 tokens; "AWQ +12%, GPTQ +8%" round up.
+    assert boot_warmup_tokens(4096, 600e9, 14_000_000_000, "none") == 21
+    assert boot_warmup_tokens(4096, 600e9, 14_000_000_000, "awq") == 24  # 21 × 1.12 = 23.5
+    assert boot_warmup_tokens(4096, 600e9, 14_000_000_000, "gptq") == 23  # 21 × 1.08 = 22.7
 
 
-def test_at_least_one_hot_instance_per_node() -> None:
-    workers = [("a", "n1", 0.2), ("b", "n1", 0.9), ("c", "n2", 0.1)]
-    kept = keep_hot_per_node(workers, node_of=lambda w: w[1], score=lambda w: w[2])
-    assert [w[0] for w in kept] == ["b", "c"]
+def test_boot_warmup_of_smollm2() -> None:
+    # SmolLM2-135M in float32 (538 MB) on a CPU: the bandwidth term, 51.2e9 / 1.076e9 = 47.
+    assert boot_warmup_tokens(8192, 51.2e9, 538_000_000, "none") == 47
+    # In bfloat16 on an 80 GB card the context rule wins: 8192 × 25% = 2048.
+    assert boot_warmup_tokens(8192, 2039e9, 269_000_000, "none") == 2048
+
+
+def test_boot_warmup_leaves_room_for_the_decode_step() -> None:
+    # A quarter of the context plus 12% still fits; a tiny context keeps the decode step.
+    assert boot_warmup_tokens(8, 0, 0, "awq") == 3  # ceil(2 × 1.12)
+    assert boot_warmup_tokens(2, 0, 0, "awq") == 0
+    assert boot_warmup_tokens(4, 0, 0, "awq") + BOOT_DECODE_TOKENS <= 4

@@ -19,7 +19,7 @@ from ragwarm.cli.env import (
 
 
 def test_a_misspelt_setting_gets_the_nearest_valid_name():
-    (problem,) = environment_problems({"RAGWARM_STREAMS_TTL_SECONDS": "5", "HOME": "/root"})
+    (problem,) = environment_problems({"RAGWARM_STREAMS_PREFIX_TTL_SECONDS": "5", "HOME": "/root"})
     assert problem.suggestion == "RAGWARM_STREAMS_PREFIX_TTL_S"
     assert "did you mean RAGWARM_STREAMS_PREFIX_TTL_S?" in str(problem)
 
@@ -72,12 +72,12 @@ def test_config_check_says_ok_or_lists_the_unknown(monkeypatch):
         monkeypatch.delenv(name)
     ok = runner.invoke(main, ["config", "--check"])
     assert (ok.exit_code, ok.output.strip()) == (0, "ok")
-    monkeypatch.setenv("RAGWARM_STREAMS_TTL_SECONDS", "5")
+    monkeypatch.setenv("RAGWARM_STREAMS_PREFIX_TTL_SECONDS", "5")
     bad = runner.invoke(main, ["config", "--check"])
     assert bad.exit_code == 1 and "RAGWARM_STREAMS_PREFIX_TTL_S" in bad.output
 
 
 def test_every_other_command_fails_fast_on_an_unknown_variable(monkeypatch):
-    monkeypatch.setenv("RAGWARM_STREAMS_TTL_SECONDS", "5")
+    monkeypatch.setenv("RAGWARM_STREAMS_PREFIX_TTL_SECONDS", "5")
     result = CliRunner().invoke(main, ["status"])
     assert result.exit_code == 1 and "did you mean RAGWARM_STREAMS_PREFIX_TTL_S?" in result.output

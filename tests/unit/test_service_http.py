@@ -58,6 +58,7 @@ class ToyEngine(ServerKVEngine):
         return 0  # no server cache to hit: a warmup computes every token
 
     def _generate(self, request: Request) -> Iterator[GenerationStep]:
+        self.last_request = request
         prompt, n, tenant, keep = request.prompt, request.max_tokens, request.tenant, request.keep
         entry, matched = self._lookup(self.block_hashes(prompt, tenant=tenant))
         cached = min(matched * BLOCK, len(prompt) - 1) if entry is not None else 0
@@ -104,6 +105,7 @@ class GatedLifecycle:
             sink=self.sink,
             metrics=self.metrics,
             limits=Limits(max_prompt_tokens=40, max_tokens=8, context_tokens=64, vocab_size=500),
+            node="node-1",
         )
 
     def stop(self) -> None:
@@ -169,6 +171,8 @@ async def test_not_ready_until_boot_finishes_then_ready_event() -> None:
     finally:
         await client.close()
     assert lifecycle.sink.kinds()[-1] == "stopped" and lifecycle.stopped
+    # Every event names the node (the streams app keeps a hot worker on each).
+    assert {e.node for e in lifecycle.sink.events} == {"node-1"}
 
 
 async def test_prefill_then_hit_then_reactive_extension(booted) -> None:
@@ -248,6 +252,37 @@ async def test_a_chunk_prefill_on_an_engine_without_chunk_kv_is_refused(booted) 
     assert await asyncio.to_thread(runtime.apply, command) == "refused"
     refused = [e for e in lifecycle.sink.events if e.kind == "refused"]
     assert refused[-1].command_id == "cc" and "no chunk KV" in (refused[-1].reason or "")
+
+
+async def test_chunk_spans_reach_the_engine_with_the_opt_out(booted) -> None:
+    client, _ = booted
+    spans = [{"chunk_id": "doc#0", "content_hash": HASH, "start": 2, "end": 6},
+             {"chunk_id": "doc#1", "content_hash": "ef" * 16, "start": 6, "end": 9}]
+    answer = await complete(client, list(range(12)), chunk_spans=spans, chunk_reuse=False)
+    assert answer["usage"]["prompt_tokens_details"]["blended_tokens"] == 0
+    request = lifecycle_runtime(client).engine.last_request
+    assert [(s.ref, s.start, s.end) for s in request.chunks] == [
+        (("doc#0", HASH), 2, 6), (("doc#1", "ef" * 16), 6, 9)
+    ]
+    assert request.chunk_reuse is False
+
+
+@pytest.mark.parametrize(("prompt", "spans", "message"), [
+    (list(range(12)), [(2, 6), (5, 9)], "overlap"),
+    (list(range(12)), [(2, 12)], "before the prompt's last token"),
+    (list(range(12)), [(6, 6)], "start < end"),
+    ("some text prompt", [(0, 3)], "token ids"),
+])
+async def test_bad_chunk_spans_are_refused_with_a_message(booted, prompt, spans, message):
+    client, _ = booted
+    body = {"prompt": prompt, "max_tokens": 1, "chunk_spans": [
+        {"chunk_id": f"doc#{i}", "content_hash": HASH, "start": a, "end": b}
+        for i, (a, b) in enumerate(spans)
+    ]}
+    response = await client.post("/v1/completions", json=body)
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert message in error["message"] and error["param"] == "chunk_spans"
 
 
 async def test_stream_frames_end_with_usage_and_done(booted) -> None:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from ragwarm.bench.strategies.metrics import JSON_KEYS, json_report, percentile, summarize
 from ragwarm.bench.strategies.policies import policy_class, policy_names
 from ragwarm.bench.strategies.records import QueryRow, reuse_check
-from ragwarm.bench.strategies.report import markdown_table
+from ragwarm.bench.strategies.report import markdown_table, tables
 from schemas import ChunkRef
 
 H1, H2 = "a" * 64, "b" * 64
@@ -87,10 +87,10 @@ def test_p90_is_reported_and_rates_without_queries_are_absent_not_zero():
 
 
 def test_one_percentile_for_every_benchmark():
-    from ragwarm.bench import pipeline, stats
+    from ragwarm.bench import pipeline_edits, stats
     from ragwarm.bench.strategies import metrics
 
-    assert metrics.percentile is stats.percentile is pipeline.percentile
+    assert metrics.percentile is stats.percentile is pipeline_edits.percentile
     assert "interpolation" in (stats.percentile.__doc__ or "")
 
 
@@ -122,9 +122,13 @@ def test_policy_names_and_the_error_listing_them():
         "event-rag",
         "hot-tokens",
         "hybrid",
+        "hybrid-blend",
+        "tiered",
         "synthetic",
     ]
     assert policy_class("hybrid").name == "hybrid"
+    blend = policy_class("hybrid-blend")
+    assert blend.chunk_reuse and not policy_class("hybrid").chunk_reuse
     with pytest.raises(ValueError, match="valid names: none, reactive, .*hybrid"):
         policy_class("lfu")
 
@@ -178,3 +182,22 @@ def test_policy_notes_report_the_synthetic_share_and_first_ask_hits():
     [line] = policy_notes(figures)
     assert line.startswith("synthetic: synthetic prefixes held 2.1%")
     assert "at most 4.8%" in line and "25% (2 of 8)" in line
+
+
+def test_first_asks_and_blended_answers_are_reported_per_policy():
+    from dataclasses import replace
+
+    first = replace(row("hybrid-blend", 100.0), repeat=False, blended_tokens=50,
+                    first_token_agrees=True)
+    wrong = replace(first, ttft_ms=300.0, first_token_agrees=False)
+    again = row("hybrid-blend", 10.0, hit=True, cached=90)
+    figures = summarize([first, wrong, again, replace(row("hybrid", 900.0), repeat=False)],
+                        {}, ["hybrid", "hybrid-blend"])
+    blend, hybrid = figures["hybrid-blend"], figures["hybrid"]
+    assert (blend["first_ask_queries"], blend["first_ask_ttft_p50_ms"]) == (2, 200.0)
+    assert blend["blended_queries"] == 2 and blend["blended_first_token_agreement"] == 0.5
+    assert blend["blended_token_share"] == 0.5
+    assert hybrid["blended_queries"] == 0 and hybrid["blended_first_token_agreement"] is None
+    assert hybrid["first_ask_ttft_p50_ms"] == 900.0
+    text = tables(figures)
+    assert "first-ask TTFT p50 ms" in text and "| hybrid-blend | 2 | 200 |" in text

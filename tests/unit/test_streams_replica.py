@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from schemas import KbChange
+from schemas import ChunkRef, KbChange
 from schemas.events import VERSION_HEADER
 from schemas.topics import chunk_key
 from streams import handlers
-from streams.records import PrefixOp
+from streams.ports import WarmPrefix
+from streams.records import PrefixOp, PrefixState
 from streams.replica import decode_batch, next_offsets
 from tests.unit.test_replica import publish
 from tests.unit.test_streams_handlers import P1, REFS, Port, pipeline
@@ -54,6 +55,46 @@ def test_a_warm_op_on_chunks_that_are_stale_after_catching_up_is_skipped():
     asyncio.run(handlers.on_prefix_op(p, warm()))
     assert p.replica.waits == 1 and out.commands == []
     assert p.stats["stale_warm_skipped"] == 1
+
+
+def test_a_warm_op_on_a_ref_the_replica_has_not_seen_replaced_yet_is_skipped():
+    # Another instance indexed an edit of d.md#0 (published, not yet applied here): the
+    # local index still calls the old ref current. Checked before catching up, it prefilled
+    # KV from the old text.
+    port = Port({("default", "d.md#0"): "1" * 64})
+    p, out = pipeline(port)
+    p.replica = Replica(port, {("default", "d.md#0"): "2" * 64}, [])
+    asyncio.run(handlers.on_prefix_op(p, warm()))
+    assert p.replica.waits == 1 and out.commands == []
+    assert p.stats["stale_warm_skipped"] == 1
+
+
+class LaggingPort(Port):
+    """Retrieval over whatever the index holds now: the new prefix once the edit is in."""
+
+    def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
+        ref = ChunkRef(chunk_id="d.md#0", content_hash=self.current[(tenant, "d.md#0")])
+        new = ref.content_hash != REFS[0].content_hash
+        return WarmPrefix(prefix_hash=("f" if new else "a") * 64, token_ids=[8] * 32,
+                          chunk_refs=[ref])
+
+
+def test_an_invalidation_on_a_lagging_replica_rewarms_what_the_edit_retrieves():
+    # The edit was indexed on another instance; its invalidation of P1 is handled here. The
+    # re-warm retrieves after catching up, so it names the new prefix, not P1 again (which
+    # the freshness check would only drop, and the edited question would stay cold).
+    port = LaggingPort({("default", "d.md#0"): "1" * 64})
+    p, out = pipeline(port)
+    p.tables.prefixes[P1] = PrefixState(
+        tenant="default", chunk_refs=REFS, token_ids=[7] * 32, questions=["why?"],
+        expires_at=1000.0, hot=True,
+    ).model_dump(mode="json")
+    p.replica = Replica(port, {("default", "d.md#0"): "2" * 64}, [])
+    op = PrefixOp(op="invalidate", prefix_hash=P1, chunk_refs=REFS, reason="d.md v2")
+    asyncio.run(handlers.on_prefix_op(p, op))
+    assert [(o.op, o.prefix_hash) for o in out.ops] == [("warm", "f" * 64)]
+    asyncio.run(handlers.on_prefix_op(p, out.ops[0]))
+    assert [c.op for c in out.commands] == ["invalidate", "prefill"]
 
 
 def test_indexing_publishes_before_recording_and_sending_ops():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent, decode, encode
-from schemas.events import WarmupCommandV3, WorkerEventV3
+from schemas.events import WarmupCommandV3, WorkerEventV3, WorkerEventV4
 from streams import synthetic as syn
 from streams.ports import SynthesisPrompt
 from streams.records import DocState
@@ -168,16 +168,18 @@ def test_synthesize_needs_a_prompt_samples_and_a_temperature():
         WarmupCommand(**(base | {"temperature": 3.0}))
 
 
-def test_v3_records_read_as_v4_and_synthesized_round_trips():
+def test_older_records_read_as_current_and_synthesized_round_trips():
     cmd = decode(encode(WarmupCommandV3(command_id="c", op="prefill", token_ids=[1])))
     assert type(cmd) is WarmupCommand and cmd.samples == 0 and cmd.top_k is None
     event = decode(encode(WorkerEventV3(worker_id="w", kind="ready", epoch=1)))
     assert type(event) is WorkerEvent and event.questions == []
+    event = decode(encode(WorkerEventV4(worker_id="w", kind="ready", epoch=1, node="n1")))
+    assert type(event) is WorkerEvent and event.node == "n1" and event.questions == []
     answer = WorkerEvent(worker_id="w", kind="synthesized", questions=["How do I X?"],
                          chunk_refs=[ref("a#0")], tenant="t")
     assert decode(encode(answer)) == answer
     with pytest.raises(ValueError):
-        WorkerEventV3(worker_id="w", kind="synthesized")  # v3 has no such kind
+        WorkerEventV4(worker_id="w", kind="synthesized")  # v4 has no such kind
 
 
 def test_the_app_sends_no_sampling_the_worker_would_refuse():

@@ -92,6 +92,9 @@ class Engine(Protocol):
     device: str
     block_size: int
     cache: PrefixCache
+    # Prompt tokens of the throwaway request the worker runs before `ready` (workers.boot);
+    # 0: nothing to warm (the engine loads no weights of its own, or the setting is off).
+    boot_warmup_tokens: int
 
     @property
     def max_model_len(self) -> int:
@@ -253,6 +256,8 @@ class PrefixEngine(ABC, Generic[H]):
     cache: PrefixCache
     tokenizer: Any
     _held: dict[str, H]
+    # A served model (vLLM, a remote server) is warmed by its server when it loads.
+    boot_warmup_tokens: int = 0
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of `text` as is: special tokens only where the text spells them."""
@@ -276,6 +281,10 @@ class PrefixEngine(ABC, Generic[H]):
 
     def tier_state(self) -> tuple[list[str], int]:
         return [], 0  # no disk tier unless an engine keeps one
+
+    def restorable(self, hashes: list[str], have: int) -> int:
+        """Blocks after the first `have` of `hashes` a hit would read back from a disk tier."""
+        return 0
 
     def prefill(
         self,

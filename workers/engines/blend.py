@@ -29,11 +29,21 @@ SELECTORS = ("hkvd", "attn", "sink", "sink+hkvd", "sink+attn", "tail")
 @dataclass(frozen=True)
 class Piece:
     """KV of the prompt tokens [start, start + length), computed with its first token at
-    position `computed_at` (a chunk computed after the system prompt: its length)."""
+    position `computed_at` (a chunk computed after the system prompt: its length).
+
+    `in_context`: it was computed after exactly the prompt's tokens before it, so it is never
+    recomputed (a chunk computed after the chunk that precedes it here too). None: inferred
+    from the positions, which is right for chunks computed after the system prompt alone.
+    """
 
     start: int
     kv: KV
     computed_at: int
+    in_context: bool | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.computed_at == self.start if self.in_context is None else self.in_context
 
     @property
     def length(self) -> int:
@@ -159,7 +169,7 @@ def _assemble(
     freqs = inv_freq(model)
     for piece in sorted(pieces, key=lambda p: p.start):
         _place(piece, keys, values, freqs)
-        if piece.start == n_exact and piece.computed_at == piece.start:
+        if piece.start == n_exact and piece.settled:
             n_exact = piece.end  # computed where it stands, after exactly this: exact
     return keys, values, n_exact
 
@@ -174,7 +184,8 @@ def _place(
 
 
 def _moved_positions(pieces: Sequence[Piece], n_exact: int) -> list[int]:
-    return [p for piece in pieces for p in range(max(piece.start, n_exact), piece.end)]
+    return [p for piece in pieces if not piece.settled
+            for p in range(max(piece.start, n_exact), piece.end)]
 
 
 # -- selection -----------------------------------------------------------------------------
@@ -263,7 +274,7 @@ def _selective_forward(
     model: Any, token_ids: Sequence[int], keys: list[torch.Tensor], values: list[torch.Tensor],
     n_exact: int, moved: list[int], pieces: Sequence[Piece], selection: Selection,
 ) -> tuple[torch.Tensor, int]:
-    covered = set(range(n_exact)) | set(moved)
+    covered = set(range(n_exact)) | {i for p in pieces for i in range(p.start, p.end)}
     fresh = [i for i in range(len(token_ids)) if i not in covered]
     if not fresh or fresh[-1] != len(token_ids) - 1:
         raise ValueError("the last prompt token must be computed (it gives the logits)")
@@ -277,6 +288,7 @@ def _selective_forward(
     keep_always = torch.tensor([i in forced for i in first])
     last_layer = len(inner.layers) - 1
     checks = {min(k, last_layer): n for k, n in selection.kept(len(moved)).items()}
+    mask = _causal_mask(rows, h.dtype)
     for index, layer in enumerate(inner.layers):
         cos_sin = inner.rotary_emb(h, rows.unsqueeze(0))
         if by_score and index in checks:
@@ -286,7 +298,8 @@ def _selective_forward(
             keep = _top_rows(score, keep_always, max(0, checks[index] - len(chosen)))
             h, rows, keep_always = h[:, keep], rows[keep], keep_always[keep]
             cos_sin = (cos_sin[0][:, keep], cos_sin[1][:, keep])
-        h = _layer(layer, h, rows, cos_sin, keys[index], values[index])
+            mask = _causal_mask(rows, h.dtype)
+        h = _layer(layer, h, rows, cos_sin, keys[index], values[index], mask)
     logits = model.lm_head(inner.norm(h[:, -1:]))[0, -1]
     recomputed = len(set(rows.tolist()) & set(moved))
     return logits, recomputed
@@ -302,19 +315,31 @@ def _top_rows(score: torch.Tensor, keep_always: torch.Tensor, extra: int) -> tor
     return mask.nonzero().flatten()
 
 
+def _causal_mask(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [rows, last row + 1]: each row sees the prompt up to its own position.
+
+    Additive rather than boolean: torch's CPU attention runs about twice as fast with it
+    (22 vs 13 ms for 260 rows over 789 keys, one thread), and it is built once per row set,
+    not once per layer.
+    """
+    last = int(rows[-1]) + 1
+    visible = torch.arange(last, device=rows.device).unsqueeze(0) <= rows.unsqueeze(1)
+    return torch.zeros(visible.shape, dtype=dtype, device=rows.device).masked_fill(
+        ~visible, float("-inf"))
+
+
 def _layer(
     layer: Any, h: torch.Tensor, rows: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
-    keys: torch.Tensor, values: torch.Tensor,
+    keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
 ) -> torch.Tensor:
     """One decoder layer over the chosen rows; their new KV is written into the prompt's."""
     attn = layer.self_attn
     q, k, v = _qkv(attn, layer.input_layernorm(h), cos_sin)
     keys[:, :, rows] = k
     values[:, :, rows] = v
-    last = int(rows[-1]) + 1
-    visible = torch.arange(last, device=rows.device).unsqueeze(0) <= rows.unsqueeze(1)
+    last = mask.shape[-1]
     out = F.scaled_dot_product_attention(
-        q, keys[:, :, :last], values[:, :, :last], attn_mask=visible, scale=attn.scaling,
+        q, keys[:, :, :last], values[:, :, :last], attn_mask=mask, scale=attn.scaling,
         enable_gqa=True,
     )
     h = h + attn.o_proj(out.transpose(1, 2).reshape(1, rows.numel(), -1))

@@ -13,7 +13,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from workers.budgets import chunk_spans, prefill_chunk_tokens
+from workers.budgets import (
+    boot_warmup_tokens,
+    chunk_spans,
+    default_memory_bandwidth,
+    prefill_chunk_tokens,
+    quantization_method,
+)
 from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
 from workers.cache_entries import Kind
 from workers.engines.base import (
@@ -122,6 +128,11 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
             settings.prefill_chunk_tokens or default_prefill_chunk(self.device)
         )
         _require_full_attention(model.config)
+        self.boot_warmup_tokens = (
+            default_boot_warmup(model, self.device, self.max_model_len, settings)
+            if settings.boot_warmup
+            else 0
+        )
         # `is None`, not `or`: an empty cache is falsy (it has a length).
         self.cache = cache if cache is not None else _default_cache(self.device, settings)
         if self.cache.block_size != self.block_size:
@@ -396,6 +407,18 @@ def default_prefill_chunk(device: str) -> int:
     """The seed's prefill chunk for the device's class, read from its memory."""
     accelerator = not device.startswith("cpu")
     return prefill_chunk_tokens(device_memory(device), accelerator=accelerator)
+
+
+def default_boot_warmup(model: Any, device: str, context: int, settings: WorkerSettings) -> int:
+    """The seed's warmup token amount for this model on this device (`boot_warmup_tokens`):
+    its weights as loaded, the quantization its config names, the device's bandwidth."""
+    accelerator = not device.startswith("cpu")
+    bandwidth = settings.memory_bandwidth or default_memory_bandwidth(
+        device_memory(device), accelerator=accelerator
+    )
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    quantization = quantization_method(model.config.to_dict())
+    return boot_warmup_tokens(context, bandwidth, weights, quantization)
 
 
 def _default_cache(device: str, settings: WorkerSettings) -> PrefixCache:

@@ -44,7 +44,8 @@ def open_lane(cls: type[Policy], engine: Any, clock: SimClock, rag: PolicyRag,
     """The policy `cls` over a worker as deployed (runtime, commands, request caching when
     the policy keeps it) on `engine`: the torch engine or the model-free cost engine."""
     worker = SimWorker(engine, clock, worker_id=f"sim-{cls.name}",
-                       cache_requests=cls.cache_requests, ttft_runs=ttft_runs)
+                       cache_requests=cls.cache_requests, ttft_runs=ttft_runs,
+                       chunk_reuse=cls.chunk_reuse)
     return Lane(cls(PolicyContext(worker, rag, settings, clock, past)), worker)
 
 
@@ -62,6 +63,12 @@ class StoreRag:
 
     def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
         return self.rag.refs_current(refs, tenant)
+
+    def chunk_tokens(self, refs: Sequence[ChunkRef], tenant: str) -> dict[str, list[int]]:
+        return self.rag.chunk_tokens(refs, tenant)
+
+    def opening_ids(self) -> list[int]:
+        return self.rag.opening_ids()
 
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
         return self.rag.search(question, tenant, k)

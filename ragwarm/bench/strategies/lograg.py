@@ -146,6 +146,12 @@ class LogRag:
     def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
         return all(self.current.get(r.chunk_id) == r.content_hash for r in refs)
 
+    def chunk_tokens(self, refs: Sequence[ChunkRef], tenant: str) -> dict[str, list[int]]:
+        return {}  # no chunk text in a query log: nothing to warm chunk by chunk
+
+    def opening_ids(self) -> list[int]:
+        return []
+
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
         return []  # no text in a query log
 

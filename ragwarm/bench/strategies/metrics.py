@@ -67,7 +67,36 @@ def policy_figures(rows: Sequence[Row], extra: Mapping[str, Any]) -> dict[str, A
         if prompt else None,
         "pinned_memory_share": round(mean(r.pinned_share for r in rows), 4),
         "outdated_partial_reuse": sum(r.outdated_partial for r in rows),
+        "disk_share": _disk_share(rows),
+        "restored_queries": sum(r.restored for r in rows),
+        **first_ask_figures(rows),
     } | dict(extra.get("figures", {}))
+
+
+def first_ask_figures(rows: Sequence[Row]) -> dict[str, Any]:
+    """First asks (the question's first time in the run: no exact prefix can be warm for
+    it unless a warmup guessed it) and the quality of blended answers, whose first token is
+    checked against the exact computation's."""
+    first = [r.ttft_ms for r in rows if not r.repeat]
+    blended = [r for r in rows if r.blended_tokens]
+    return {
+        "first_ask_queries": len(first),
+        "first_ask_ttft_p50_ms": pct(first, 50),
+        "first_ask_ttft_p90_ms": pct(first, 90),
+        "blended_queries": len(blended),
+        "blended_first_token_agreement": share(
+            bool(r.first_token_agrees) for r in blended if r.first_token_agrees is not None
+        ),
+        "blended_token_share": round(sum(r.blended_tokens for r in blended)
+                                     / sum(r.prompt_tokens for r in blended), 4)
+        if blended else None,
+    }
+
+
+def _disk_share(rows: Sequence[Row]) -> float | None:
+    """Mean disk tier bytes over the device KV budget; None for a policy without a tier."""
+    shares = [r.disk_share for r in rows if r.disk_share is not None]
+    return round(mean(shares), 4) if shares else None
 
 
 def summarize(
@@ -86,9 +115,10 @@ def summarize(
 
 
 def json_report(figures: Mapping[str, Mapping[str, Any]], queries: int, kb_events: int,
-                measurements: int | None = None) -> dict:
+                measurements: int | None = None, **sections: Any) -> dict:
     """Exactly the object `--json` prints; `measurements`: distinct TTFT measurements made
-    (policies whose request was the same computation share one)."""
+    (policies whose request was the same computation share one); `sections`: further
+    parts of the report (the seed table, the restart scenario), None ones left out."""
     report = {
         "policies": {
             name: {k: f[k] for k in (*JSON_KEYS, *POLICY_JSON_KEYS) if k in f or k in JSON_KEYS}
@@ -99,6 +129,7 @@ def json_report(figures: Mapping[str, Mapping[str, Any]], queries: int, kb_event
     }
     if measurements is not None:
         report["measurements"] = measurements
+    report |= {k: v for k, v in sections.items() if v is not None}
     return report
 
 

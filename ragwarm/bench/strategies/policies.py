@@ -28,6 +28,10 @@ class PolicyRag(Protocol):
 
     def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool: ...
 
+    def chunk_tokens(self, refs: Sequence[ChunkRef], tenant: str) -> dict[str, list[int]]: ...
+
+    def opening_ids(self) -> list[int]: ...
+
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]: ...
 
     def synthesis_prompt(
@@ -76,12 +80,16 @@ class PolicyContext:
 class Policy:
     """A warmup policy: reacts to the run's start, time, KB changes and answered queries.
 
-    Subclasses set `name` and `cache_requests` (whether the worker caches each served prompt,
-    like vLLM's automatic prefix caching) and override the hooks they need.
+    Subclasses set `name`, `cache_requests` (whether the worker caches each served prompt,
+    like vLLM's automatic prefix caching) and `disk_tier` (whether the worker keeps the disk
+    KV tier below device memory) and override the hooks they need.
     """
 
     name: ClassVar[str]
     cache_requests: ClassVar[bool] = True
+    disk_tier: ClassVar[bool] = False
+    # Whether its worker blends held chunk KV into prompts (RAGWARM_WORKER_CHUNK_REUSE).
+    chunk_reuse: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
@@ -91,7 +99,8 @@ class Policy:
         that keeps state over the query stream can rebuild it."""
 
     def start(self) -> None:
-        """The initial KB is indexed and the worker is up; no query has been asked today."""
+        """The worker is up: at the run's start (the initial KB indexed, no query asked
+        today) and again after a restart (its device cache empty)."""
 
     def tick(self, now: float) -> None:
         """The clock reached `now` (called before every step of the timeline)."""
@@ -184,6 +193,8 @@ POLICIES: dict[str, str] = {
     "event-rag": "ragwarm.bench.strategies.streams_sim:EventRag",
     "hot-tokens": "ragwarm.bench.strategies.streams_sim:HotTokens",
     "hybrid": "ragwarm.bench.strategies.streams_sim:Hybrid",
+    "hybrid-blend": "ragwarm.bench.strategies.blend_policy:HybridBlend",
+    "tiered": "ragwarm.bench.strategies.tiered:TieredHybrid",
     "synthetic": "ragwarm.bench.strategies.synthetic:Synthetic",
 }
 

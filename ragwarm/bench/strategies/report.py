@@ -27,16 +27,27 @@ COLUMNS = (
 )
 
 
+# First asks (nothing exact can be warm for them) and the blended answers' quality.
+FIRST_ASK_COLUMNS = (
+    ("first_ask_queries", "first asks", "{}"),
+    ("first_ask_ttft_p50_ms", "first-ask TTFT p50 ms", "{:.0f}"),
+    ("first_ask_ttft_p90_ms", "first-ask TTFT p90 ms", "{:.0f}"),
+    ("blended_queries", "blended answers", "{}"),
+    ("blended_token_share", "blended token share", "{:.0%}"),
+    ("blended_first_token_agreement", "first token = exact", "{:.0%}"),
+)
+
 STYLES = ("-", "--", "-.", ":")
 
 
-def markdown_table(figures: Mapping[str, Mapping[str, Any]]) -> str:
+def markdown_table(figures: Mapping[str, Mapping[str, Any]],
+                   columns: Sequence[tuple[str, str, str]] = COLUMNS) -> str:
     """One row per policy; reductions are shown as a change (-65% = 65% lower than none)."""
-    head = "| policy | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
-    rule = "|---|" + "---:|" * len(COLUMNS)
+    head = "| policy | " + " | ".join(title for _, title, _ in columns) + " |"
+    rule = "|---|" + "---:|" * len(columns)
     lines = [head, rule]
     for name, f in figures.items():
-        cells = [_cell(f, key, fmt) for key, _, fmt in COLUMNS]
+        cells = [_cell(f, key, fmt) for key, _, fmt in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -61,6 +72,12 @@ def policy_notes(figures: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def tables(figures: Mapping[str, Mapping[str, Any]]) -> str:
+    """The main table, then first asks and blended answers per policy."""
+    return (markdown_table(figures) + "\n\nFirst asks and blended answers (chunk reuse):\n\n"
+            + markdown_table(figures, FIRST_ASK_COLUMNS))
+
+
 def _cell(f: Mapping[str, Any], key: str, fmt: str) -> str:
     if f.get(key) is None:
         return "-"
@@ -74,11 +91,14 @@ def write_outputs(
     rows: Sequence[QueryRow],
     kb_times: Sequence[float],
     header: str,
+    sections: Sequence[str] = (),
 ) -> list[Path]:
-    """Write every output under `out`; returns the paths written."""
+    """Write every output under `out` (`sections`: more markdown after the table); returns
+    the paths written."""
     out.mkdir(parents=True, exist_ok=True)
+    text = "\n\n".join([header, tables(figures), *sections]) + "\n"
     paths = [
-        _write(out / "strategies.md", header + "\n\n" + markdown_table(figures) + "\n"),
+        _write(out / "strategies.md", text),
         _write_csv(out / "strategies.csv", figures),
         _write(out / "queries.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in rows)),
     ]

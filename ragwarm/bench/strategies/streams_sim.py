@@ -64,6 +64,12 @@ class IndexedOnce:
     def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
         return self.rag.refs_current(refs, tenant)
 
+    def chunk_tokens(self, refs: Sequence[ChunkRef], tenant: str) -> dict[str, list[int]]:
+        return self.rag.chunk_tokens(refs, tenant)
+
+    def opening_ids(self) -> list[int]:
+        return self.rag.opening_ids()
+
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
         return self.rag.search(question, tenant, k)
 
@@ -99,12 +105,14 @@ class StreamsPolicy(Policy):
     kb_events: ClassVar[bool] = False
     track_queries: ClassVar[bool] = False
     hot: ClassVar[bool] = False
+    chunk_warmup: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         settings = ctx.settings.streams.model_copy(update={
             "track_queries": self.track_queries,
             "hot_tokens": self.hot,
+            "chunk_warmup": self.chunk_warmup,
             "kv_bytes_per_token": ctx.worker.engine.kv_bytes_per_token,
             "worker_stale_s": float("inf"),  # one worker, heartbeating on every step
             "tenant": ctx.settings.tenant,

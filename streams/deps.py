@@ -1,0 +1,110 @@
+"""What every streams handler is handed: the tables, the outbox, the RAG port, the clock.
+
+Apart from `streams.handlers` so that modules of handlers (the ready-worker warmup) share
+it without importing one another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, MutableMapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from schemas import WarmupCommand
+from streams.hot import HotTracker
+from streams.ports import IndexReplica, RagPort
+from streams.records import DocLink, PrefixOp, ReadyRewarm, WorkerState
+from streams.settings import StreamsSettings
+from streams.synthetic import SyntheticState
+
+Table = MutableMapping[str, Any]
+
+
+class Outbox(Protocol):
+    """Where the handlers' output goes: the internal topics and the workers' commands."""
+
+    async def op(self, op: PrefixOp) -> None:
+        """To `ragwarm.prefix-ops`, keyed by the prefix hash."""
+
+    async def link(self, link: DocLink) -> None:
+        """To `ragwarm.doc-links`, keyed by the doc id."""
+
+    async def command(self, cmd: WarmupCommand) -> None:
+        """To `warmup.commands`, keyed by the prefix hash."""
+
+    async def ready(self, req: ReadyRewarm) -> None:
+        """To every partition of `ragwarm.worker-ready` (one request per partition)."""
+
+
+@dataclass
+class StreamTables:
+    """The app's state; Faust changelog tables in the app, dicts in the benchmark."""
+
+    docs: Table  # doc_key(tenant, doc_id) -> DocState
+    doc_prefixes: Table  # doc_key(tenant, doc_id) -> {prefix hash: [chunk refs]}
+    prefixes: Table  # prefix hash -> PrefixState
+    workers: Table  # worker id -> WorkerState (read by every partition)
+
+
+@dataclass
+class Readiness:
+    """What `/ragwarm/health/ready` reports: tables recovered and the index consistent with
+    them. KB changes wait for `index` (re-indexing must not race them). Set by default:
+    only the Faust app, which recovers, clears it."""
+
+    index: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = "ready"
+
+    def __post_init__(self) -> None:
+        self.index.set()
+
+    def wait_for_recovery(self) -> None:
+        self.index.clear()
+        self.reason = "recovering tables"
+
+    def recovered(self) -> None:
+        self.reason = "ready"
+        self.index.set()
+
+
+@dataclass
+class HandlerDeps:
+    """Everything the handlers share: tables, outbox, the RAG port, clock and counters."""
+
+    tables: StreamTables
+    out: Outbox
+    rag: RagPort
+    settings: StreamsSettings
+    tracker: HotTracker
+    clock: Callable[[], float] = time.time
+    stats: Counter = field(default_factory=Counter)
+    # Qdrant local mode and the embedder are not safe to share across threads: in the app
+    # one thread runs every store call, off the event loop. None runs them inline.
+    executor: Executor | None = None
+    # The hot-tick timer and a worker's `ready` both re-plan the hot set; one at a time.
+    hot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    readiness: Readiness = field(default_factory=Readiness)
+    # The partition of a table key among n (the producer's partitioner in the app).
+    partition_of: Callable[[str, int], int] = field(default=lambda key, n: 0)
+    # The index replica fed by rag.chunks (streams.replica); None: nothing to publish.
+    replica: IndexReplica | None = None
+    # The share of the rag.queries partitions this process owns: with N instances each
+    # plans the hot set of its own tenants within that share of the hot-token budget.
+    owned_share: Callable[[], float] = field(default=lambda: 1.0)
+    synthetic: SyntheticState = field(default_factory=SyntheticState)  # this process's
+
+    async def blocking(self, fn: Callable, *args):
+        if self.executor is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def live_workers(self) -> list[WorkerState]:
+        horizon = self.clock() - self.settings.worker_stale_s
+        rows = [WorkerState.model_validate(v) for v in self.tables.workers.values() if v]
+        return [
+            w if w.last_seen >= horizon else w.model_copy(update={"ready": False}) for w in rows
+        ]
