@@ -12,7 +12,7 @@ import logging
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
 from schemas.signing import authentic
-from streams import chunk_warm, logic, progressive
+from streams import chunk_warm, logic, progressive, synthesize
 from streams.deps import (  # noqa: F401 - re-exported: the handlers' inputs in one place
     HandlerDeps,
     Outbox,
@@ -131,6 +131,7 @@ async def apply_indexed(
     for op in plan.ops:
         await p.out.op(op)
     await chunk_warm.warm_changed(p, change, prior, new_chunks, bool(dependents))
+    await synthesize.on_kb_changed(p, prior, plan.state, change.doc_id)
 
 
 def edit_rewarm_tokens(p: HandlerDeps) -> int:
@@ -221,6 +222,8 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
         await warm_new_worker(p, event)
     elif event.kind == "heartbeat":
         await next_warm_step(p, state)
+    elif event.kind == "synthesized":
+        await synthesize.on_synthesized(p, event)
 
 
 async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
@@ -379,6 +382,7 @@ async def on_query(p: HandlerDeps, query: QueryEvent) -> None:
     )
     p.tracker.observe(query.prefix_hash, payload, p.clock())
     p.stats["queries"] += 1
+    synthesize.count_query(p, query)
     if p.settings.track_queries:
         op = await query_warm_op(p, query)
         if op is not None:

@@ -279,6 +279,7 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
         chunk_refs=op.chunk_refs,
         token_ids=op.token_ids,
         expires_at=0.0,
+        synthetic=op.synthetic,
     )
     asked = op.reason == "query"
     new_state = base.model_copy(
@@ -358,9 +359,10 @@ def _prefill(op: PrefixOp, state: PrefixState, worker: str, ttl_s: float, pin: b
 
 
 def with_expiry(cmd: WarmupCommand, now: float, expiry_s: float) -> WarmupCommand:
-    """A prefill stamped with when it stops being worth carrying out; other ops unchanged
-    (an invalidation must never be skipped, however late it is read)."""
-    if cmd.op not in ("prefill", "prefill_chunk"):
+    """A prefill (of a prefix or a chunk) or a synthesize, stamped with when it stops being
+    worth carrying out; other ops unchanged (an invalidation must never be skipped, however
+    late it is read)."""
+    if cmd.op not in ("prefill", "prefill_chunk", "synthesize"):
         return cmd
     expires = datetime.fromtimestamp(now + expiry_s, UTC)
     return cmd.model_copy(update={"expires_at": expires})

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from ragwarm.bench.strategies.command import strategies
-from ragwarm.bench.strategies.metrics import JSON_KEYS, percentile
+from ragwarm.bench.strategies.metrics import JSON_KEYS, POLICY_JSON_KEYS, percentile
 from ragwarm.bench.strategies.policies import policy_class, policy_names
 from workers.engines.torch_engine import TorchEngine
 
@@ -58,8 +58,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     original = TorchEngine.generate
 
     def recording(self, *args, **kwargs):  # the real generation, observed
+        # Served requests are greedy; synthetic warmup's sampling is no served request.
+        served = not kwargs.get("temperature")
         for step in original(self, *args, **kwargs):
-            if step.result is not None:
+            if step.result is not None and served:
                 measured.append(step.result.ttft_s * 1000)
             yield step
 
@@ -82,8 +84,9 @@ def test_json_is_the_contract(run):
                            "restart"}
     assert list(report["policies"]) == policy_names()
     assert report["queries"] == QUERIES and report["kb_events"] == 7
-    for figures in report["policies"].values():
-        assert set(figures) == set(JSON_KEYS)
+    for name, figures in report["policies"].items():
+        own = set(POLICY_JSON_KEYS) if name == "synthetic" else set()
+        assert set(figures) == set(JSON_KEYS) | own
         assert isinstance(figures["stale_hits"], int)
 
 
@@ -127,6 +130,9 @@ def test_figures_follow_the_rows(run):
     assert all(r["cached_tokens"] == 0 for r in baseline)
     assert run["report"]["policies"]["none"]["warmup_seconds"] == 0.0
     assert run["report"]["policies"]["event-rag"]["warmup_seconds"] > 0.0
+    synthetic = run["report"]["policies"]["synthetic"]
+    assert 0.0 <= synthetic["synthetic_memory_share"] <= synthetic["synthetic_memory_share_max"]
+    assert synthetic["synthetic_memory_share_max"] <= 0.05
 
 
 def test_outputs_are_written(run):

@@ -130,7 +130,7 @@ def _run(events: list, questions: list, settings: Any, names: list[str], plan: d
 def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
             load_before: tuple[float, float, float]) -> None:
     from ragwarm.bench.strategies.metrics import json_report, summarize
-    from ragwarm.bench.strategies.report import tables, write_outputs
+    from ragwarm.bench.strategies.report import policy_notes, tables, write_outputs
 
     figures = summarize(result.rows, result.policies, names)
     machine = _machine(load_before)
@@ -146,7 +146,7 @@ def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
                                           result.meta.get("measurements"), seed_table=seed,
                                           restart=restart)))
         return
-    click.echo("\n\n".join([header, tables(figures), *sections]))
+    click.echo("\n\n".join([header, tables(figures), *sections, *policy_notes(figures)]))
     click.echo("\nwritten: " + ", ".join(str(p) for p in [*paths, out / "run.json"]))
 
 

@@ -13,6 +13,10 @@ JSON_KEYS = (
     "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "hit_rate", "post_edit_hit_rate", "stale_hits",
     "kv_memory_share", "warmup_seconds",
 )
+# Figures only some policies have (`Policy.figures`), in `--json` where they do.
+POLICY_JSON_KEYS = (
+    "synthetic_memory_share", "synthetic_memory_share_max", "synthetic_first_ask_hit_rate",
+)
 
 
 def share(flags: Iterable[bool]) -> float | None:
@@ -66,7 +70,7 @@ def policy_figures(rows: Sequence[Row], extra: Mapping[str, Any]) -> dict[str, A
         "disk_share": _disk_share(rows),
         "restored_queries": sum(r.restored for r in rows),
         **first_ask_figures(rows),
-    }
+    } | dict(extra.get("figures", {}))
 
 
 def first_ask_figures(rows: Sequence[Row]) -> dict[str, Any]:
@@ -116,7 +120,10 @@ def json_report(figures: Mapping[str, Mapping[str, Any]], queries: int, kb_event
     (policies whose request was the same computation share one); `sections`: further
     parts of the report (the seed table, the restart scenario), None ones left out."""
     report = {
-        "policies": {name: {k: f[k] for k in JSON_KEYS} for name, f in figures.items()},
+        "policies": {
+            name: {k: f[k] for k in (*JSON_KEYS, *POLICY_JSON_KEYS) if k in f or k in JSON_KEYS}
+            for name, f in figures.items()
+        },
         "queries": queries,
         "kb_events": kb_events,
     }

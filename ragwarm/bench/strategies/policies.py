@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run star
     from rag.trace import Question
     from ragwarm.bench.strategies.settings import StrategySettings
     from ragwarm.bench.strategies.worker import SimWorker
-    from streams.ports import WarmPrefix
+    from streams.ports import SynthesisPrompt, WarmPrefix
 
 
 class PolicyRag(Protocol):
@@ -33,6 +33,10 @@ class PolicyRag(Protocol):
     def opening_ids(self) -> list[int]: ...
 
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]: ...
+
+    def synthesis_prompt(
+        self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
+    ) -> SynthesisPrompt | None: ...
 
     def doc_states(self, tenant: str) -> dict[str, dict]:
         """doc id -> `DocState` (as JSON) of every document of the start."""
@@ -106,6 +110,10 @@ class Policy:
 
     def served(self, query: QueryEvent) -> None:
         """The worker answered a query; `query` is what the RAG client would publish."""
+
+    def figures(self) -> dict[str, float | int | None]:
+        """Figures of the policy's own, reported beside the common ones (none by default)."""
+        return {}
 
 
 class NoReuse(Policy):
@@ -187,6 +195,7 @@ POLICIES: dict[str, str] = {
     "hybrid": "ragwarm.bench.strategies.streams_sim:Hybrid",
     "hybrid-blend": "ragwarm.bench.strategies.blend_policy:HybridBlend",
     "tiered": "ragwarm.bench.strategies.tiered:TieredHybrid",
+    "synthetic": "ragwarm.bench.strategies.synthetic:Synthetic",
 }
 
 

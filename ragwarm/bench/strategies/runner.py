@@ -371,6 +371,7 @@ class Runner:
                 "warmup_seconds": lane.worker.warm_seconds,
                 "commands": dict(lane.worker.outcomes),
                 "streams": dict(stats),
+                "figures": lane.policy.figures(),
             }
         return out
 

@@ -17,6 +17,7 @@ from workers.engines.base import GenerationResult, PrefixEngine
 from workers.memory import MEMORY_THRESHOLD, Budget
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
+from workers.synthesis import DEFAULT_PER_MINUTE, RateLimit, SynthesisLimits
 
 
 class _Events:
@@ -104,6 +105,8 @@ class SimWorker:
             metrics=WorkerMetrics(worker_id=self.worker_id, model_name=engine.model_id),
             limits=Limits(1 << 15, 1, 1 << 15, 1 << 20), cache_requests=self.cache_requests,
             warmup_threshold=MEMORY_THRESHOLD,
+            # Synthetic warmup's rate limit runs on the simulated clock, as the policies do.
+            synthesis=SynthesisLimits(RateLimit(DEFAULT_PER_MINUTE), clock=self.clock),
         )
 
     def restart(self, engine: PrefixEngine[Any]) -> None:
@@ -223,7 +226,7 @@ class SimWorker:
         """Carry out a warmup command as the worker does; prefill time is warmup time."""
         started = time.perf_counter()
         outcome = self.runtime.apply(command)
-        if command.op in ("prefill", "prefill_chunk"):
+        if command.op in ("prefill", "prefill_chunk", "synthesize"):  # sampling is warmup too
             self.warm_seconds += time.perf_counter() - started
         self.outcomes[f"{command.op}:{outcome}"] += 1
         self._drain()
