@@ -20,6 +20,14 @@ from schemas import ChunkRef
 _SYSTEM_MARK = "\x00RAGWARM-SYSTEM\x00"
 _USER_MARK = "\x00RAGWARM-USER\x00"
 CONTEXT_HEADER = "\n\nContext:\n"
+# Synthetic warmup's prompt: the model asks a question a user would ask of a text. Its
+# answer is opened with a cue: a small model told to write a question often writes
+# something else (an answer, a heading); after "How do I" it writes the rest of a question.
+QUESTION_SYSTEM = (
+    "You are a user of this software. You ask short questions about its documentation."
+)
+QUESTION_REQUEST = "Ask one short question about this documentation."
+QUESTION_PRIMER = "How do I"
 
 
 class ChunkLike(Protocol):
@@ -155,6 +163,19 @@ class PromptBuilder:
             chunk_refs=tuple(_ref(c) for c in canonical_order(chunks)),
             chunk_spans=tuple(spans),
         )
+
+    def question_prompt(
+        self, chunks: Sequence[ChunkLike], max_tokens: int
+    ) -> tuple[list[int], int]:
+        """The prompt that asks the model for one question a user might ask about `chunks`
+        (synthetic warmup), their text in canonical order cut to `max_tokens` tokens; and
+        how many of its last tokens are the cue that opens the answer."""
+        text = "\n\n".join(c.text.strip() for c in canonical_order(chunks))
+        excerpt = self.tokenizer.decode(self._encode(text)[:max_tokens]).strip()
+        user = f"Documentation:\n{excerpt}\n\n{QUESTION_REQUEST}"
+        rendered = self.layout.head + QUESTION_SYSTEM + self.layout.between + user
+        primer = self._encode(QUESTION_PRIMER)
+        return self._encode(rendered + self.layout.tail) + primer, len(primer)
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

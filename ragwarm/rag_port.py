@@ -22,7 +22,7 @@ from ragwarm.settings import ModelSettings, qdrant_settings
 from schemas import ChunkRef, KbChange
 from schemas.chunks import Outgoing, ReplicaRecord
 from schemas.prefix import BLOCK_SIZE, PromptParams, prefix_chain
-from streams.ports import WarmPrefix
+from streams.ports import SynthesisPrompt, WarmPrefix
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +201,20 @@ class RagService:
                 return None
             chunks.append(hit.chunk)
         return self._prefix(chunks, tenant) if chunks else None
+
+    def synthesis_prompt(
+        self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
+    ) -> SynthesisPrompt | None:
+        stored = self.store.get_chunks([r.chunk_id for r in refs], tenant)
+        chunks = [
+            stored[r.chunk_id].chunk for r in refs
+            if r.chunk_id in stored and stored[r.chunk_id].chunk.content_hash == r.content_hash
+        ]
+        if not chunks:
+            return None
+        token_ids, primer = self.prompts.question_prompt(chunks, max_tokens)
+        refs = [ChunkRef(chunk_id=c.chunk_id, content_hash=c.content_hash) for c in chunks]
+        return SynthesisPrompt(token_ids, refs, primer)
 
     def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
         stored = self.store.get_chunks([r.chunk_id for r in refs], tenant)

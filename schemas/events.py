@@ -210,8 +210,8 @@ class WarmupCommandV2(WarmupCommandV1):
         return self.expires_at is not None and now >= self.expires_at
 
 
-class WarmupCommand(WarmupCommandV2):
-    """An order from the streams app to one worker (or all, `worker_id=None`).
+class WarmupCommandV3(WarmupCommandV2):
+    """Version 3 of `WarmupCommand` (no synthetic questions); still read, upgraded on decode.
 
     v3: op `prefill_chunk`: compute one chunk's KV on its own, right after `opening_ids`
     (the system prompt, where the canonical prompt places a first chunk), and hold it keyed
@@ -231,7 +231,7 @@ class WarmupCommand(WarmupCommandV2):
     )
 
     @model_validator(mode="after")
-    def _chunk_fields(self) -> WarmupCommand:
+    def _chunk_fields(self) -> WarmupCommandV3:
         if self.op != "prefill_chunk":
             return self
         if not self.token_ids:
@@ -240,6 +240,58 @@ class WarmupCommand(WarmupCommandV2):
             raise ValueError("opening_ids: required for op 'prefill_chunk' (the system prompt)")
         if len(self.chunk_refs) != 1:
             raise ValueError("chunk_refs: op 'prefill_chunk' names exactly one chunk")
+        return self
+
+
+# Seed 000: synthetic warmup samples at temperature 1.2-1.5; a command may ask for any
+# sampling temperature up to this (0 would be greedy: every sample the same question).
+MAX_SYNTH_TEMPERATURE = 2.0
+MAX_SYNTH_SAMPLES = 8
+MAX_SYNTH_TOKENS = 128
+MAX_QUESTION_CHARS = 1024
+MAX_TOP_K = 1000
+MAX_PRIMER_TOKENS = 64
+
+
+class WarmupCommand(WarmupCommandV3):
+    """An order from the streams app to one worker (or all, `worker_id=None`).
+
+    v4: op `synthesize`: sample `samples` likely questions about a document with the
+    worker's own model (`token_ids`: the question prompt the app built from the chunks in
+    `chunk_refs`), at `temperature` among the `top_k` likeliest tokens (all when None), at
+    most `max_new_tokens` each, seeded by `seed` when given. The prompt's last
+    `primer_tokens` tokens open the answer (a cue such as "How do I"): each question is
+    their text and what was sampled after them. The worker answers with a `synthesized`
+    event and stores nothing.
+    """
+
+    VERSION: ClassVar[int] = 4
+
+    schema_version: Literal[4] = 4  # type: ignore[assignment]
+    op: Literal[  # type: ignore[assignment]
+        "prefill", "invalidate", "extend_ttl", "release", "prefill_chunk", "synthesize"
+    ]
+    samples: int = Field(default=0, ge=0, le=MAX_SYNTH_SAMPLES)
+    max_new_tokens: int = Field(default=0, ge=0, le=MAX_SYNTH_TOKENS)
+    temperature: float | None = Field(
+        default=None, gt=0, le=MAX_SYNTH_TEMPERATURE, allow_inf_nan=False
+    )
+    seed: int | None = Field(default=None, ge=0, le=MAX_VERSION)
+    top_k: int | None = Field(default=None, ge=1, le=MAX_TOP_K)
+    primer_tokens: int = Field(default=0, ge=0, le=MAX_PRIMER_TOKENS)
+
+    @model_validator(mode="after")
+    def _synthesis_fields(self) -> WarmupCommand:
+        if self.op != "synthesize":
+            return self
+        if not self.token_ids:
+            raise ValueError("token_ids: required for op 'synthesize' (the question prompt)")
+        if self.samples < 1 or self.max_new_tokens < 1:
+            raise ValueError("samples: op 'synthesize' needs samples and max_new_tokens >= 1")
+        if self.temperature is None:
+            raise ValueError("temperature: required for op 'synthesize'")
+        if self.primer_tokens >= len(self.token_ids):
+            raise ValueError("primer_tokens: must be fewer than the prompt's tokens")
         return self
 
 
@@ -282,8 +334,8 @@ class WorkerEventV3(WorkerEventV2):
     tier_bytes: int = Field(default=0, ge=0)
 
 
-class WorkerEvent(WorkerEventV3):
-    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+class WorkerEventV4(WorkerEventV3):
+    """Version 4 of `WorkerEvent` (no synthetic questions); still read, upgraded on decode.
 
     v4: `node` names the machine the worker runs on (its host name unless set), so the
     streams app can keep at least one worker per node holding the hot set (seed 000: "keep
@@ -295,6 +347,23 @@ class WorkerEvent(WorkerEventV3):
 
     schema_version: Literal[4] = 4  # type: ignore[assignment]
     node: Id | None = None
+
+
+class WorkerEvent(WorkerEventV4):
+    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+
+    v5: kind `synthesized` answers a `synthesize` command: `questions` are the questions
+    its model sampled about the chunks in `chunk_refs` (cleaned, duplicates dropped; empty
+    when none came out usable), for the app to retrieve and warm.
+    """
+
+    VERSION: ClassVar[int] = 5
+
+    schema_version: Literal[5] = 5  # type: ignore[assignment]
+    kind: Literal[WorkerKind, "synthesized"]  # type: ignore[assignment]
+    questions: list[
+        Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUESTION_CHARS)]
+    ] = Field(default_factory=list, max_length=MAX_SYNTH_SAMPLES)
 
 
 class DeadLetter(DeadLetterV1):
@@ -411,8 +480,10 @@ EVENT_TYPES: tuple[type[Event], ...] = (
 LEGACY_TYPES: tuple[type[Event], ...] = (
     WarmupCommandV1,
     WarmupCommandV2,
+    WarmupCommandV3,
     WorkerEventV1,
     WorkerEventV2,
     WorkerEventV3,
+    WorkerEventV4,
     DeadLetterV1,
 )

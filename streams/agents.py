@@ -15,7 +15,7 @@ import faust
 
 from schemas import KbChange, QueryEvent, WarmupCommand, deadletter, encode
 from schemas.topics import kb_key
-from streams import batch, faults, handlers
+from streams import batch, faults, handlers, synthesize
 from streams.handlers import HandlerDeps
 from streams.records import DocLink, PrefixOp, ReadyRewarm
 from streams.routes import ROUTES, Route
@@ -237,6 +237,8 @@ def _timers(app: faust.App, p: HandlerDeps) -> None:
     timer(p.settings.hot_tick_s, "ragwarm.hot-tick", lambda: handlers.plan_hot(p))
     timer(p.settings.sweep_s, "ragwarm.prefix-sweep", lambda: _sweep(p))
     timer(p.settings.resend_s, "ragwarm.prefill-resend", lambda: handlers.resend_prefills(p))
+    if p.settings.synthetic:
+        timer(p.settings.hot_tick_s, "ragwarm.synthetic-tick", lambda: synthesize.tick(p))
     if p.settings.warm_cron:
         name = "ragwarm.scheduled-warmup"
         app.crontab(p.settings.warm_cron)(faults.guarded(name, lambda: _scheduled(p), count))

@@ -19,6 +19,7 @@ from streams.hot import HotTracker
 from streams.ports import IndexReplica, RagPort
 from streams.records import DocLink, PrefixOp, ReadyRewarm, WorkerState
 from streams.settings import StreamsSettings
+from streams.synthetic import SyntheticState
 
 Table = MutableMapping[str, Any]
 
@@ -94,6 +95,7 @@ class HandlerDeps:
     # The share of the rag.queries partitions this process owns: with N instances each
     # plans the hot set of its own tenants within that share of the hot-token budget.
     owned_share: Callable[[], float] = field(default=lambda: 1.0)
+    synthetic: SyntheticState = field(default_factory=SyntheticState)  # this process's
 
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:

@@ -12,7 +12,7 @@ import logging
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
 from schemas.signing import authentic
-from streams import chunk_warm, logic, progressive
+from streams import chunk_warm, logic, progressive, synthesize
 from streams.deps import (  # noqa: F401 - re-exported: the handlers' inputs in one place
     HandlerDeps,
     Outbox,
@@ -42,6 +42,7 @@ def warm_op(
     cause: PrefixOp | None = None,
     *,
     pin: bool = False,
+    hold: bool = False,
     reason: str = "hot",
 ) -> PrefixOp:
     """A `warm` op for `prefix`; `cause` is the op whose decision led here, if any."""
@@ -53,6 +54,7 @@ def warm_op(
         token_ids=prefix.token_ids,
         question=question,
         pin=pin,
+        hold=hold,
         reason=f"re-prefill after {cause.reason}" if cause else reason,
         origin_ts=cause.origin_ts if cause else None,
     )
@@ -113,10 +115,12 @@ async def apply_indexed(
     links = p.tables.doc_prefixes.get(key) or {}
     dependents = {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
     now = p.clock()
-    # The hot window (this process's view of rag.queries) ranks the dependents' re-warms.
+    # The hot window (this process's view of rag.queries) ranks the dependents' re-warms;
+    # the hot set's are pinned already and re-warmed pinned, so they take no edit budget.
+    pinned = {op.prefix_hash for op in p.tracker.hot.values()}
     recent = [
         logic.HotCandidate(h, c, pl.prefix_tokens)
-        for h, c, pl in p.tracker.ranked(now) if h in dependents
+        for h, c, pl in p.tracker.ranked(now) if h in dependents and h not in pinned
     ]
     plan = logic.plan_kb_change(
         change, prior, new_chunks, dependents, now, recent, edit_rewarm_tokens(p)
@@ -127,6 +131,7 @@ async def apply_indexed(
     for op in plan.ops:
         await p.out.op(op)
     await chunk_warm.warm_changed(p, change, prior, new_chunks, bool(dependents))
+    await synthesize.on_kb_changed(p, prior, plan.state, change.doc_id)
 
 
 def edit_rewarm_tokens(p: HandlerDeps) -> int:
@@ -190,7 +195,8 @@ async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> No
     for question in questions:
         prefix = await p.blocking(p.rag.prefix_for_question, question, op.tenant)
         if prefix is not None:
-            await p.out.op(warm_op(prefix, op.tenant, question, op, pin=plan.rewarm_pin))
+            await p.out.op(warm_op(prefix, op.tenant, question, op, pin=plan.rewarm_pin,
+                                   hold=plan.rewarm_hold))
 
 
 # --- ragwarm.doc-links (key tenant + doc_id) ----------------------------------------------
@@ -236,6 +242,8 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
         await warm_new_worker(p, event)
     elif event.kind == "heartbeat":
         await next_warm_step(p, state)
+    elif event.kind == "synthesized":
+        await synthesize.on_synthesized(p, event)
 
 
 async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
@@ -330,7 +338,8 @@ async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
 
 
 async def sweep_prefixes(p: HandlerDeps) -> int:
-    """Ask for the prefixes expired `forget_after_s` ago that nobody holds to be dropped.
+    """Ask for the prefixes expired `forget_after_s` ago that nobody holds to be dropped,
+    and for the edit holds older than `edit_hold_s` to end.
 
     A timer runs this over the local table; the `forget` op goes through prefix-ops, so the
     partition that owns each prefix rechecks and drops it (a use in between keeps it).
@@ -342,6 +351,10 @@ async def sweep_prefixes(p: HandlerDeps) -> int:
         if not raw:
             continue
         state = PrefixState.model_validate(raw)
+        if logic.hold_ended(state, now, p.settings.edit_hold_s):
+            await p.out.op(PrefixOp(op="cool", prefix_hash=prefix_hash, tenant=state.tenant,
+                                    hold=True, reason="edit hold ended unasked"))
+            sent += 1
         if logic.forgettable(prefix_hash, state, workers, now, after):
             await p.out.op(
                 PrefixOp(
@@ -389,6 +402,7 @@ async def on_query(p: HandlerDeps, query: QueryEvent) -> None:
     )
     p.tracker.observe(query.prefix_hash, payload, p.clock())
     p.stats["queries"] += 1
+    synthesize.count_query(p, query)
     if p.settings.track_queries:
         op = await query_warm_op(p, query)
         if op is not None:
@@ -410,7 +424,8 @@ async def query_warm_op(p: HandlerDeps, query: QueryEvent) -> PrefixOp | None:
     state = PrefixState.model_validate(raw)
     fresh = state.expires_at - p.clock() > p.settings.prefix_ttl_s / 2
     # Cheap checks first: this runs for every query, the worker rows only when needed.
-    if fresh and query.question in state.questions:
+    # A held prefix's ask ends its hold (`logic._warm`), so it is always sent.
+    if fresh and query.question in state.questions and state.held_at is None:
         if logic.holders_of(query.prefix_hash, p.live_workers()):
             return None
     # The state has the tokens; the op only refreshes the TTL and the question list.
@@ -449,6 +464,10 @@ async def _plan_hot(p: HandlerDeps) -> None:
         # eviction): warm what it retrieves now; the prefix op itself waits for a prefill
         # already on its way.
         if known is None or known.prefix_hash not in held:
+            if known is not None and _prefill_pending(p, known.prefix_hash):
+                # Not held yet, its prefill on its way (an edit's re-warm takes seconds):
+                # retrieving again every tick would take CPU from that very prefill.
+                continue
             op = await hot_warm_op(p, prefix_hash, payloads[prefix_hash])
             if op is not None:
                 p.tracker.hot[prefix_hash] = op
@@ -464,6 +483,12 @@ async def _plan_hot(p: HandlerDeps) -> None:
         await p.out.op(
             PrefixOp(op="cool", prefix_hash=op.prefix_hash, tenant=op.tenant, reason="cooled down")
         )
+
+
+def _prefill_pending(p: HandlerDeps, prefix_hash: str) -> bool:
+    raw = p.tables.prefixes.get(prefix_hash)  # None where another instance owns it
+    state = PrefixState.model_validate(raw) if raw else None
+    return logic.prefill_pending(state, p.clock())
 
 
 async def warm_per_node(

@@ -22,6 +22,11 @@ from streams.fleet import (  # noqa: F401 - re-exported: the app's decisions in 
     hot_targets,
 )
 from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState
+from streams.warmsets import (  # noqa: F401 - re-exported: the app's decisions in one place
+    HotCandidate,
+    plan_hot_set,
+    plan_rewarm,
+)
 
 MAX_QUESTIONS_PER_PREFIX = 8
 # How long a sent prefill is awaited before another is sent (a refused or lost command).
@@ -58,10 +63,11 @@ def plan_kb_change(
     `new_chunks` is chunk_id -> content hash after indexing (empty on delete);
     `dependents` is prefix hash -> the refs of this document's chunks it depends on.
     A prefix with any ref no longer current is invalidated; the others get a longer TTL.
-    `recent` are the prefixes asked in the hot window (count, size): the invalidated ones
-    among them, most asked first, may re-warm even if no worker holds them any more, within
-    `rewarm_tokens` (`edit_rewarm`). Ops go least asked first: each may re-warm its
-    questions, and the worker's LRU then keeps the most asked of them longest.
+    `recent` are the prefixes asked in the hot window (count, size): the dependents among
+    them, most asked first, within `rewarm_tokens` (`edit_rewarm`), are re-warmed and held
+    (pinned until their next ask) whether a worker still holds them or not. Ops go least
+    asked first: each may re-warm its questions, and the worker's LRU then keeps the most
+    asked of them longest.
     """
     if change.is_stale(prior.version if prior else None):
         return KbPlan(stale=True)
@@ -77,7 +83,7 @@ def plan_kb_change(
         h for h, refs in dependents.items()
         if any(new_chunks.get(r.chunk_id) != r.content_hash for r in refs)
     }
-    rewarm = edit_rewarm(stale, recent, rewarm_tokens)
+    rewarm = edit_rewarm(dependents if doc_changed else stale, recent, rewarm_tokens)
     rank = {c.prefix_hash: c.count for c in recent}
     order = sorted(dependents, key=lambda h: (rank.get(h, 0.0), h))
     for prefix_hash, refs in ((h, dependents[h]) for h in order):
@@ -96,24 +102,27 @@ def plan_kb_change(
                 # its questions' top-3: retrieve again and warm what they would use.
                 recheck=not changed and doc_changed,
                 rewarm=prefix_hash in rewarm,
+                hold=prefix_hash in rewarm,
             )
         )
     return KbPlan(stale=False, state=state, ops=ops)
 
 
 def edit_rewarm(
-    stale: Iterable[str], recent: Sequence[HotCandidate], budget_tokens: int
+    dependents: Iterable[str], recent: Sequence[HotCandidate], budget_tokens: int
 ) -> set[str]:
-    """The invalidated prefixes an edit re-warms wherever they are (held or evicted).
+    """The dependents an edit re-warms wherever they are (held or evicted) and holds.
 
-    An edit makes their KV wrong on every worker, and request caching cannot rebuild it
-    before the next ask, which would reuse only the system prompt. Those asked in the hot
-    window qualify, most asked first, while their tokens fit `budget_tokens`: unbounded,
-    an edit to a hub document re-prefilled a dozen rarely asked prefixes into a budget of
-    about as many and pushed out the KV in use. A prefix too large for what is left is
-    skipped, smaller ones after it may still fit.
+    Their questions come back after an edit to their documents (to see what changed), and
+    by then the worker's LRU has often evicted them: an invalidated prefix's KV is wrong
+    everywhere and request caching cannot rebuild it before that ask, and an unchanged one
+    (or its re-retrieval's new top-3) is an unpinned entry among many. Those asked in the
+    hot window qualify, most asked first, while their tokens fit `budget_tokens`:
+    unbounded, an edit to a hub document re-prefilled a dozen rarely asked prefixes into a
+    budget of about as many and pushed out the KV in use. A prefix too large for what is
+    left is skipped, smaller ones after it may still fit.
     """
-    wanted = set(stale)
+    wanted = set(dependents)
     chosen, used = set(), 0
     for cand in sorted(recent, key=lambda c: (-c.count, c.prefix_hash)):
         if cand.prefix_hash in wanted and used + cand.tokens <= budget_tokens:
@@ -175,6 +184,7 @@ class PrefixPlan:
     links: list[DocLink] = field(default_factory=list)
     rewarm_questions: list[str] = field(default_factory=list)
     rewarm_pin: bool = False
+    rewarm_hold: bool = False
     counters: dict[str, int] = field(default_factory=dict)
 
 
@@ -217,6 +227,7 @@ def _invalidate(op, state, workers, now, ttl_s) -> PrefixPlan:
         if op.rewarm or _warm_now(op.prefix_hash, state, workers):
             plan.rewarm_questions = list(state.questions)
             plan.rewarm_pin = state.hot
+            plan.rewarm_hold = op.hold
     return plan
 
 
@@ -259,12 +270,14 @@ def _extend_ttl(op, state, workers, now, ttl_s) -> PrefixPlan:
         commands=[cmd],
         state=new_state,
         counters={"ttl_extensions": 1},
+        # Re-retrieved: what they retrieve now may differ; the same prefix is held in place.
         rewarm_questions=(
             list(state.questions)
-            if op.recheck and _warm_now(op.prefix_hash, state, workers)
+            if op.recheck and (op.rewarm or _warm_now(op.prefix_hash, state, workers))
             else []
         ),
         rewarm_pin=state.hot,
+        rewarm_hold=op.hold and op.recheck,
     )
 
 
@@ -278,37 +291,68 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
         chunk_refs=op.chunk_refs,
         token_ids=op.token_ids,
         expires_at=0.0,
+        synthetic=op.synthetic,
     )
+    asked = op.reason == "query"
     new_state = base.model_copy(
         update={
             "questions": questions,
             "expires_at": now + ttl_s,
             "updated_at": now,
             "hot": pin,
-            "uses": base.uses + (op.reason == "query"),
+            "uses": base.uses + asked,
+            "held_at": now if op.hold else None if asked else base.held_at,
         }
     )
     plan = PrefixPlan(state=new_state)
     if state is None:
         plan.links = _links(op.prefix_hash, op.chunk_refs, op.tenant, link=True)
+    if asked and state is not None and state.held_at is not None:
+        plan.commands, plan.counters = _end_hold(op, state)  # the ask it was held for came
     if target is not None and target in holders or target is None and holders:
+        if op.hold and (state is None or state.held_at is None) and not pin:
+            # Held in place: the same KV, pinned until its next ask.
+            plan.commands = [_prefill(op, new_state, holders[0], ttl_s, True)]
+            plan.counters = {"holds": 1}
         # Already warm where it is wanted. A prefix still in use must not expire under its
         # users: past half its TTL, the holders' copies get the new expiry too.
-        if state is not None and state.expires_at - now < ttl_s / 2:
-            plan.commands = [_extend_command(op, state.tenant, ttl_s)]
-            plan.counters = {"ttl_extensions": 1}
+        elif state is not None and state.expires_at - now < ttl_s / 2:
+            plan.commands.append(_extend_command(op, state.tenant, ttl_s))
+            plan.counters["ttl_extensions"] = 1
         return plan
-    in_flight = state is not None and state.prefill_at is not None
-    if target is None and in_flight and state.prefill_at > now - PREFILL_WAIT_S:
+    if target is None and prefill_pending(state, now):
         return plan  # a prefill is already on its way; wait for the worker's report
     worker = target or choose_worker(workers, [op.prefix_hash])
     if worker is None:
         plan.counters = {"no_worker": 1}
         return plan
     plan.state = new_state.model_copy(update={"worker_id": worker, "prefill_at": now, "resends": 0})
-    plan.commands = [_prefill(op, plan.state, worker, ttl_s, pin)]
-    plan.counters = {"prefills": 1}
+    # An ask always finds it held (the op that brought it here), so a release never
+    # precedes this prefill; `_end_hold`'s command is dropped with the stale KV.
+    plan.commands = [_prefill(op, plan.state, worker, ttl_s, pin or op.hold)]
+    plan.counters = {"prefills": 1, "holds": int(op.hold)}
     return plan
+
+
+def prefill_pending(state: PrefixState | None, now: float) -> bool:
+    """Whether a prefill of the prefix was sent less than `PREFILL_WAIT_S` ago."""
+    return state is not None and state.prefill_at is not None and (
+        state.prefill_at > now - PREFILL_WAIT_S
+    )
+
+
+def _end_hold(op: PrefixOp, state: PrefixState) -> tuple[list[WarmupCommand], dict[str, int]]:
+    """Unpin a prefix an edit held (it goes back to the LRU), unless the hot set pins it."""
+    if state.hot:
+        return [], {}
+    cmd = WarmupCommand(
+        command_id=command_id(),
+        op="release",
+        prefix_hash=op.prefix_hash,
+        tenant=state.tenant,
+        reason="asked after the edit that held it" if op.reason == "query" else op.reason,
+    )
+    return [cmd], {"releases": 1}
 
 
 def _prefill(op: PrefixOp, state: PrefixState, worker: str, ttl_s: float, pin: bool):
@@ -327,9 +371,10 @@ def _prefill(op: PrefixOp, state: PrefixState, worker: str, ttl_s: float, pin: b
 
 
 def with_expiry(cmd: WarmupCommand, now: float, expiry_s: float) -> WarmupCommand:
-    """A prefill stamped with when it stops being worth carrying out; other ops unchanged
-    (an invalidation must never be skipped, however late it is read)."""
-    if cmd.op not in ("prefill", "prefill_chunk"):
+    """A prefill (of a prefix or a chunk) or a synthesize, stamped with when it stops being
+    worth carrying out; other ops unchanged (an invalidation must never be skipped, however
+    late it is read)."""
+    if cmd.op not in ("prefill", "prefill_chunk", "synthesize"):
         return cmd
     expires = datetime.fromtimestamp(now + expiry_s, UTC)
     return cmd.model_copy(update={"expires_at": expires})
@@ -371,8 +416,12 @@ def _resend(op, state, workers, now, ttl_s) -> PrefixPlan:
 
 
 def _cool(op, state, workers, now, ttl_s) -> PrefixPlan:
-    if state is None or not state.hot:
+    """Unpin: the hot set let it go, or (`op.hold`) an edit's hold ended unasked. The
+    worker keeps one pin, so a prefix still pinned for the other reason stays pinned."""
+    if state is None or not (state.held_at is not None if op.hold else state.hot):
         return PrefixPlan(state=state)
+    update = {"held_at": None} if op.hold else {"hot": False}
+    still = state.hot if op.hold else state.held_at is not None
     cmd = WarmupCommand(
         command_id=command_id(),
         op="release",
@@ -381,8 +430,15 @@ def _cool(op, state, workers, now, ttl_s) -> PrefixPlan:
         reason=op.reason or "cooled down",
     )
     return PrefixPlan(
-        commands=[cmd], state=state.model_copy(update={"hot": False}), counters={"releases": 1}
+        commands=[] if still else [cmd],
+        state=state.model_copy(update=update),
+        counters={} if still else {"releases": 1},
     )
+
+
+def hold_ended(state: PrefixState, now: float, hold_s: float) -> bool:
+    """Whether an edit's hold on the prefix lasted `hold_s` without the ask it was for."""
+    return state.held_at is not None and state.held_at + hold_s <= now
 
 
 def forgettable(
@@ -430,69 +486,3 @@ def _links(
         DocLink(doc_id=d, tenant=tenant, prefix_hash=prefix_hash, chunk_refs=r, link=link)
         for d, r in sorted(by_doc.items())
     ]
-
-
-# --- Hot set (keyed by tenant) ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HotCandidate:
-    prefix_hash: str
-    count: float
-    tokens: int
-
-
-def plan_hot_set(
-    ranked: Sequence[HotCandidate],
-    budget_bytes: int,
-    bytes_per_token: int,
-    previously_hot: Iterable[str],
-    min_count: float = 2.0,
-) -> tuple[list[str], list[str]]:
-    """The hottest prefixes that fit the hot-token budget, and those that cooled down.
-
-    Greedy by count: a prefix too large for what is left is skipped, smaller ones after
-    it may still fit. Returns (hot now, to release).
-    """
-    hot, used = [], 0
-    for cand in ranked:
-        need = cand.tokens * bytes_per_token
-        if cand.count < min_count or used + need > budget_bytes:
-            continue
-        hot.append(cand.prefix_hash)
-        used += need
-    cooled = sorted(set(previously_hot) - set(hot))
-    return hot, cooled
-
-
-# --- A worker that became ready (keyed by worker id) ------------------------------------------
-
-
-def plan_rewarm(
-    tracked: Iterable[tuple[str, PrefixState]],
-    now: float,
-    budget_bytes: int,
-    bytes_per_token: int,
-    skip: Iterable[str] = (),
-    counts: Mapping[str, float] | None = None,
-) -> list[str]:
-    """The tracked prefixes to prefill on a worker that (re)started empty.
-
-    Every tracked prefix not in `skip` (already sent: the hot set), expired or not: an empty
-    worker has room, and a prefix asked often yesterday is worth more than none (what a
-    history prefill warms). Most used first (count in the hot-token window, then reported
-    uses, then last use), while they fit `budget_bytes`; a prefix too large for what is left
-    is skipped, smaller ones after it may still fit.
-    """
-    counts = counts or {}
-    skipped = set(skip)
-    live = [(h, s) for h, s in tracked if h not in skipped]
-    live.sort(key=lambda hs: (-counts.get(hs[0], 0.0), -hs[1].uses, -hs[1].updated_at, hs[0]))
-    chosen, used = [], 0
-    for prefix_hash, state in live:
-        need = len(state.token_ids) * bytes_per_token
-        if used + need > budget_bytes:
-            continue
-        chosen.append(prefix_hash)
-        used += need
-    return chosen

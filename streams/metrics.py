@@ -34,6 +34,12 @@ NAMED_COUNTERS: dict[str, tuple[str, str]] = {
     "retries": ("ragwarm_streams_retries_total", "Handler retries after a transient failure."),
     "stale_events": ("ragwarm_streams_stale_events_total",
                      "KB events older than the version held (skipped)."),
+    "synthetic_prefixes_warmed": ("ragwarm_streams_synthetic_prefixes_warmed_total",
+                                  "Prefixes warmed for questions a worker's model made up."),
+    "first_asks": ("ragwarm_streams_first_asks_total",
+                   "Queries asking a question for the first time (synthetic warmup on)."),
+    "synthetic_first_hits": ("ragwarm_streams_synthetic_first_hits_total",
+                             "First asks served whole from a synthetic prefix."),
 }
 PENDING_MAX = 10_000
 NOT_COUNTERS = frozenset({"kv_bytes_per_token"})  # a figure kept among the counters

@@ -20,6 +20,16 @@ class WarmPrefix:
     chunk_refs: list[ChunkRef]
 
 
+@dataclass(frozen=True)
+class SynthesisPrompt:
+    """The prompt asking a worker's model for questions about some chunks (synthetic
+    warmup), and the refs of the chunks it was built from."""
+
+    token_ids: list[int]
+    chunk_refs: list[ChunkRef]
+    primer_tokens: int = 0  # the last tokens open the answer (`WarmupCommand.primer_tokens`)
+
+
 class RagPort(Protocol):
     def index(self, change: KbChange) -> dict[str, str] | None:
         """Apply the change to the store; chunk_id -> hash after it, None if it was older."""
@@ -42,6 +52,12 @@ class RagPort(Protocol):
 
     def opening_ids(self) -> list[int]:
         """The canonical prompt's tokens before its first chunk (the system prompt)."""
+
+    def synthesis_prompt(
+        self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
+    ) -> SynthesisPrompt | None:
+        """The question prompt over the current ones of these chunks (their text cut to
+        `max_tokens` tokens); None when none of them is current."""
 
     def search(self, question: str, tenant: str, k: int) -> list[dict]:
         """Top-k chunks of `tenant` with text and score, for clients that reach the store

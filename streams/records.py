@@ -47,6 +47,9 @@ class PrefixState(_Record):
     prefill_at: float | None = None  # when the last prefill command was sent
     resends: int = 0  # re-sends of that prefill no worker confirmed (the resend timer)
     uses: int = 0  # queries that reported it (a held, fresh prefix's repeats are not sent)
+    synthetic: bool = False  # first warmed for a question a worker's model made up
+    # Pinned by an edit's re-warm until its next ask (or `edit_hold_s` after this time).
+    held_at: float | None = None
 
 
 class WorkerState(_Record):
@@ -103,6 +106,11 @@ class PrefixOp(_Record):
     recheck: bool = False
     # The KB plan chose it to re-warm even if no worker holds it (`logic.edit_rewarm`).
     rewarm: bool = False
+    # Warms the top-3 of a synthetic question (`streams.synthetic`): recorded on the state.
+    synthetic: bool = False
+    # An edit's re-warm: pin the prefix until its next ask, so the worker's LRU does not
+    # evict it first. On a `cool` op: end that hold (not the hot-set pin).
+    hold: bool = False
     reason: str = ""
     origin_ts: float | None = None
 

@@ -52,11 +52,18 @@ class StreamsSettings(BaseSettings):
         "(0.7). 1: everything that fits at once.",
     )
     rewarm_questions: int = Field(default=4, description="Hot questions re-warmed per prefix.")
+    # 0.5: with the hot set's 0.18 it stays under the 0.7 of memory a worker lets warmup
+    # pin (workers.memory.MEMORY_THRESHOLD), so the worker refuses neither.
     edit_rewarm_share: float = Field(
-        default=0.18, ge=0.0, le=0.5,
-        description="Share of the ready workers' KV memory one KB change may re-warm into "
-        "prefixes it invalidated that no worker held any more (asked in the hot window, most "
-        "asked first); held or hot ones are re-warmed whatever this says.",
+        default=0.5, ge=0.0, le=0.7,
+        description="Share of the ready workers' KV memory one KB change may re-warm and hold "
+        "(pinned until asked) for its dependents asked in the hot window, most asked first, "
+        "held by a worker or not; other held or hot invalidated ones are re-warmed unpinned.",
+    )
+    edit_hold_s: float = Field(
+        default=1800.0, gt=0,
+        description="How long a prefix an edit re-warmed stays pinned waiting for its next "
+        "ask (the ask unpins it); the hold then ends and the LRU may evict it.",
     )
     chunk_warmup: bool = Field(
         default=False,
@@ -166,6 +173,52 @@ class StreamsSettings(BaseSettings):
     query_batch_within_s: float = Field(
         default=0.05, gt=0, le=10,
         description="How long a query batch waits for more records before it is counted.",
+    )
+
+    # -- synthetic warmup (issue 16; `streams.synthetic`)
+    synthetic: bool = Field(
+        default=False,
+        description="Synthetic warmup: a worker's model samples likely questions about hot or "
+        "just changed documents and their top-3 prefixes are warmed on it. Off by default: "
+        "the sampling runs on the serving engine beside user requests, and a small model's "
+        "questions may not match what users ask (measure with `ragwarm bench strategies`).",
+    )
+    synthetic_questions: int = Field(
+        default=3, ge=1, le=8, description="Synthetic warmup: questions sampled per document."
+    )
+    synthetic_temperature: float = Field(
+        default=1.3, ge=1.2, le=1.5,
+        description="Synthetic warmup: sampling temperature (seed 000: 1.2-1.5).",
+    )
+    synthetic_top_k: int | None = Field(
+        default=40, ge=1, le=1000,
+        description="Synthetic warmup: sample among the k likeliest tokens only (unset: all); "
+        "at temperature 1.2-1.5 a small model's tail tokens make gibberish.",
+    )
+    synthetic_max_new_tokens: int = Field(
+        default=24, ge=4, le=128, description="Synthetic warmup: longest question, in tokens."
+    )
+    synthetic_source_tokens: int = Field(
+        default=192, ge=16, le=4096,
+        description="Synthetic warmup: tokens of the document's text the question prompt holds.",
+    )
+    synthetic_share: float = Field(
+        default=0.05, gt=0, le=0.05,
+        description="Synthetic warmup: most KV its prefixes take on a worker, as a share of "
+        "that worker's memory (seed 000: under 5%).",
+    )
+    synthetic_cooldown_s: float = Field(
+        default=900.0, ge=0,
+        description="Synthetic warmup: a document gets new questions at most once per this.",
+    )
+    synthetic_docs_per_tick: int = Field(
+        default=2, ge=0, le=64,
+        description="Synthetic warmup: hot documents asked about per hot tick (rate limit).",
+    )
+    synthetic_seed: int | None = Field(
+        default=None, ge=0,
+        description="Synthetic warmup: seed of the sampling (unset: random); with one, the "
+        "same document version gets the same questions.",
     )
 
     # -- security (issue 13)

@@ -41,7 +41,7 @@ BY_TYPE: dict[str, list[Any]] = {
     "array": [[], [[[[[[1]]]]]], [None]],
     "object": [{}, {"a": 1}],
 }
-VERSIONS = [0, 4, 99, -1, "2", None, 2**64, 1.5, True]
+VERSIONS = [0, 6, 99, -1, "2", None, 2**64, 1.5, True]
 RAW = [b"\xff\xfe{}", b"null", b"", b"[]", b"{", b'{"schema_name": NaN}', b"\x80abc",
        b'"kb_change"', b"Infinity", b"1e999", b'{"schema_name": "kb_change"']  # fmt: skip
 BAD_UTF8 = [b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80", b"\x80", b"\xc0\xaf"]

@@ -101,6 +101,9 @@ class WorkerMetrics:
             "Records on warmup.commands that were not valid commands (refused, dead-lettered).",
             registry=r,
         )
+        self.synthetic_questions = Counter(
+            "worker_synthetic_questions", "Questions sampled for synthetic warmup.", registry=r
+        )
         self.events = Counter("worker_events_published", "Events sent.", ["kind"], registry=r)
         self.ready = Gauge("worker_ready", "1 when the worker serves.", ["worker_id"], registry=r)
         self._worker_id = worker_id

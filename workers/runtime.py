@@ -23,6 +23,14 @@ from workers.engines.base import (
 )
 from workers.memory import MEMORY_THRESHOLD, accepts_warmup
 from workers.metrics import Served, WorkerMetrics
+from workers.synthesis import (
+    DEFAULT_PER_MINUTE,
+    RateLimit,
+    SynthesisLimits,
+    clean_questions,
+    sampling_bytes,
+    within_share,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +84,12 @@ class WorkerRuntime:
         cache_requests: bool = True,
         warmup_threshold: float = MEMORY_THRESHOLD,
         epoch: int | None = None,
+        synthesis: SynthesisLimits | None = None,
         node: str | None = None,
     ) -> None:
         self.engine = engine
+        # Synthetic warmup's bounds; by default the workers' settings' defaults.
+        self.synthesis = synthesis or SynthesisLimits(RateLimit(DEFAULT_PER_MINUTE))
         # The machine it runs on, on every event: the app keeps the hot set on a worker of
         # every node (seed 000: "keep ≥1 hot instance per node").
         self.node = node
@@ -177,6 +188,7 @@ class WorkerRuntime:
             "invalidate": self._cmd_invalidate,
             "extend_ttl": self._cmd_extend_ttl,
             "release": self._cmd_release,
+            "synthesize": self._cmd_synthesize,
         }[command.op]
         try:
             outcome = handler(command)
@@ -275,6 +287,44 @@ class WorkerRuntime:
             entry = self.engine.cache.release(cmd.prefix_hash, command_id=cmd.command_id)
             self._refresh()
         return "released" if entry is not None else "not_found"
+
+    def _cmd_synthesize(self, cmd: WarmupCommand) -> str:
+        """Sample `cmd.samples` questions about a document with this worker's model and
+        report them (`synthesized`); stores nothing. Refused over the rate or memory bound."""
+        assert cmd.temperature is not None  # the schema requires it for this op
+        try:
+            check_prompt(cmd.token_ids, self.limits)
+        except ApiError as exc:
+            raise WarmupRefused(exc.message) from None
+        need = sampling_bytes(len(cmd.token_ids), cmd.max_new_tokens,
+                              self.engine.kv_bytes_per_token)
+        limit = self.synthesis
+        if not within_share(need, self.snapshot.mem_total, limit.share):
+            raise WarmupRefused(f"synthesis needs {need} bytes of KV, over {limit.share:.0%} "
+                                f"of {self.snapshot.mem_total}")
+        if not limit.rate.allow(limit.clock()):
+            raise WarmupRefused(f"synthesis over {limit.rate.per_minute:g} per minute")
+        texts = []
+        with self.lock:
+            primer = self.engine.detokenize(cmd.token_ids[len(cmd.token_ids) - cmd.primer_tokens:])
+            for i in range(cmd.samples):
+                steps = self.engine.generate(
+                    cmd.token_ids, max_tokens=cmd.max_new_tokens, tenant=cmd.tenant,
+                    temperature=cmd.temperature, top_k=cmd.top_k,
+                    seed=None if cmd.seed is None else cmd.seed + i,
+                )
+                result = _drive(steps, lambda step: True, lambda r, first: None)
+                if result is not None:
+                    texts.append(primer + self.engine.detokenize(result.token_ids))
+            self._refresh()
+        questions = clean_questions(texts)
+        self.metrics.synthetic_questions.inc(len(questions))
+        self.send(WorkerEvent(
+            worker_id=self.worker_id, kind="synthesized", epoch=self.epoch, tenant=cmd.tenant,
+            chunk_refs=cmd.chunk_refs, command_id=cmd.command_id, questions=questions,
+            node=self.node,
+        ))
+        return "synthesized" if questions else "no_questions"
 
     def skip_expired(self, command: WarmupCommand) -> None:
         """A command read after its expiry (a restart resuming old offsets): not carried

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from workers.blocks import BLOCK_SIZE
 from workers.eviction import make_policy
 from workers.memory import DEFAULT_MAX_ENTRIES, GiB
+from workers.synthesis import DEFAULT_PER_MINUTE
 
 # The names workers.engines.blend.SELECTORS accepts (kept here so settings import no torch).
 ChunkSelection = Literal["hkvd", "attn", "sink", "sink+hkvd", "sink+attn", "tail"]
@@ -135,6 +136,20 @@ class WorkerSettings(BaseSettings):
         default=True,
         description="After a completion, cache its prompt's full blocks unpinned (reactive, "
         "like vLLM automatic prefix caching).",
+    )
+    synthetic_per_minute: float = Field(
+        default=DEFAULT_PER_MINUTE,
+        ge=0,
+        description="Synthetic warmup: `synthesize` commands (a few questions sampled by the "
+        "model) carried out per minute at most, two at once; 0 refuses them all. Only sent "
+        "when the streams app has RAGWARM_STREAMS_SYNTHETIC on.",
+    )
+    synthetic_share: float = Field(
+        default=0.05,
+        gt=0,
+        le=0.05,
+        description="Synthetic warmup: most KV memory one sampled question may hold (prompt and "
+        "new tokens), as a share of the KV budget (seed 000: under 5%).",
     )
     chunk_reuse: bool = Field(
         default=False,

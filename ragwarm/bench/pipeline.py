@@ -6,38 +6,42 @@ Everything runs as in production: the local Kafka broker, `ragwarm streams` and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
 
 import click
 import httpx
 
-from ragwarm.bench.stats import percentile
 from ragwarm.settings import REPO_ROOT, HomeSettings, KafkaSettings, ModelSettings
 from ragwarm.stack.procs import Proc
-from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent, decode, encode
+from schemas import KbChange, QueryEvent, WarmupCommand, WorkerEvent, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS, prefixed
 
 DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
-# How long a prefix may take to be stored: a slow one is a figure (p99), not a failed run.
-WARM_WAIT_S = 300.0
 
 
 class Bench:
     """One namespace on the broker with a streams app and a worker in it."""
 
-    def __init__(self, bootstrap: str, workdir: Path, say, streams: int = 1):
+    def __init__(self, bootstrap: str, workdir: Path, say, streams: int = 1,
+                 client_options: dict | None = None):
         from kafka import KafkaConsumer, KafkaProducer
+
+        from ragwarm.kafka.admin import create_topics
 
         self.say = say
         self.prefix = f"bench-{uuid.uuid4().hex[:8]}."
         self.bootstrap = bootstrap
+        # Before any client names them: a consumer's metadata request would otherwise let
+        # the broker auto-create them with one partition, and Faust then refuses its tables
+        # (the changelogs have the app's partition count): no worker event is ever applied.
+        create_topics(bootstrap, client_options or {}, prefixed(self.prefix))
         env = {"RAGWARM_KAFKA_BOOTSTRAP": bootstrap, "RAGWARM_KAFKA_TOPIC_PREFIX": self.prefix}
         # N instances of one app (one consumer group), each with its port and disk.
         self.streams_all = [self._streams_proc(i, workdir, env) for i in range(streams)]
@@ -110,15 +114,6 @@ class Bench:
                 cmd = decode(message.value, WarmupCommand)
                 self.commands.append((message.timestamp / 1000, cmd))
 
-    def command_at(self, op: str, after: float, prefix_hash: str | None = None) -> float | None:
-        """When the app sent the first `op` command after `after` (for `prefix_hash`)."""
-        times = [
-            at
-            for at, cmd in self.commands
-            if at >= after and cmd.op == op and prefix_hash in (None, cmd.prefix_hash)
-        ]
-        return min(times, default=None)
-
     def wait_event(self, kind: str, prefix_hash: str, after: float, timeout_s: float) -> float:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -128,23 +123,11 @@ class Bench:
                     return at
         raise TimeoutError(f"no {kind} event for {prefix_hash[:12]} within {timeout_s} s")
 
-    def holds(self, prefix_hash: str) -> bool:
+    def stored_refs(self, prefix_hash: str) -> list:
+        """The chunk refs of the last `stored` event for `prefix_hash`."""
         self.poll_events()
-        return held(prefix_hash, (e for _, e in self.seen))
-
-    def warm(self, event: QueryEvent, timeout_s: float) -> None:
-        """Have the worker hold `event`'s prefix: unless it does, report the query answered
-        (three times: hot) and wait until it stores it."""
-        if self.holds(event.prefix_hash):
-            return
-        for _ in range(3):
-            self.send(RAG_QUERIES, "default", encode(event))
-        self.producer.flush()
-        deadline = time.monotonic() + timeout_s
-        while not self.holds(event.prefix_hash):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{event.prefix_hash[:12]} not warm within {timeout_s} s")
-            time.sleep(0.1)
+        stored = [e for _, e in self.seen if e.kind == "stored" and e.prefix_hash == prefix_hash]
+        return list(stored[-1].chunk_refs) if stored else []
 
     def rate(self, keys: tuple[str, ...], total: int, timeout_s: float) -> float:
         """Events per second between the first and the last processed, from the app's counters."""
@@ -168,13 +151,6 @@ class Bench:
         self.stop_streams()
         self.producer.close()
         self.events.close()
-
-
-def held(prefix_hash: str, events: Iterable[WorkerEvent]) -> bool:
-    """Whether the worker's last word on `prefix_hash` in `events` was that it stored it."""
-    said = [e.kind for e in events if e.prefix_hash == prefix_hash
-            and e.kind in ("stored", "evicted", "invalidated")]
-    return bool(said) and said[-1] == "stored"
 
 
 def _free_port() -> int:
@@ -257,91 +233,6 @@ class Prompts:
         return {c.chunk_id: c.content_hash for c in chunks}
 
 
-def edit_inside(text: str, chunk_text: str, n: int) -> str | None:
-    """`text` with a sentence added to a line of `chunk_text` (so that chunk changes)."""
-    return next(edits_inside(text, chunk_text, n), None)
-
-
-def edits_inside(text: str, chunk_text: str, n: int):
-    """Each way to add a sentence to a line of `chunk_text` in `text` (the first occurrence
-    of the line, which may lie in another chunk: the caller checks which chunk changed)."""
-    for line in chunk_text.splitlines():
-        if len(line) > 30 and line in text:
-            yield text.replace(line, f"{line} (Edit {n} for the pipeline benchmark.)", 1)
-
-
-def warm_chunk_edit(
-    prompts: Prompts, latest: dict[str, KbChange], held: list, rows: list[dict], n: int
-) -> tuple[KbChange, ChunkRef] | None:
-    """An edit that changes a chunk of the prefix the worker holds (`held`, its refs),
-    checked by chunking the edited text as the app will; None when there is none."""
-    texts = {(r["chunk_id"], r["content_hash"]): r["text"] for r in rows}
-    for ref in held:
-        doc_id = ref.chunk_id.rpartition("#")[0]
-        chunk_text = texts.get((ref.chunk_id, ref.content_hash))
-        if doc_id not in latest or chunk_text is None:
-            continue
-        for text in edits_inside(latest[doc_id].text or "", chunk_text, n):
-            if prompts.chunk_hashes(doc_id, text).get(ref.chunk_id) != ref.content_hash:
-                return KbChange(op="upsert", doc_id=doc_id, version=0, text=text), ref
-    return None
-
-
-def measure_event_to_warm(
-    b: Bench, latest: dict[str, KbChange], questions: list[str], edits: int
-) -> list[dict[str, float]]:
-    """Per edit, ms from producing the KB change to each stage: `indexed` (the app's first
-    invalidate command), `sent` (its prefill of the new prefix), `warm` (the worker's
-    `stored` event)."""
-    prompts = Prompts(b.streams_url)
-    for question in questions:
-        b.warm(prompts.query_event(question)[0], WARM_WAIT_S)
-    b.say(f"{len(questions)} hot prefixes warm; applying {edits} edits")
-    stages: list[dict[str, float]] = []
-    version = max(c.version for c in latest.values()) + 1
-    for n in range(edits):
-        question = questions[n % len(questions)]
-        # The prefix the question retrieves now, warm: an edit made for another question
-        # may have replaced the one warmed for it (they share chunks). Edited from the
-        # refs warmed before, the default run's edits 3 and 8 changed a chunk the
-        # question no longer used: no re-warm, or no invalidation, ever came.
-        event, rows = prompts.query_event(question)
-        b.warm(event, WARM_WAIT_S)
-        edit = warm_chunk_edit(prompts, latest, list(event.chunk_refs), rows, n)
-        if edit is None:
-            b.say(f"edit {n + 1}/{edits}: no line of its warm chunks to edit; skipped")
-            continue
-        change, stale = edit[0].model_copy(update={"version": version + n}), edit[1]
-        t0 = time.time()
-        b.send(KB_CHANGES, change.doc_id, encode(change))
-        b.producer.flush()
-        latest[change.doc_id] = change
-        new_hash = _wait_new_prefix(b, prompts, question, stale, t0)
-        warm_at = b.wait_event("stored", new_hash, t0, WARM_WAIT_S)
-        stages.append(_stages(b, t0, new_hash, warm_at))
-        b.say(f"edit {n + 1}/{edits}: {change.doc_id} warm again in {stages[-1]['warm']:.0f} ms")
-    return stages
-
-
-def _stages(b: Bench, t0: float, new_hash: str, warm_at: float) -> dict[str, float]:
-    indexed = b.command_at("invalidate", t0) or warm_at
-    sent = b.command_at("prefill", t0, new_hash) or warm_at
-    return {k: (at - t0) * 1000 for k, at in (("indexed", indexed), ("sent", sent),
-                                              ("warm", warm_at))}
-
-
-def _wait_new_prefix(b: Bench, prompts: Prompts, question: str, stale, t0: float) -> str:
-    """The prefix hash the question retrieves once the app has indexed the edit (it sends
-    the invalidation of the `stale` chunk ref after indexing it)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        b.poll_events()
-        if any(at >= t0 and stale in cmd.chunk_refs for at, cmd in b.commands):
-            return prompts.query_event(question)[0].prefix_hash
-        time.sleep(0.05)
-    raise TimeoutError(f"the app sent no invalidation of {stale.chunk_id} within 60 s")
-
-
 @click.command()
 @click.option(
     "--events",
@@ -369,6 +260,10 @@ def _wait_new_prefix(b: Bench, prompts: Prompts, question: str, stale, t0: float
     "--streams", "streams_n", type=click.IntRange(1, 8), default=1, show_default=True,
     help="Streams instances (one consumer group, each its own port and disk).",
 )
+@click.option(
+    "--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Keep the processes' logs and stores here (default: a temporary folder, removed).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def pipeline(
     events: Path,
@@ -379,18 +274,23 @@ def pipeline(
     edits: int,
     embed_sample: int,
     streams_n: int,
+    workdir: Path | None,
     as_json: bool,
 ) -> None:
-    """Token-frequency and KB-change throughput, and KB-event-to-warm latency."""
+    """Token-frequency and KB-change throughput, and KB-event-to-warm latency.
+
+    Each edit changes a chunk of a warm prefix and is followed until the worker stores the
+    prefix its question retrieves afterwards. An edit that does not get there within 60 s
+    per stage is recorded as missed, with its reason, and the run goes on; the figures are
+    printed all the same and the command then exits with status 1, as it does when no
+    edit could be measured (no hot question warm, no chunk to edit)."""
     from rag.trace import read_questions
-    from ragwarm.kafka.admin import create_topics
     from ragwarm.kafka.local import LocalKafka
 
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     kafka = KafkaSettings()
-    with LocalKafka(HomeSettings(), kafka) as bootstrap, tempfile.TemporaryDirectory() as tmp:
-        b = Bench(bootstrap, Path(tmp), say, streams_n)
-        create_topics(bootstrap, kafka.client_options(), prefixed(b.prefix))
+    with LocalKafka(HomeSettings(), kafka) as bootstrap, _workdir(workdir) as tmp:
+        b = Bench(bootstrap, Path(tmp), say, streams_n, kafka.client_options())
         try:
             result = run(
                 b, events, read_questions(questions), kb_events, queries, hot, edits, embed_sample
@@ -401,11 +301,22 @@ def pipeline(
         click.echo(json.dumps(result))
     else:
         for key, value in result.items():
-            click.echo(f"{key:<28}{'-' if value is None else f'{value:.1f}':>12}")
+            if key != "edits":
+                click.echo(f"{key:<28}{'-' if value is None else f'{value:.1f}':>12}")
+    if result["edits_missed"] or (edits and not result["edits_warm"]):
+        raise SystemExit(1)
+
+
+def _workdir(path: Path | None):
+    if path is None:
+        return tempfile.TemporaryDirectory()
+    path.mkdir(parents=True, exist_ok=True)
+    return contextlib.nullcontext(str(path))
 
 
 def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits, sample) -> dict:
     from ragwarm.bench.embed_rate import embed_rate, embedded_chunks
+    from ragwarm.bench.pipeline_edits import measure_edits, stage_figures
 
     b.start_streams()
     changes = trace_changes(events, kb_events)
@@ -422,7 +333,7 @@ def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits, sampl
     b.worker.wait_healthy(300)
     latest = latest_docs(changes)
     asked = [q.question for q in questions if q.doc_id in latest][:hot]
-    stages = measure_event_to_warm(b, latest, asked, edits)
+    outcomes = measure_edits(b, Prompts(b.streams_url), latest, asked, edits)
     # Last: the synthetic prefixes would otherwise fill the hot set the edits rely on.
     start = b.counters().get("queries", 0)
     for event in synthetic_queries(queries, 500, seed=1):
@@ -440,7 +351,8 @@ def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits, sampl
         "kb_chunks_per_s": round(len(texts) / kb_seconds, 2),
         "embed_chunks_per_s": round(embed_rate(texts, sample), 2),
         **split,
-        **stage_figures(stages),
+        **stage_figures(outcomes),
+        "edits": outcomes,
     }
 
 
@@ -471,14 +383,3 @@ def latest_docs(changes: list[KbChange]) -> dict[str, KbChange]:
         else:
             latest.pop(change.doc_id, None)
     return latest
-
-
-def stage_figures(stages: list[dict[str, float]]) -> dict[str, float | None]:
-    """p50 and p99 of each stage of event-to-warm (None when no edit was measured)."""
-    names = {"indexed": "event_to_indexed", "sent": "event_to_commands", "warm": "event_to_warm"}
-    out: dict[str, float | None] = {}
-    for key, name in names.items():
-        values = [s[key] for s in stages]
-        for q in (50, 99):
-            out[f"{name}_ms_p{q}"] = round(percentile(values, q), 1) if values else None
-    return out

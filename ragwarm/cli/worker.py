@@ -23,6 +23,7 @@ from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime, chunk_keys
 from workers.service import ServiceConfig, ServiceState, serve
 from workers.settings import WorkerSettings
+from workers.synthesis import RateLimit, SynthesisLimits
 
 log = logging.getLogger("ragwarm.worker")
 
@@ -166,6 +167,7 @@ class WorkerLifecycle:
             metrics=self.metrics,
             limits=engine_limits(engine, s),
             cache_requests=s.cache_requests,
+            synthesis=SynthesisLimits(RateLimit(s.synthetic_per_minute), s.synthetic_share),
             node=s.node,
         )
         if s.kafka:

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from ragwarm.bench.strategies.command import strategies
-from ragwarm.bench.strategies.metrics import JSON_KEYS, percentile
-from ragwarm.bench.strategies.policies import policy_names
+from ragwarm.bench.strategies.metrics import JSON_KEYS, POLICY_JSON_KEYS, percentile
+from ragwarm.bench.strategies.policies import policy_class, policy_names
 from workers.engines.torch_engine import TorchEngine
 
 pytestmark = pytest.mark.integration
@@ -58,8 +58,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     original = TorchEngine.generate
 
     def recording(self, *args, **kwargs):  # the real generation, observed
+        # Served requests are greedy; synthetic warmup's sampling is no served request.
+        served = not kwargs.get("temperature")
         for step in original(self, *args, **kwargs):
-            if step.result is not None:
+            if step.result is not None and served:
                 measured.append(step.result.ttft_s * 1000)
             yield step
 
@@ -67,7 +69,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
            "RAGWARM_STRATEGIES_MEAN_GAP_S": "20", "RAGWARM_STRATEGIES_BURST_PROB": "0.3"}
     out = folder / "out"
     args = ["--events", str(events), "--questions", str(questions), "--queries", str(QUERIES),
-            "--edits", "7", "--seed", "3", "--json", "--out", str(out)]
+            "--edits", "7", "--seed", "3", "--restart-at", "0.6", "--json", "--out", str(out)]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(TorchEngine, "generate", recording)
         result = CliRunner().invoke(strategies, args, env=env, catch_exceptions=False)
@@ -78,11 +80,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_json_is_the_contract(run):
     report = run["report"]
-    assert set(report) == {"policies", "queries", "kb_events", "measurements"}
+    assert set(report) == {"policies", "queries", "kb_events", "measurements", "seed_table",
+                           "restart"}
     assert list(report["policies"]) == policy_names()
     assert report["queries"] == QUERIES and report["kb_events"] == 7
-    for figures in report["policies"].values():
-        assert set(figures) == set(JSON_KEYS)
+    for name, figures in report["policies"].items():
+        own = set(POLICY_JSON_KEYS) if name == "synthetic" else set()
+        assert set(figures) == set(JSON_KEYS) | own
         assert isinstance(figures["stale_hits"], int)
 
 
@@ -94,7 +98,9 @@ def test_every_reported_ttft_was_measured_by_the_engine(run):
     assert run["report"]["measurements"] == meta["measurements"]
     assert QUERIES <= meta["measurements"] < QUERIES * len(policy_names())
     assert meta["requests"] == QUERIES * len(policy_names())
-    assert len(measured) == meta["measurements"] * RUNS + meta["untimed_runs"]
+    # A request read back from the disk tier runs once, timed, and shares with no one.
+    assert len(measured) == (meta["measurements"] * RUNS + meta["untimed_runs"]
+                             + meta["restore_runs"])
     assert {r["ttft_ms"] for r in run["rows"]} <= set(measured)
     for name in policy_names():
         mine = [r["ttft_ms"] for r in run["rows"] if r["policy"] == name]
@@ -104,9 +110,12 @@ def test_every_reported_ttft_was_measured_by_the_engine(run):
         assert figures["ttft_p50_ms"] == round(percentile(mine, 50), 2)
         assert figures["ttft_p90_ms"] == round(percentile(mine, 90), 2)
         assert figures["ttft_p99_ms"] == round(percentile(mine, 99), 2)
-    # Same prompt, same cached tokens in one query: one TTFT for all who shared it.
+    # Same prompt, same cached tokens in one query: one TTFT for all who shared it (a
+    # blending worker and a read back from the disk tier never share).
     by_query: dict[tuple[int, int], set[float]] = {}
     for r in run["rows"]:
+        if r["restored"] or policy_class(r["policy"]).chunk_reuse:
+            continue
         by_query.setdefault((r["index"], r["cached_tokens"]), set()).add(r["ttft_ms"])
     assert all(len(ttfts) == 1 for ttfts in by_query.values())
 
@@ -121,6 +130,9 @@ def test_figures_follow_the_rows(run):
     assert all(r["cached_tokens"] == 0 for r in baseline)
     assert run["report"]["policies"]["none"]["warmup_seconds"] == 0.0
     assert run["report"]["policies"]["event-rag"]["warmup_seconds"] > 0.0
+    synthetic = run["report"]["policies"]["synthetic"]
+    assert 0.0 <= synthetic["synthetic_memory_share"] <= synthetic["synthetic_memory_share_max"]
+    assert synthetic["synthetic_memory_share_max"] <= 0.05
 
 
 def test_outputs_are_written(run):
@@ -131,3 +143,27 @@ def test_outputs_are_written(run):
     with (out / "strategies.csv").open() as handle:
         assert [r["policy"] for r in csv.DictReader(handle)] == policy_names()
     assert "| event-rag |" in (out / "strategies.md").read_text()
+
+
+def test_seed_table_sits_beside_ours(run):
+    table = {r["policy"]: r for r in run["report"]["seed_table"]}
+    assert table["tiered"]["seed_p99_change"] == -0.68 and table["tiered"]["ran"]
+    assert table["tiered"]["disk_share"] is not None and table["hybrid"]["disk_share"] is None
+    assert "| tiered KV cache | tiered |" in (run["out"] / "strategies.md").read_text()
+
+
+def test_a_restart_empties_every_device_cache_and_tiered_boots_from_its_disk(run):
+    restart = run["report"]["restart"]
+    figures = restart["policies"]
+    assert list(figures) == policy_names()
+    assert figures["tiered"]["tier_blocks"] > 0  # its warm prefixes were written through
+    assert all(f["tier_blocks"] is None for name, f in figures.items() if name != "tiered")
+    assert all(f["stale_hits_after"] == 0 for f in figures.values())
+    after = [r for r in run["rows"] if r["since_restart"] is not None]
+    assert len(after) == len(policy_names()) * (QUERIES - round(0.6 * QUERIES))
+    # Every worker came back empty: whatever it reused after the restart, it warmed, stored
+    # or (tiered only) read back from disk since.
+    assert all(not r["restored"] for r in run["rows"] if r["policy"] != "tiered")
+    # Request caching alone warms nothing at boot: its first answer after the restart is cold.
+    first = {r["policy"]: r for r in after if r["since_restart"] == 0}
+    assert first["reactive"]["cached_tokens"] == 0 and first["none"]["cached_tokens"] == 0

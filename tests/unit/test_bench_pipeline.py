@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rag.chunking import chunk_document
-from ragwarm.bench.pipeline import edit_inside, held, stage_figures, warm_chunk_edit
-from schemas import ChunkRef, KbChange, WorkerEvent
+from ragwarm.bench.pipeline_edits import edit_inside, stage_figures, warm_chunk_edit
+from schemas import ChunkRef, KbChange
 
 
 class Words:
@@ -93,16 +93,81 @@ def test_the_timed_embedder_counts_time_and_texts():
     assert stats["embedded_chunks"] == 2 and stats["embed_ms"] >= 0
 
 
-P, Q = "a" * 32, "b" * 32
+def _cmd(op: str, prefix_hash: str, refs=(), reason: str = "hot"):
+    from schemas import WarmupCommand
+
+    return WarmupCommand(command_id="c", op=op, prefix_hash=prefix_hash, tenant="default",
+                         chunk_refs=list(refs), token_ids=[1] if op == "prefill" else [],
+                         reason=reason)
 
 
-def test_a_prefix_is_held_while_the_workers_last_word_on_it_is_stored() -> None:
-    def said(*kinds: str) -> list[WorkerEvent]:
-        return [WorkerEvent(kind=k, worker_id="w1", prefix_hash=P) for k in kinds]
+def _event(kind: str, prefix_hash: str | None, reason: str | None = None, held=()):
+    from schemas import WorkerEvent
 
-    # Edits 3 and 8 of the default run edited the refs of a prefix that an edit made for
-    # another question had invalidated: the edit is now chosen from a prefix held now.
-    assert held(P, said("stored"))
-    assert not held(P, said("stored", "invalidated"))
-    assert held(P, said("stored", "invalidated", "stored", "heartbeat"))
-    assert not held(P, said("evicted")) and not held(Q, said("stored"))
+    return WorkerEvent(worker_id="w", kind=kind, prefix_hash=prefix_hash, reason=reason,
+                       warm_prefixes=list(held))
+
+
+STALE = ChunkRef(chunk_id="d.md#1", content_hash="1" * 64)
+OLD, NEW, OTHER = "a" * 64, "b" * 64, "c" * 64
+
+
+def test_the_stages_of_an_edit_come_from_the_commands_and_events_after_it() -> None:
+    from ragwarm.bench.pipeline_edits import stage_times, stored_between
+
+    commands = [
+        (99.0, _cmd("invalidate", OLD, [STALE])),  # before the edit: not this one
+        (100.5, _cmd("invalidate", OLD, [STALE])),
+        (100.7, _cmd("prefill", OTHER)),
+        (101.0, _cmd("prefill", NEW)),
+    ]
+    seen = [(101.5, _event("stored", OTHER)), (103.0, _event("stored", NEW))]
+    times = stage_times(commands, seen, 100.0, STALE, NEW)
+    assert times == {"indexed": 100.5, "sent": 101.0, "warm": 103.0}
+    assert stored_between(seen, 101.0, 103.0, NEW) == 1
+
+
+def test_a_missed_edit_says_at_which_stage_it_stopped() -> None:
+    from ragwarm.bench.pipeline_edits import miss_reason, stage_times
+
+    none = stage_times([], [], 100.0, STALE, NEW)
+    assert "no invalidation" in miss_reason(none, [], 100.0, NEW)
+    indexed = stage_times([(100.5, _cmd("invalidate", OLD, [STALE]))], [], 100.0, STALE, NEW)
+    assert "no prefill of the new prefix" in miss_reason(indexed, [], 100.0, NEW)
+    sent = indexed | {"sent": 101.0}
+    refused = [(101.2, _event("refused", NEW, "over the budget"))]
+    assert "refused the prefill: over the budget" in miss_reason(sent, refused, 100.0, NEW)
+    assert "no stored event" in miss_reason(sent, [], 100.0, NEW)
+
+
+def test_missed_edits_are_counted_and_left_out_of_the_percentiles() -> None:
+    outcomes = [{"indexed": 10.0, "sent": 20.0, "warm": 30.0, "missed": None},
+                {"indexed": 10.0, "sent": None, "warm": None, "missed": "no prefill"}]
+    figures = stage_figures(outcomes)
+    assert figures["edits_warm"] == 1 and figures["edits_missed"] == 1
+    assert figures["event_to_warm_ms_p99"] == pytest.approx(30.0)
+
+
+def test_an_edited_document_is_edited_again_only_when_no_other_can_be() -> None:
+    other = "## C\n\nA long enough line of another document to edit here.\n"
+    a = next(c for c in chunks("d.md", DOC) if c.text.startswith("## B"))
+    c = chunks("e.md", other)[0]
+    latest = {"d.md": KbChange(op="upsert", doc_id="d.md", version=1, text=DOC),
+              "e.md": KbChange(op="upsert", doc_id="e.md", version=1, text=other)}
+    rows = [{"chunk_id": x.chunk_id, "content_hash": x.content_hash, "text": x.text}
+            for x in (a, c)]
+    held = [a.ref, c.ref]
+    assert warm_chunk_edit(Chunker(), latest, held, rows, 1)[1] == a.ref
+    assert warm_chunk_edit(Chunker(), latest, held, rows, 1, {"d.md"})[1] == c.ref
+    assert warm_chunk_edit(Chunker(), latest, [a.ref], rows, 1, {"d.md"})[1] == a.ref
+
+
+def test_an_edit_whose_question_now_retrieves_a_prefix_already_held_is_warm_at_once() -> None:
+    from ragwarm.bench.pipeline_edits import stage_times
+
+    commands = [(100.5, _cmd("invalidate", OLD, [STALE]))]
+    seen = [(99.0, _event("stored", NEW)),  # held before the edit: no new `stored` event
+            (100.2, _event("heartbeat", None, held=[OLD, NEW])),  # before the indexing
+            (101.2, _event("heartbeat", None, held=[NEW]))]
+    times = stage_times(commands, seen, 100.0, STALE, NEW)
+    assert times == {"indexed": 100.5, "sent": None, "warm": 101.2}

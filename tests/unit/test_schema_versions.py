@@ -14,6 +14,7 @@ from schemas.events import (
     WorkerEventV1,
     WorkerEventV2,
     WorkerEventV3,
+    WorkerEventV4,
 )
 from schemas.topics import TOPICS, kb_key
 
@@ -22,7 +23,7 @@ def test_v1_worker_event_reads_as_current_without_epoch():
     old = WorkerEventV1(worker_id="w", kind="ready", mem_total_bytes=10)
     event = decode(encode(old), WorkerEvent)
     assert type(event) is WorkerEvent
-    assert event.schema_version == 4
+    assert event.schema_version == 5
     assert event.epoch is None
     assert event.mem_total_bytes == 10
 
@@ -32,15 +33,22 @@ def test_worker_event_round_trips_with_epoch_tier_and_node():
         worker_id="w", kind="ready", epoch=17, tier_prefixes=["ab" * 16], tier_bytes=7,
         node="node-a",
     )
-    assert json.loads(encode(event))["schema_version"] == 4
+    assert json.loads(encode(event))["schema_version"] == 5
     assert decode(encode(event)) == event
 
 
-def test_a_v3_ready_reads_as_v4_on_no_node():
+def test_a_v3_ready_reads_as_current_on_no_node():
     old = WorkerEventV3(worker_id="w", kind="ready", epoch=5, tier_prefixes=["cd" * 16])
     event = decode(encode(old), WorkerEvent)
     assert type(event) is WorkerEvent
     assert event.node is None and event.tier_prefixes == ["cd" * 16]
+
+
+def test_a_v4_ready_keeps_its_node_and_has_no_questions():
+    old = WorkerEventV4(worker_id="w", kind="ready", epoch=5, node="node-a")
+    event = decode(encode(old), WorkerEvent)
+    assert type(event) is WorkerEvent and event.schema_version == 5
+    assert event.node == "node-a" and event.questions == []
 
 
 def test_a_v2_ready_reads_as_current_with_no_disk_tier():
@@ -103,7 +111,7 @@ def test_v2_command_reads_as_v3():
     old = WarmupCommandV2(command_id="c", op="prefill", token_ids=[1, 2])
     cmd = decode(encode(old), WarmupCommand)
     assert type(cmd) is WarmupCommand
-    assert cmd.schema_version == 3
+    assert cmd.schema_version == 4
     assert cmd.opening_ids == []
 
 

@@ -87,10 +87,10 @@ def test_p90_is_reported_and_rates_without_queries_are_absent_not_zero():
 
 
 def test_one_percentile_for_every_benchmark():
-    from ragwarm.bench import pipeline, stats
+    from ragwarm.bench import pipeline_edits, stats
     from ragwarm.bench.strategies import metrics
 
-    assert metrics.percentile is stats.percentile is pipeline.percentile
+    assert metrics.percentile is stats.percentile is pipeline_edits.percentile
     assert "interpolation" in (stats.percentile.__doc__ or "")
 
 
@@ -103,6 +103,16 @@ def test_json_report_has_exactly_the_contract_keys():
     assert isinstance(report["policies"]["none"]["stale_hits"], int)
 
 
+def test_a_policy_s_own_figures_join_its_row_and_the_json_where_it_has_them():
+    extras = {"synthetic": {"figures": {"synthetic_memory_share": 0.03,
+                                        "synthetic_first_ask_hit_rate": 0.25}}}
+    figures = summarize([row("none", 5.0), row("synthetic", 1.0)], extras, ["none", "synthetic"])
+    assert figures["synthetic"]["synthetic_memory_share"] == 0.03
+    report = json_report(figures, queries=1, kb_events=0)
+    assert report["policies"]["synthetic"]["synthetic_first_ask_hit_rate"] == 0.25
+    assert set(report["policies"]["none"]) == set(JSON_KEYS)
+
+
 def test_policy_names_and_the_error_listing_them():
     assert policy_names() == [
         "none",
@@ -113,6 +123,8 @@ def test_policy_names_and_the_error_listing_them():
         "hot-tokens",
         "hybrid",
         "hybrid-blend",
+        "tiered",
+        "synthetic",
     ]
     assert policy_class("hybrid").name == "hybrid"
     blend = policy_class("hybrid-blend")
@@ -158,6 +170,18 @@ def test_markdown_table_lists_every_policy():
     table = markdown_table(figures).splitlines()
     assert table[0].startswith("| policy | TTFT p50 ms")
     assert table[3].startswith("| reactive | 5 | -50% | 5 |")
+
+
+def test_policy_notes_report_the_synthetic_share_and_first_ask_hits():
+    from ragwarm.bench.strategies.report import policy_notes
+
+    figures = {"reactive": {"hit_rate": 0.5},
+               "synthetic": {"synthetic_memory_share": 0.021, "synthetic_memory_share_max": 0.048,
+                             "synthetic_first_ask_hit_rate": 0.25, "synthetic_first_hits": 2,
+                             "first_asks": 8}}
+    [line] = policy_notes(figures)
+    assert line.startswith("synthetic: synthetic prefixes held 2.1%")
+    assert "at most 4.8%" in line and "25% (2 of 8)" in line
 
 
 def test_first_asks_and_blended_answers_are_reported_per_policy():

@@ -9,7 +9,7 @@ import pytest
 
 from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
-from streams import handlers
+from streams import handlers, logic
 from streams.hot import HotPayload, HotTracker
 from streams.ports import WarmPrefix
 from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState, doc_key
@@ -221,6 +221,25 @@ def test_a_hot_prefix_no_worker_holds_is_warmed_again_on_the_next_plan():
     assert len(out.ops) == 2
 
 
+def test_a_hot_prefix_whose_prefill_is_on_its_way_is_not_retrieved_again_each_tick():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    clock = {"now": 100.0}
+    p, out = pipeline(port, hot_min_count=1.0, track_queries=False, kv_bytes_per_token=1)
+    p.clock = lambda: clock["now"]
+    for _ in range(2):
+        run_sync(handlers.on_query(p, query()))
+    run_sync(handlers.plan_hot(p))
+    [op] = out.ops
+    run_sync(handlers.on_prefix_op(p, op))  # its owner sends the prefill
+    assert [c.op for c in out.commands] == ["prefill"]
+    asked = len(port.calls)
+    run_sync(handlers.plan_hot(p))  # not held yet, but on its way: nothing more
+    assert len(out.ops) == 1 and len(port.calls) == asked
+    clock["now"] += logic.PREFILL_WAIT_S + 1  # never confirmed: asked again
+    run_sync(handlers.plan_hot(p))
+    assert len(out.ops) == 2
+
+
 def test_the_sweep_forgets_long_expired_prefixes_nobody_holds_and_unlinks_them():
     port = Port({("default", "d.md#0"): "1" * 64})
     p, out = pipeline(port, forget_after_s=30.0)
@@ -299,4 +318,49 @@ def test_an_edit_rewarms_evicted_dependents_asked_recently_within_its_budget():
     out.ops.clear()
     for op in invalidations:
         run_sync(handlers.on_prefix_op(p, op))
-    assert [(o.op, o.question, o.pin) for o in out.ops] == [("warm", "popular?", False)]
+    assert [(o.op, o.question, o.pin, o.hold) for o in out.ops] == [
+        ("warm", "popular?", False, True)]
+
+
+def test_the_hot_sets_dependents_take_no_edit_budget():
+    port = RetrievingPort({("default", "d.md#0"): "2" * 64})
+    p, out = pipeline(port, prefix_ttl_s=60.0, kv_bytes_per_token=1, edit_rewarm_share=0.04)
+    popular, rare = "1" * 64, "2" * 64
+    for name, asks in ((popular, 3), (rare, 1)):
+        for _ in range(asks):
+            p.tracker.observe(name, HotPayload("default", name, tuple(REFS), 32), 100.0)
+    # The hot set pins the popular one already (re-warmed pinned as hot, not held).
+    p.tracker.hot["k"] = PrefixOp(op="warm", prefix_hash=popular, pin=True)
+    key = doc_key("default", "d.md")
+    p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": "1" * 64}).model_dump(mode="json")
+    p.tables.doc_prefixes[key] = {h: [r.model_dump(mode="json") for r in REFS]
+                                  for h in (popular, rare)}
+    change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
+    run_sync(handlers.apply_indexed(p, change, {"d.md#0": "2" * 64}))
+    assert {o.prefix_hash for o in out.ops if o.hold} == {rare}
+
+
+def test_the_ask_an_edit_held_a_prefix_for_releases_it_and_an_unasked_hold_ends():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    p, out = pipeline(port, prefix_ttl_s=60.0, edit_hold_s=50.0)
+    held_state = PrefixState(tenant="default", chunk_refs=REFS, token_ids=[7] * 32,
+                             questions=["why?"], expires_at=150.0, held_at=90.0)
+    p.tables.prefixes[P1] = held_state.model_dump(mode="json")
+    w1 = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=[P1], last_seen=100)
+    p.tables.workers["w1"] = w1.model_dump(mode="json")
+    # Known, fresh and held by a worker, but held for this ask: the op goes out.
+    run_sync(handlers.on_query(p, query()))
+    [op] = out.ops
+    run_sync(handlers.on_prefix_op(p, op))
+    assert [c.op for c in out.commands] == ["release"]
+    assert PrefixState.model_validate(p.tables.prefixes[P1]).held_at is None
+    # Unasked for `edit_hold_s`: the sweep ends the hold.
+    p.tables.prefixes[P1] = held_state.model_copy(update={"held_at": 40.0}).model_dump(
+        mode="json")
+    out.ops.clear()
+    out.commands.clear()
+    run_sync(handlers.sweep_prefixes(p))
+    [end] = out.ops
+    assert (end.op, end.hold) == ("cool", True)
+    run_sync(handlers.on_prefix_op(p, end))
+    assert [c.op for c in out.commands] == ["release"]

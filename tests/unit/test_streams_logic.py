@@ -13,6 +13,7 @@ from streams.logic import (
     apply_doc_link,
     apply_worker_event,
     choose_worker,
+    hold_ended,
     plan_hot_set,
     plan_kb_change,
     plan_prefix_op,
@@ -66,7 +67,7 @@ class TestKbChange:
         assert [op.prefix_hash for op in unranked.ops] == sorted(deps)
         assert not any(op.rewarm for op in unranked.ops)  # no budget: held or hot only
 
-    def test_edit_rewarms_invalidated_recent_prefixes_most_asked_first_within_budget(self):
+    def test_edit_rewarms_and_holds_recent_dependents_most_asked_first_within_budget(self):
         prior = DocState(version=1, chunks={"d.md#0": H1, "d.md#1": H2})
         p3, p4 = "3" * 32, "4" * 32
         deps = {P1: [ref("d.md#0", H1)], P2: [ref("d.md#0", H1)], p3: [ref("d.md#0", H1)],
@@ -75,11 +76,22 @@ class TestKbChange:
                   HotCandidate(p3, 2.0, 10), HotCandidate(p4, 9.0, 10)]
         new = {"d.md#0": H3, "d.md#1": H2}
         plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent, 40)
-        # P2 (most asked) then p3 fit 40 tokens; P1 does not; p4 is still valid.
-        assert {op.prefix_hash for op in plan.ops if op.rewarm} == {P2, p3}
+        # p4 (most asked, still valid: its question may retrieve the edit now) then P2 fill
+        # 40 tokens; p3 and P1 do not fit.
+        assert {op.prefix_hash for op in plan.ops if op.rewarm} == {p4, P2}
+        assert {op.prefix_hash for op in plan.ops if op.hold} == {p4, P2}
+        assert {(op.prefix_hash, op.op) for op in plan.ops if op.hold} == {
+            (p4, "extend_ttl"), (P2, "invalidate")}
         # A prefix asked outside the hot window is not chosen, whatever the budget.
         plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent[1:], 10_000)
-        assert {op.prefix_hash for op in plan.ops if op.rewarm} == {P2, p3}
+        assert {op.prefix_hash for op in plan.ops if op.rewarm} == {P2, p3, p4}
+
+    def test_a_reingest_that_changed_nothing_holds_nothing(self):
+        prior = DocState(version=1, chunks={"d.md#0": H1})
+        deps = {P1: [ref("d.md#0", H1)]}
+        plan = plan_kb_change(upsert(2), prior, {"d.md#0": H1}, deps, 0.0,
+                              [HotCandidate(P1, 5.0, 10)], 100)
+        assert not any(op.rewarm or op.hold for op in plan.ops)
 
     def test_identical_reingest_only_extends(self):
         prior = DocState(version=3, chunks={"d.md#0": H1})
@@ -209,6 +221,59 @@ class TestPrefixOps:
     def test_cool_releases_pin(self):
         plan = plan_prefix_op(PrefixOp(op="cool", prefix_hash=P1), state(hot=True), [], 0.0, 60.0)
         assert plan.commands[0].op == "release" and not plan.state.hot
+
+
+class TestEditHold:
+    """A dependent an edit chose is pinned until its next ask (or the hold ends)."""
+
+    def test_an_evicted_chosen_prefix_is_prefilled_pinned_and_held(self):
+        op = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32, question="q?", hold=True,
+                      reason="re-prefill after edit")
+        plan = plan_prefix_op(op, None, [worker("w1")], 10.0, 60.0)
+        (cmd,) = plan.commands
+        assert (cmd.op, cmd.pin) == ("prefill", True)
+        assert plan.state.held_at == 10.0 and not plan.state.hot  # not the hot set's pin
+
+    def test_a_prefix_still_on_its_worker_is_pinned_in_place_once(self):
+        op = PrefixOp(op="warm", prefix_hash=P1, question="why?", hold=True, reason="edit")
+        held = [worker("w1", prefixes=[P1])]
+        plan = plan_prefix_op(op, state(expires_at=50.0), held, 10.0, 60.0)
+        (cmd,) = plan.commands
+        assert (cmd.op, cmd.worker_id, cmd.pin) == ("prefill", "w1", True)
+        again = plan_prefix_op(op, plan.state, held, 11.0, 60.0)
+        assert again.commands == [] and again.state.held_at == 11.0
+
+    def test_the_next_ask_releases_the_hold_but_not_a_hot_pin(self):
+        ask = PrefixOp(op="warm", prefix_hash=P1, question="why?", reason="query")
+        held = [worker("w1", prefixes=[P1])]
+        plan = plan_prefix_op(ask, state(expires_at=50.0, held_at=5.0), held, 10.0, 60.0)
+        assert [c.op for c in plan.commands] == ["release"] and plan.state.held_at is None
+        hot = plan_prefix_op(ask, state(expires_at=50.0, held_at=5.0, hot=True), held, 10.0, 60.0)
+        assert hot.commands == [] and hot.state.held_at is None and hot.state.hot
+        plain = plan_prefix_op(ask, state(expires_at=50.0), held, 10.0, 60.0)
+        assert plain.commands == []  # nothing held: nothing to release
+
+    def test_an_unasked_hold_ends_and_cooling_keeps_the_other_pin(self):
+        assert hold_ended(state(held_at=0.0), 100.0, 100.0)
+        assert not hold_ended(state(held_at=0.0), 99.0, 100.0)
+        assert not hold_ended(state(), 1e9, 100.0)
+        end = PrefixOp(op="cool", prefix_hash=P1, hold=True, reason="hold ended")
+        plan = plan_prefix_op(end, state(held_at=0.0), [], 100.0, 60.0)
+        assert [c.op for c in plan.commands] == ["release"] and plan.state.held_at is None
+        hot = plan_prefix_op(end, state(held_at=0.0, hot=True), [], 100.0, 60.0)
+        assert hot.commands == [] and hot.state.hot and hot.state.held_at is None
+        cooled = plan_prefix_op(PrefixOp(op="cool", prefix_hash=P1),
+                                state(held_at=0.0, hot=True), [], 100.0, 60.0)
+        assert cooled.commands == [] and not cooled.state.hot and cooled.state.held_at == 0.0
+
+    def test_a_chosen_invalidation_rewarms_its_questions_held(self):
+        op = PrefixOp(op="invalidate", prefix_hash=P1, reason="edit", rewarm=True, hold=True)
+        plan = plan_prefix_op(op, state(), [worker("w1")], 0.0, 60.0)
+        assert plan.rewarm_questions == ["why?"] and plan.rewarm_hold and not plan.rewarm_pin
+        recheck = PrefixOp(op="extend_ttl", prefix_hash=P1, recheck=True, rewarm=True,
+                           hold=True, reason="edit")
+        plan = plan_prefix_op(recheck, state(), [worker("w1")], 0.0, 60.0)
+        assert plan.rewarm_questions == ["why?"] and plan.rewarm_hold
 
 
 class TestPlacement:

@@ -148,6 +148,8 @@ class Engine(Protocol):
         ttl_s: float | None = None,
         chunks: Sequence[ChunkSpan] = (),
         chunk_reuse: bool = True,
+        seed: int | None = None,
+        top_k: int | None = None,
     ) -> Iterator[GenerationStep]:
         """Stream a completion, reusing the longest cached prefix; greedy at temperature 0.
 
@@ -159,7 +161,9 @@ class Engine(Protocol):
         With `cache_prompt`, the prompt's full blocks are also stored unpinned (with
         `chunk_refs`, `ttl_s`) without computing them again, unless the cache already holds
         them; a refusal by the budget leaves the answer alone. `result.stored` says what was
-        stored; a generation stopped early may have stored it without saying so.
+        stored; a generation stopped early may have stored it without saying so. `seed`
+        makes sampling reproducible where the engine can seed it, `top_k` samples among
+        the k likeliest tokens only (synthetic warmup).
         """
         ...
 
@@ -233,6 +237,8 @@ class Request:
     keep: KeepPrompt | None
     chunks: tuple[ChunkSpan, ...] = ()
     chunk_reuse: bool = True
+    seed: int | None = None
+    top_k: int | None = None
 
 
 H = TypeVar("H")
@@ -275,6 +281,10 @@ class PrefixEngine(ABC, Generic[H]):
 
     def tier_state(self) -> tuple[list[str], int]:
         return [], 0  # no disk tier unless an engine keeps one
+
+    def restorable(self, hashes: list[str], have: int) -> int:
+        """Blocks after the first `have` of `hashes` a hit would read back from a disk tier."""
+        return 0
 
     def prefill(
         self,
@@ -320,6 +330,8 @@ class PrefixEngine(ABC, Generic[H]):
         ttl_s: float | None = None,
         chunks: Sequence[ChunkSpan] = (),
         chunk_reuse: bool = True,
+        seed: int | None = None,
+        top_k: int | None = None,
     ) -> Iterator[GenerationStep]:
         # Checked here, not in a generator, so bad arguments fail at the call.
         if not token_ids:
@@ -331,7 +343,7 @@ class PrefixEngine(ABC, Generic[H]):
         check_spans(chunks, len(token_ids))
         request = Request(
             list(token_ids), max_tokens, tenant, temperature, stops, keep, tuple(chunks),
-            chunk_reuse,
+            chunk_reuse, seed, top_k,
         )
         return self._generate(request)
 

@@ -212,6 +212,9 @@ class RemoteEngine(ServerKVEngine):
             "prompt": prompt,
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
+            # OpenAI-compatible servers (vLLM, SGLang, llama.cpp) take a sampling seed.
+            **({"seed": request.seed} if request.seed is not None else {}),
+            **({"top_k": request.top_k} if request.top_k is not None else {}),
             "stream": True,
             "stream_options": {"include_usage": True},
             "return_token_ids": True,

@@ -45,14 +45,23 @@ class Tiered:
             tensors = {h: self._blocks[h].data for h in queued if h in self._blocks}
             self.tier.apply(ops, tensors)
 
+    def restorable(self, hashes: list[str], have: int) -> int:
+        """How many blocks after the first `have` of `hashes` a hit would read back from the
+        disk tier: those held there in a row, none when recomputing them is cheaper."""
+        tier = self.tier
+        if tier is None:
+            return 0
+        n = tier.index.run(hashes, have)
+        if n == 0 or not tier.costs.worth_restoring(n * self.block_size, n * self.block_bytes):
+            return 0
+        return n
+
     def _restore(self, hashes: list[str], have: int, tenant: str) -> int:
         """Read the blocks after the first `have` of `hashes` back from the disk tier when
         that beats recomputing them; how many leading blocks are on the device after it."""
         tier = self.tier
-        if tier is None:
-            return have
-        n = tier.index.run(hashes, have)
-        if n == 0 or not tier.costs.worth_restoring(n * self.block_size, n * self.block_bytes):
+        n = self.restorable(hashes, have)
+        if tier is None or n == 0:
             return have
         datas = tier.load(hashes[have : have + n])
         if not datas:

@@ -282,8 +282,10 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         pending = Pending(_freeze(past), have, len(hashes)) if exact else None
         stored: PrefillResult | None = None
         stream, out, ttft = _TextStream(self.tokenizer), [], 0.0
+        # A seeded request samples from its own generator: reproducible, whatever ran before.
+        rng = None if request.seed is None else torch.Generator().manual_seed(request.seed)
         for index in range(request.max_tokens):
-            token = _pick(logits, request.temperature)
+            token = _pick(logits, request.temperature, rng, request.top_k)
             if index == 0:
                 ttft = time.perf_counter() - start
             stopped = token in stops
@@ -436,12 +438,20 @@ def _freeze(past: DynamicCache) -> KV:
     return tuple((cast(torch.Tensor, k), cast(torch.Tensor, v)) for k, v in kv)
 
 
-def _pick(logits: torch.Tensor, temperature: float) -> int:
+def _pick(logits: torch.Tensor, temperature: float, rng: torch.Generator | None = None,
+          top_k: int | None = None) -> int:
     with torch.inference_mode():
         if temperature <= 0:
             return int(torch.argmax(logits))
+        if top_k is not None and top_k < logits.shape[-1]:
+            # Everything below the k-th likeliest token is never drawn.
+            floor = torch.topk(logits, top_k).values[..., -1:]
+            logits = logits.masked_fill(logits < floor, float("-inf"))
         probs = torch.softmax(logits.float() / temperature, dim=-1)
-        return int(torch.multinomial(probs, 1))
+        if rng is None:
+            return int(torch.multinomial(probs, 1))
+        # The generator lives on the CPU, so its draws do not depend on the device.
+        return int(torch.multinomial(probs.cpu(), 1, generator=rng))
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

@@ -115,17 +115,25 @@ class VllmEngine(ServerKVEngine):
         )
         return outs[0]
 
-    def _params(self, max_tokens: int, temperature: float, stop_ids: Iterable[int] | None = None):
+    def _params(self, max_tokens: int, temperature: float, stop_ids: Iterable[int] | None = None,
+                seed: int | None = None, top_k: int | None = None):
         from vllm import SamplingParams
 
-        extra = {"stop_token_ids": list(stop_ids)} if stop_ids is not None else {}
+        extra: dict[str, Any] = {"stop_token_ids": list(stop_ids)} if stop_ids is not None else {}
+        if seed is not None:
+            extra["seed"] = seed
+        if top_k is not None:
+            extra["top_k"] = top_k
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, **extra)
 
     # -- generation ------------------------------------------------------------------
 
     def _generate(self, request: Request) -> Iterator[GenerationStep]:
         entry, _ = self._lookup(self.block_hashes(request.prompt, tenant=request.tenant))
-        params = self._params(request.max_tokens, request.temperature, request.stop_ids)
+        params = self._params(
+            request.max_tokens, request.temperature, request.stop_ids, request.seed,
+            request.top_k,
+        )
         return self._stream(request.prompt, params, entry, request.tenant, request.keep)
 
     def _stream(

@@ -40,9 +40,14 @@ _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
               help="Comma-separated subset of policies (default: all; `none` is the baseline).")
 @click.option("--queries", type=int, default=None, help="Override the number of queries.")
 @click.option("--edits", type=int, default=None, help="Override the number of KB changes.")
+@click.option("--restart-at", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=None, metavar="FRACTION",
+              help="Restart scenario: every worker restarts (device cache lost, disk kept) "
+              "before the query at this share of the run (RAGWARM_STRATEGIES_RESTART_AT).")
 def strategies(
     events_path: Path, questions_path: Path, seed: int | None, quick: bool, standard: bool,
     as_json: bool, out: Path, policies: str | None, queries: int | None, edits: int | None,
+    restart_at: float | None,
 ) -> None:
     """Replay a KB history with a Zipf query workload under every warmup policy, for real:
     real retrieval on Qdrant, real prefill and TTFT on the torch engine, one simulated clock.
@@ -51,7 +56,8 @@ def strategies(
 
     if quick and standard:
         raise click.UsageError("give at most one of --quick and --standard")
-    settings = StrategySettings() if seed is None else StrategySettings(seed=seed)
+    given = {k: v for k, v in (("seed", seed), ("restart_at", restart_at)) if v is not None}
+    settings = StrategySettings(**given)
     names = _names(policies)
     try:
         events = list(read_events(events_path))
@@ -109,13 +115,14 @@ def _run(events: list, questions: list, settings: Any, names: list[str], plan: d
 
     with tempfile.TemporaryDirectory(prefix="ragwarm-strategies-") as tmp:
         try:
-            rig = open_rig(settings, Path(tmp), plan["chunk_tokens"])
+            rig = open_rig(settings, Path(tmp) / "store", plan["chunk_tokens"])
         except ModelMissing as exc:
             raise click.ClickException(str(exc)) from None
         try:
             return run_benchmark(events, questions, settings, rig, edits=plan["edits"],
                                  queries=plan["queries"], docs=plan["docs"],
-                                 sample=plan["sample"], names=names)
+                                 sample=plan["sample"], names=names,
+                                 tier_root=Path(tmp) / "kv-tier")
         finally:
             rig.store.close()
 
@@ -123,21 +130,43 @@ def _run(events: list, questions: list, settings: Any, names: list[str], plan: d
 def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
             load_before: tuple[float, float, float]) -> None:
     from ragwarm.bench.strategies.metrics import json_report, summarize
-    from ragwarm.bench.strategies.report import tables, write_outputs
+    from ragwarm.bench.strategies.report import policy_notes, tables, write_outputs
 
     figures = summarize(result.rows, result.policies, names)
     machine = _machine(load_before)
     header = _header(result, plan, machine)
-    paths = write_outputs(out, figures, result.rows, result.kb_times, header)
+    seed, restart, sections = _sections(result, figures)
+    paths = write_outputs(out, figures, result.rows, result.kb_times, header, sections)
     run = {"figures": figures, "policies": result.policies, "meta": result.meta, "plan": plan,
-           "machine": machine, "queries": result.queries, "kb_events": result.kb_events}
+           "machine": machine, "queries": result.queries, "kb_events": result.kb_events,
+           "seed_table": seed, "restart": restart}
     (out / "run.json").write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
     if as_json:
         click.echo(json.dumps(json_report(figures, result.queries, result.kb_events,
-                                          result.meta.get("measurements"))))
+                                          result.meta.get("measurements"), seed_table=seed,
+                                          restart=restart)))
         return
-    click.echo(header + "\n\n" + tables(figures))
+    click.echo("\n\n".join([header, tables(figures), *sections, *policy_notes(figures)]))
     click.echo("\nwritten: " + ", ".join(str(p) for p in [*paths, out / "run.json"]))
+
+
+def _sections(result: Any, figures: dict) -> tuple[list, dict | None, list[str]]:
+    """Seed 000's table beside ours, and the restart scenario's figures when it ran: as
+    data (for JSON) and as markdown sections."""
+    from ragwarm.bench.strategies.restart import restart_figures, restart_markdown
+    from ragwarm.bench.strategies.seedtable import seed_markdown, seed_rows
+
+    seed = seed_rows(figures)
+    sections = ["Seed 000's strategy table beside ours (memory share: of each policy's KV "
+                "budget, mean over queries; P99 change vs `none`; warmup s: prefill time of "
+                "warmup commands):\n\n" + seed_markdown(seed)]
+    info = result.meta.get("restart")
+    if info is None:
+        return seed, None, sections
+    per_policy = restart_figures(result.rows, info["boots"], info["window"])
+    restart = {"at_s": info["at_s"], "window": info["window"], "policies": per_policy}
+    sections.append(restart_markdown(per_policy, info["window"], info["at_s"]))
+    return seed, restart, sections
 
 
 def _machine(load_before: tuple[float, float, float]) -> dict[str, Any]:

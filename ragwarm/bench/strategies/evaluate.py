@@ -76,7 +76,9 @@ def run_evaluate(topic: str, start: Position, end: Position, policy: str,
                  as_json: bool) -> None:
     """Print hit rate and estimated TTFT of `policy` on the logged queries of the range."""
     try:
-        policy_class(policy)  # the benchmark's own policies, by the same names
+        if policy_class(policy).disk_tier:  # the benchmark's own policies, by the same names
+            raise ValueError(f"policy {policy!r} needs the torch engine's disk tier: measure "
+                             "it with `ragwarm bench strategies`")
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--evaluate") from None
     try:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ragwarm.bench.strategies.policies import Policy, PolicyContext, PolicyRag
 from ragwarm.bench.strategies.settings import StrategySettings
 from ragwarm.bench.strategies.worker import SimWorker
-from streams.ports import WarmPrefix
+from streams.ports import SynthesisPrompt, WarmPrefix
 from streams.records import DocState
 
 if TYPE_CHECKING:
@@ -72,6 +72,11 @@ class StoreRag:
 
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
         return self.rag.search(question, tenant, k)
+
+    def synthesis_prompt(
+        self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
+    ) -> SynthesisPrompt | None:
+        return self.rag.synthesis_prompt(refs, tenant, max_tokens)
 
     def doc_states(self, tenant: str) -> dict[str, dict]:
         """The `docs` table as the KB-change agent leaves it after the initial state."""

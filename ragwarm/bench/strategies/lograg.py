@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from rag.trace import Question
 from schemas import ChunkRef, KbChange, QueryEvent
-from streams.ports import WarmPrefix
+from streams.ports import SynthesisPrompt, WarmPrefix
 from streams.records import DocState
 
 Hasher = Callable[[Sequence[int], str], list[str]]  # token ids, tenant -> block chain
@@ -154,6 +154,11 @@ class LogRag:
 
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
         return []  # no text in a query log
+
+    def synthesis_prompt(
+        self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
+    ) -> SynthesisPrompt | None:
+        return None  # a query log holds no document text to ask about
 
     def doc_states(self, tenant: str) -> dict[str, dict]:
         """The `docs` table at the start: each document's chunks as first logged."""

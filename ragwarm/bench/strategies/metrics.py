@@ -13,6 +13,10 @@ JSON_KEYS = (
     "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "hit_rate", "post_edit_hit_rate", "stale_hits",
     "kv_memory_share", "warmup_seconds",
 )
+# Figures only some policies have (`Policy.figures`), in `--json` where they do.
+POLICY_JSON_KEYS = (
+    "synthetic_memory_share", "synthetic_memory_share_max", "synthetic_first_ask_hit_rate",
+)
 
 
 def share(flags: Iterable[bool]) -> float | None:
@@ -63,8 +67,10 @@ def policy_figures(rows: Sequence[Row], extra: Mapping[str, Any]) -> dict[str, A
         if prompt else None,
         "pinned_memory_share": round(mean(r.pinned_share for r in rows), 4),
         "outdated_partial_reuse": sum(r.outdated_partial for r in rows),
+        "disk_share": _disk_share(rows),
+        "restored_queries": sum(r.restored for r in rows),
         **first_ask_figures(rows),
-    }
+    } | dict(extra.get("figures", {}))
 
 
 def first_ask_figures(rows: Sequence[Row]) -> dict[str, Any]:
@@ -87,6 +93,12 @@ def first_ask_figures(rows: Sequence[Row]) -> dict[str, Any]:
     }
 
 
+def _disk_share(rows: Sequence[Row]) -> float | None:
+    """Mean disk tier bytes over the device KV budget; None for a policy without a tier."""
+    shares = [r.disk_share for r in rows if r.disk_share is not None]
+    return round(mean(shares), 4) if shares else None
+
+
 def summarize(
     rows: Sequence[Row], extras: Mapping[str, Mapping[str, Any]], order: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
@@ -103,16 +115,21 @@ def summarize(
 
 
 def json_report(figures: Mapping[str, Mapping[str, Any]], queries: int, kb_events: int,
-                measurements: int | None = None) -> dict:
+                measurements: int | None = None, **sections: Any) -> dict:
     """Exactly the object `--json` prints; `measurements`: distinct TTFT measurements made
-    (policies whose request was the same computation share one)."""
+    (policies whose request was the same computation share one); `sections`: further
+    parts of the report (the seed table, the restart scenario), None ones left out."""
     report = {
-        "policies": {name: {k: f[k] for k in JSON_KEYS} for name, f in figures.items()},
+        "policies": {
+            name: {k: f[k] for k in (*JSON_KEYS, *POLICY_JSON_KEYS) if k in f or k in JSON_KEYS}
+            for name, f in figures.items()
+        },
         "queries": queries,
         "kb_events": kb_events,
     }
     if measurements is not None:
         report["measurements"] = measurements
+    report |= {k: v for k, v in sections.items() if v is not None}
     return report
 
 

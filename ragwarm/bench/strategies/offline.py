@@ -46,6 +46,10 @@ def evaluate(
     """Replay `events` (in timestamp order) against `policy` with a KV budget of `kv_bytes`;
     raises ValueError naming the valid policies for an unknown one."""
     cls = policy_class(policy)
+    if cls.disk_tier:
+        # The cost engine holds no tensors, so there is nothing a disk tier could read back.
+        raise ValueError(f"policy {policy!r} needs the torch engine's disk tier: measure it "
+                         "with `ragwarm bench strategies`")
     ordered = sorted(events, key=lambda e: e.timestamp)
     cost = cost or fit_cost(ordered)
     clock = SimClock()

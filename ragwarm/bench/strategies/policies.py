@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run star
     from rag.trace import Question
     from ragwarm.bench.strategies.settings import StrategySettings
     from ragwarm.bench.strategies.worker import SimWorker
-    from streams.ports import WarmPrefix
+    from streams.ports import SynthesisPrompt, WarmPrefix
 
 
 class PolicyRag(Protocol):
@@ -33,6 +33,10 @@ class PolicyRag(Protocol):
     def opening_ids(self) -> list[int]: ...
 
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]: ...
+
+    def synthesis_prompt(
+        self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
+    ) -> SynthesisPrompt | None: ...
 
     def doc_states(self, tenant: str) -> dict[str, dict]:
         """doc id -> `DocState` (as JSON) of every document of the start."""
@@ -76,12 +80,14 @@ class PolicyContext:
 class Policy:
     """A warmup policy: reacts to the run's start, time, KB changes and answered queries.
 
-    Subclasses set `name` and `cache_requests` (whether the worker caches each served prompt,
-    like vLLM's automatic prefix caching) and override the hooks they need.
+    Subclasses set `name`, `cache_requests` (whether the worker caches each served prompt,
+    like vLLM's automatic prefix caching) and `disk_tier` (whether the worker keeps the disk
+    KV tier below device memory) and override the hooks they need.
     """
 
     name: ClassVar[str]
     cache_requests: ClassVar[bool] = True
+    disk_tier: ClassVar[bool] = False
     # Whether its worker blends held chunk KV into prompts (RAGWARM_WORKER_CHUNK_REUSE).
     chunk_reuse: ClassVar[bool] = False
 
@@ -93,7 +99,8 @@ class Policy:
         that keeps state over the query stream can rebuild it."""
 
     def start(self) -> None:
-        """The initial KB is indexed and the worker is up; no query has been asked today."""
+        """The worker is up: at the run's start (the initial KB indexed, no query asked
+        today) and again after a restart (its device cache empty)."""
 
     def tick(self, now: float) -> None:
         """The clock reached `now` (called before every step of the timeline)."""
@@ -103,6 +110,10 @@ class Policy:
 
     def served(self, query: QueryEvent) -> None:
         """The worker answered a query; `query` is what the RAG client would publish."""
+
+    def figures(self) -> dict[str, float | int | None]:
+        """Figures of the policy's own, reported beside the common ones (none by default)."""
+        return {}
 
 
 class NoReuse(Policy):
@@ -183,6 +194,8 @@ POLICIES: dict[str, str] = {
     "hot-tokens": "ragwarm.bench.strategies.streams_sim:HotTokens",
     "hybrid": "ragwarm.bench.strategies.streams_sim:Hybrid",
     "hybrid-blend": "ragwarm.bench.strategies.blend_policy:HybridBlend",
+    "tiered": "ragwarm.bench.strategies.tiered:TieredHybrid",
+    "synthetic": "ragwarm.bench.strategies.synthetic:Synthetic",
 }
 
 

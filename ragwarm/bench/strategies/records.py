@@ -31,9 +31,15 @@ class QueryRow:
     outdated_partial: bool  # reused the unchanged leading tokens of an outdated chunk version
     mem_share: float
     pinned_share: float
+    disk_share: float | None = None  # disk tier bytes / device KV budget; None: no tier
+    restored: bool = False  # some of its cached tokens were read back from the disk tier
+    since_restart: int | None = None  # its policy's queries since the restart; None: before
     blended_tokens: int = 0  # prompt tokens placed from held chunk KV (chunk reuse)
     # Blended rows: whether the first token is the exact computation's; None otherwise.
     first_token_agrees: bool | None = None
+    # The prefix asked (block-chain hash): a miss traces to the app's ops on it (run.json's
+    # commands, the streams counters) and to the same question's earlier asks.
+    prefix_hash: str | None = None
 
 
 def reuse_check(

@@ -52,6 +52,26 @@ def markdown_table(figures: Mapping[str, Mapping[str, Any]],
     return "\n".join(lines)
 
 
+def policy_notes(figures: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per policy with figures of its own (`synthetic`: its KV share and how many
+    first asks of a question hit a synthetic prefix)."""
+    lines = []
+    for name, f in figures.items():
+        if f.get("synthetic_memory_share") is None:
+            continue
+        rate = f.get("synthetic_first_ask_hit_rate")
+        lines.append(
+            f"{name}: synthetic prefixes held {f['synthetic_memory_share']:.1%} of KV memory "
+            f"on average (at most {f.get('synthetic_memory_share_max', 0.0):.1%}; cap 5%); "
+            f"first asks that hit a synthetic prefix: "
+            f"{'-' if rate is None else f'{rate:.0%}'} ({f.get('synthetic_first_hits', 0)} of "
+            f"{f.get('first_asks', 0)}); {f.get('synthetic_requests', 0)} documents asked about, "
+            f"{f.get('synthetic_questions', 0)} questions, "
+            f"{f.get('synthetic_prefixes_warmed', 0)} prefixes warmed."
+        )
+    return lines
+
+
 def tables(figures: Mapping[str, Mapping[str, Any]]) -> str:
     """The main table, then first asks and blended answers per policy."""
     return (markdown_table(figures) + "\n\nFirst asks and blended answers (chunk reuse):\n\n"
@@ -71,11 +91,14 @@ def write_outputs(
     rows: Sequence[QueryRow],
     kb_times: Sequence[float],
     header: str,
+    sections: Sequence[str] = (),
 ) -> list[Path]:
-    """Write every output under `out`; returns the paths written."""
+    """Write every output under `out` (`sections`: more markdown after the table); returns
+    the paths written."""
     out.mkdir(parents=True, exist_ok=True)
+    text = "\n\n".join([header, tables(figures), *sections]) + "\n"
     paths = [
-        _write(out / "strategies.md", header + "\n\n" + tables(figures) + "\n"),
+        _write(out / "strategies.md", text),
         _write_csv(out / "strategies.csv", figures),
         _write(out / "queries.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in rows)),
     ]

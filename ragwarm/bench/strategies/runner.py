@@ -29,7 +29,9 @@ from ragwarm.bench.strategies import workload as wl
 from ragwarm.bench.strategies.lanes import Lane, SimClock, StoreRag, open_lane
 from ragwarm.bench.strategies.policies import policy_class, policy_names
 from ragwarm.bench.strategies.records import QueryRow, Span, reuse_check
+from ragwarm.bench.strategies.restart import restart_step
 from ragwarm.bench.strategies.settings import StrategySettings
+from ragwarm.bench.strategies.tiered import open_sim_tier
 from ragwarm.bench.strategies.worker import Measurements, SimAnswer, make_cache
 from ragwarm.rag_port import RagService
 from schemas import KbChange, QueryEvent
@@ -111,8 +113,13 @@ class Runner:
     """Builds the workload and drives every policy through it."""
 
     def __init__(self, rig: Rig, settings: StrategySettings, names: Sequence[str],
-                 progress: bool | None = None) -> None:
+                 progress: bool | None = None, tier_root: Path | None = None) -> None:
         self.rig = rig
+        self.tier_root = tier_root  # one folder per policy with a disk tier, kept on restart
+        self.budget = Budget(max_bytes=0, max_entries=DEFAULT_MAX_ENTRIES, warm_bytes=0)
+        self.boots: dict[str, dict[str, Any]] = {}  # per policy, what its restart did
+        self.restart_at: float | None = None
+        self.since_restart: int | None = None
         self.settings = settings
         self.names = list(names)
         self.progress = progress
@@ -158,21 +165,47 @@ class Runner:
     def open_lanes(self, budget: Budget, past: Sequence[Question],
                    log: Sequence[tuple[float, Question]] = ()) -> None:
         rag = StoreRag(self.rig.rag)
+        self.budget = budget
         for name in self.names:
-            chunk_reuse = policy_class(name).chunk_reuse
-            cache = make_cache(budget, self.clock, self.rig.worker_settings.block_size)
-            base = self.rig.base
-            # Chunk reuse as the worker's setting turns it on: default share and selection.
-            settings = self.rig.worker_settings.model_copy(update={"chunk_reuse": True}) \
-                if chunk_reuse else self.rig.worker_settings
-            engine = TorchEngine(base.model, base.tokenizer, model_id=base.model_id,
-                                 settings=settings, cache=cache)
-            self.lanes[name] = open_lane(policy_class(name), engine, self.clock, rag,
-                                         self.settings, past, ttft_runs=self.settings.ttft_runs)
+            self.lanes[name] = open_lane(policy_class(name), self.engine_for(name), self.clock,
+                                         rag, self.settings, past,
+                                         ttft_runs=self.settings.ttft_runs)
         self.replay_log(log)
         self.clock.now = 0.0
         for lane in tqdm(self.lanes.values(), desc="policy start", disable=self._quiet()):
             lane.policy.start()
+
+    def engine_for(self, name: str) -> TorchEngine:
+        """A booting worker's engine for policy `name`: an empty cache on the shared weights,
+        and the disk tier the policy keeps (its folder scanned, as at a worker's boot)."""
+        cache = make_cache(self.budget, self.clock, self.rig.worker_settings.block_size)
+        base, tier, cls = self.rig.base, None, policy_class(name)
+        # Chunk reuse as the worker's setting turns it on: default share and selection.
+        settings = self.rig.worker_settings.model_copy(update={"chunk_reuse": True}) \
+            if cls.chunk_reuse else self.rig.worker_settings
+        if cls.disk_tier:
+            if self.tier_root is None:
+                raise ValueError(f"policy {name!r} keeps a disk tier: give the runner a folder")
+            tier_bytes = int(self.settings.tiered_disk_share * self.budget.max_bytes)
+            tier = open_sim_tier(base.model, settings, self.tier_root / name, tier_bytes)
+        return TorchEngine(base.model, base.tokenizer, model_id=base.model_id,
+                           settings=settings, cache=cache, tier=tier)
+
+    def restart(self) -> None:
+        """Every worker restarts mid-run (a crash: no flush) on the same disk, and gets the
+        warmup its policy gives a worker that boots (`start`, e.g. the app's ready re-warm)."""
+        _say(f"restart: every worker, at {self.clock.now / 60:.1f} simulated minutes")
+        self.restart_at, self.since_restart = self.clock.now, 0
+        for name, lane in self.lanes.items():
+            engine = self.engine_for(name)
+            tier = engine.tier
+            before = lane.worker.warm_seconds
+            lane.worker.restart(engine)
+            lane.policy.start()
+            self.boots[name] = {
+                "tier_blocks": len(tier.index) if tier is not None else None,
+                "rewarm_seconds": round(lane.worker.warm_seconds - before, 2),
+            }
 
     def replay_log(self, log: Sequence[tuple[float, Question]]) -> None:
         """Yesterday's answered queries, at their (negative) times, to every policy."""
@@ -199,12 +232,15 @@ class Runner:
     # -- the timeline --------------------------------------------------------------
 
     def run(self, steps: Sequence[wl.Step]) -> None:
+        restart = restart_step(steps, self.settings.restart_at)
         bar = tqdm(steps, desc="timeline", unit="step", disable=self._quiet())
         # Without a terminal tqdm stays silent; a run takes minutes, so say something.
         every = max(1, len(steps) // 10) if bar.disable and self.progress is None else 0
         started = time.monotonic()
         for done, step in enumerate(bar, 1):
             self.clock.now = step.at
+            if done - 1 == restart:
+                self.restart()
             for lane in self.lanes.values():
                 lane.worker.expire()
                 lane.policy.tick(step.at)
@@ -246,6 +282,8 @@ class Runner:
         self.rows.extend(self.judge_blends(query, answers, shared))
         self.measured["measurements"] += len(shared)
         self.measured["shared_requests"] += shared.reused
+        if self.since_restart is not None:
+            self.since_restart += 1
 
     def judge_blends(self, q: Prepared, answers: list[tuple[QueryRow, SimAnswer]],
                      shared: Measurements) -> list[QueryRow]:
@@ -280,6 +318,7 @@ class Runner:
         cached = result.cached_tokens
         stale, outdated = reuse_check(served.entry_refs, q.spans, cached, self._current)
         total = cache.budget.max_bytes or 1
+        tier = lane.worker.engine.tier_state()[1] if lane.policy.disk_tier else None
         return QueryRow(
             policy=name, index=q.step.index, at=q.step.at, qid=q.step.question.qid,
             burst=q.step.burst, post_edit=post_edit, repeat=repeat, ttft_ms=served.ttft_s * 1000,
@@ -287,7 +326,9 @@ class Runner:
             cached_tokens=cached, hit=aligned > 0 and cached >= aligned,
             partial=0 < cached < aligned, stale=stale, outdated_partial=outdated,
             mem_share=cache.bytes_used / total, pinned_share=cache.pinned_bytes / total,
-            blended_tokens=result.blended_tokens,
+            disk_share=None if tier is None else tier / total, restored=served.restored,
+            since_restart=self.since_restart, blended_tokens=result.blended_tokens,
+            prefix_hash=q.chain.prefix_hash,
         )
 
     def event(self, q: Prepared, served: SimAnswer, name: str) -> QueryEvent:
@@ -312,13 +353,15 @@ class Runner:
 
     def measure_counts(self) -> dict[str, int]:
         """Distinct TTFT measurements (each `ttft_runs` engine runs), requests served, those
-        that reused another policy's measurement, and the engine runs not timed: deployed
-        runs of shared measurements, and full prefills judging blended answers."""
+        that reused another policy's measurement, the engine runs not timed (deployed runs
+        of shared measurements, full prefills judging blended answers), and requests read
+        back from a disk tier (one timed run each, never shared)."""
         workers = [lane.worker for lane in self.lanes.values()]
         reruns = sum(w.reruns for w in workers) + self.measured["reference_runs"]
         own = sum(w.own_measurements for w in workers)
         return {"measurements": self.measured["measurements"] + own, "requests": len(self.rows),
-                "shared_requests": self.measured["shared_requests"], "untimed_runs": reruns}
+                "shared_requests": self.measured["shared_requests"], "untimed_runs": reruns,
+                "restore_runs": sum(w.restore_runs for w in workers)}
 
     def policy_figures(self) -> dict[str, dict[str, Any]]:
         out = {}
@@ -328,6 +371,7 @@ class Runner:
                 "warmup_seconds": lane.worker.warm_seconds,
                 "commands": dict(lane.worker.outcomes),
                 "streams": dict(stats),
+                "figures": lane.policy.figures(),
             }
         return out
 
@@ -344,11 +388,13 @@ def run_benchmark(
     sample: int | None = None,
     names: Sequence[str] | None = None,
     progress: bool | None = None,
+    tier_root: Path | None = None,
 ) -> RunResult:
     """Index, build the workload, run every policy; the figures come from `RunResult.rows`.
 
     With `sample`, that many questions are drawn first and the initial state is cut to
     their documents plus distractors up to `docs`, so a large KB indexes a slice only.
+    Policies keeping a disk tier keep it under `tier_root` (one folder each).
     """
     started = time.perf_counter()
     initial, rest = wl.split_trace(events)
@@ -358,7 +404,7 @@ def run_benchmark(
         edited = {e.doc_id for e in wl.content_changes(initial, rest)}
         questions = wl.sample_questions(questions, edited, sample, docs or len(initial), rng)
     initial = wl.kb_slice(initial, questions, docs, rng)
-    runner = Runner(rig, settings, names or policy_names(), progress)
+    runner = Runner(rig, settings, names or policy_names(), progress, tier_root)
     index_s = runner.index_initial(initial)
     deps, prefix_bytes = runner.survey([q for q in questions if q.live_at(initial_seq)])
     relevant = set().union(*deps.values()) if deps else set()
@@ -378,6 +424,9 @@ def run_benchmark(
         "elapsed_seconds": round(time.perf_counter() - started, 1),
         "duration_sim_s": round(steps[-1].at, 1) if steps else 0.0,
     } | runner.measure_counts()
+    if runner.restart_at is not None:
+        meta["restart"] = {"at_s": round(runner.restart_at, 1), "boots": runner.boots,
+                           "window": settings.restart_window}
     return RunResult(runner.rows, runner.policy_figures(), runner.kb_times, n_queries,
                      len(chosen), meta)
 

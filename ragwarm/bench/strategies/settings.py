@@ -93,5 +93,21 @@ class StrategySettings(BaseSettings):
         description="Runs of each query on the same cache state; its TTFT is their median "
         "(this machine is shared and noisy: one slow run must not decide a P99).",
     )
+    tiered_disk_share: float = Field(
+        default=2.0,
+        gt=0,
+        description="tiered: bytes of its worker's disk tier, as a multiple of the KV budget "
+        "(disk is larger than device memory; 2 keeps a run's scratch disk small).",
+    )
+    restart_at: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="Restart scenario: every worker restarts (its device cache lost, its disk "
+        "kept) before the query at this share of the run; unset: no restart.",
+    )
+    restart_window: int = Field(
+        default=10, ge=1, description="Queries after the restart that its figures cover."
+    )
     threads: int | None = Field(default=None, ge=1, description="torch threads; default 1.")
     tenant: str = Field(default="default", description="Tenant of the documents and queries.")

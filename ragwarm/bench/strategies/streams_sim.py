@@ -16,7 +16,7 @@ from ragwarm.bench.strategies.policies import Policy, PolicyContext
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
 from streams import handlers
 from streams.hot import HotTracker
-from streams.ports import WarmPrefix
+from streams.ports import SynthesisPrompt, WarmPrefix
 from streams.records import DocLink, PrefixOp, ReadyRewarm
 from streams.routes import route_for
 
@@ -72,6 +72,11 @@ class IndexedOnce:
 
     def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
         return self.rag.search(question, tenant, k)
+
+    def synthesis_prompt(
+        self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
+    ) -> SynthesisPrompt | None:
+        return self.rag.synthesis_prompt(refs, tenant, max_tokens)
 
 
 class SimOutbox:

@@ -17,6 +17,7 @@ from workers.engines.base import GenerationResult, PrefixEngine
 from workers.memory import MEMORY_THRESHOLD, Budget
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
+from workers.synthesis import DEFAULT_PER_MINUTE, RateLimit, SynthesisLimits
 
 
 class _Events:
@@ -40,6 +41,7 @@ class SimAnswer:
     result: GenerationResult
     entry_refs: frozenset[ChunkKey]
     ttft_s: float
+    restored: bool = False  # part of its prefix was read back from the disk tier
 
 
 @dataclass(frozen=True)
@@ -76,27 +78,43 @@ class SimWorker:
         ttft_runs: int = 1,
         chunk_reuse: bool = False,
     ) -> None:
-        self.engine = engine
         # Blending held chunk KV: its answers are another computation than any exact one.
         self.chunk_reuse = chunk_reuse
         self.ttft_runs = ttft_runs
         self.clock = clock
         self.worker_id = worker_id
-        self.sink = _Events()
-        # The runtime refuses a prefill once pinned memory passes the 0.7 threshold.
-        self.runtime = WorkerRuntime(
-            engine, worker_id=worker_id, url=f"sim://{worker_id}", sink=self.sink,
-            metrics=WorkerMetrics(worker_id=worker_id, model_name=engine.model_id),
-            limits=Limits(1 << 15, 1, 1 << 15, 1 << 20), cache_requests=cache_requests,
-            warmup_threshold=MEMORY_THRESHOLD,
-        )
+        self.cache_requests = cache_requests
+        self._boot(engine)
         self.refs: dict[str, frozenset[ChunkKey]] = {}
         # Who reads this worker's `worker.events` (the streams policies' pipelines).
         self.listeners: list[Callable[[WorkerEvent], None]] = []
         self.warm_seconds = 0.0
         self.outcomes: Counter[str] = Counter()
         self.reruns = 0  # deployed runs whose TTFT was not needed (a shared measurement)
+        self.restarts = 0
+        self.restore_runs = 0  # requests read back from the disk tier: run once, not shared
         self.own_measurements = 0  # measurements never shared (a blending worker's)
+        self._drain()
+
+    def _boot(self, engine: PrefixEngine[Any]) -> None:
+        self.engine = engine
+        self.sink = _Events()
+        # The runtime refuses a prefill once pinned memory passes the 0.7 threshold.
+        self.runtime = WorkerRuntime(
+            engine, worker_id=self.worker_id, url=f"sim://{self.worker_id}", sink=self.sink,
+            metrics=WorkerMetrics(worker_id=self.worker_id, model_name=engine.model_id),
+            limits=Limits(1 << 15, 1, 1 << 15, 1 << 20), cache_requests=self.cache_requests,
+            warmup_threshold=MEMORY_THRESHOLD,
+            # Synthetic warmup's rate limit runs on the simulated clock, as the policies do.
+            synthesis=SynthesisLimits(RateLimit(DEFAULT_PER_MINUTE), clock=self.clock),
+        )
+
+    def restart(self, engine: PrefixEngine[Any]) -> None:
+        """The worker process died (nothing flushed) and booted again on `engine`: an empty
+        device cache, a new runtime and epoch; a disk tier it kept was scanned by whoever
+        opened `engine`. Its listeners and counters stay: they belong to the benchmark."""
+        self._boot(engine)
+        self.restarts += 1
         self._drain()
 
     @property
@@ -114,14 +132,23 @@ class SimWorker:
         same computation as one another policy's worker measured for this query (same prompt
         ids, same cached tokens) reuses that measurement: it runs once, as deployed, for its
         effect on this cache (not at all when it has none), and no trial runs. A worker that
-        blends chunk KV (`spans`: where the chunks stand) never shares measurements.
+        blends chunk KV (`spans`: where the chunks stand) never shares measurements. A
+        request that reads blocks back from a disk tier runs once, as deployed, and shares
+        nothing.
         """
         keys = [(r.chunk_id, r.content_hash) for r in refs]
         spans = tuple(spans) if self.chunk_reuse else ()
+        cached, restoring = self._expected(token_ids, tenant)
+        if restoring:
+            # A read from the disk tier moves the blocks onto the device, so a trial would
+            # change what the next run finds: the request runs once, as deployed.
+            marks = self._tier_marks(token_ids, tenant)
+            result = self._deployed(token_ids, tenant, keys, None, spans)
+            self.restore_runs += 1
+            return self._served(result, result.ttft_s, restored=marks)
         if self.chunk_reuse:
             shared = None
             self.own_measurements += 1
-        cached = self.expected_cached(token_ids, tenant)
         known = shared.get(cached) if shared is not None else None
         if shared is not None and known is not None:
             result = self._deployed(token_ids, tenant, keys, known)
@@ -141,13 +168,19 @@ class SimWorker:
         return self._served(result, ttft)
 
     def expected_cached(self, token_ids: Sequence[int], tenant: str) -> int:
-        """Prompt tokens the engine will take from the cache, as far as the bookkeeping
-        tells (peek: touches nothing); `serve` checks it against what the engine did."""
+        """Prompt tokens the engine will take from the cache (device or disk tier), as far
+        as the bookkeeping tells (peek: touches nothing); `serve` checks it against what
+        the engine did."""
+        return self._expected(token_ids, tenant)[0]
+
+    def _expected(self, token_ids: Sequence[int], tenant: str) -> tuple[int, bool]:
+        """`expected_cached`, and whether some of it comes back from the disk tier."""
         hashes = self.engine.block_hashes(token_ids, tenant=tenant)
         entry, matched = self.cache.peek(hashes)
-        if entry is None:
-            return 0
-        return min(matched * self.engine.block_size, len(token_ids) - 1)
+        matched = matched if entry is not None else 0
+        restored = self.engine.restorable(hashes, matched)
+        blocks = matched + restored
+        return min(blocks * self.engine.block_size, max(0, len(token_ids) - 1)), restored > 0
 
     def _deployed(self, token_ids: Sequence[int], tenant: str, keys: list[ChunkKey],
                   known: Measured | None, spans: Sequence[ChunkSpan] = ()) -> GenerationResult:
@@ -165,10 +198,22 @@ class SimWorker:
             self.reruns += 1
         return result
 
-    def _served(self, result: GenerationResult, ttft_s: float) -> SimAnswer:
+    def _served(self, result: GenerationResult, ttft_s: float, *,
+                restored: frozenset[ChunkKey] | None = None) -> SimAnswer:
         used = self.refs.get(result.prefix_hash or "", frozenset())
         self._drain()
-        return SimAnswer(result, used, ttft_s)
+        if restored is None:
+            return SimAnswer(result, used, ttft_s)
+        # Blocks read back carry their chunk marks; the freshness check sees those too.
+        return SimAnswer(result, used | restored, ttft_s, restored=True)
+
+    def _tier_marks(self, token_ids: Sequence[int], tenant: str) -> frozenset[ChunkKey]:
+        """The chunks the disk tier's blocks of this prompt pass through."""
+        tier = getattr(self.engine, "tier", None)
+        if tier is None:
+            return frozenset()
+        held = (tier.index.get(h) for h in self.engine.block_hashes(token_ids, tenant=tenant))
+        return frozenset().union(*(b.marks for b in held if b is not None))
 
     def _trial_ttft(self, token_ids: Sequence[int], tenant: str,
                     spans: Sequence[ChunkSpan] = ()) -> float:
@@ -181,7 +226,7 @@ class SimWorker:
         """Carry out a warmup command as the worker does; prefill time is warmup time."""
         started = time.perf_counter()
         outcome = self.runtime.apply(command)
-        if command.op in ("prefill", "prefill_chunk"):
+        if command.op in ("prefill", "prefill_chunk", "synthesize"):  # sampling is warmup too
             self.warm_seconds += time.perf_counter() - started
         self.outcomes[f"{command.op}:{outcome}"] += 1
         self._drain()
@@ -196,7 +241,11 @@ class SimWorker:
         for event in events:
             for listener in self.listeners:
                 listener(event)
-            if event.kind == "stored" and event.prefix_hash:
+            # A block read back from the disk tier is stored without refs: the same hash
+            # holds the same tokens, so the refs known for it still hold.
+            if event.kind == "stored" and event.prefix_hash and (
+                event.chunk_refs or event.prefix_hash not in self.refs
+            ):
                 self.refs[event.prefix_hash] = frozenset(
                     (r.chunk_id, r.content_hash) for r in event.chunk_refs
                 )
