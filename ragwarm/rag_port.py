@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,21 @@ from schemas import ChunkRef, KbChange
 from schemas.chunks import Outgoing, ReplicaRecord
 from schemas.prefix import BLOCK_SIZE, PromptParams, prefix_chain
 from streams.ports import SynthesisPrompt, WarmPrefix
+
+log = logging.getLogger(__name__)
+
+
+def stale_refs(
+    refs: Sequence[ChunkRef], held: Mapping[str, tuple[str, int]]
+) -> list[tuple[str, str, str | None, int | None]]:
+    """The refs not current in `held` (chunk id -> stored content hash and version), each as
+    (chunk id, wanted hash, stored hash or None when absent, stored version or None)."""
+    out = []
+    for ref in refs:
+        found = held.get(ref.chunk_id)
+        if found is None or found[0] != ref.content_hash:
+            out.append((ref.chunk_id, ref.content_hash, *(found or (None, None))))
+    return out
 
 
 def relax_local_commits(client: Any) -> int:
@@ -90,6 +106,8 @@ class RagService:
         self.replicated = replicated
         self._outgoing: list[Outgoing] = []
         self._embedded = 0
+        # Stale-ref reports already logged at info level (a repeat is logged at debug).
+        self._stale_logged: set[tuple[str, tuple]] = set()
 
     @classmethod
     def open(
@@ -200,10 +218,19 @@ class RagService:
 
     def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
         stored = self.store.get_chunks([r.chunk_id for r in refs], tenant)
-        return all(
-            r.chunk_id in stored and stored[r.chunk_id].chunk.content_hash == r.content_hash
-            for r in refs
-        )
+        held = {cid: (s.chunk.content_hash, s.version) for cid, s in stored.items()}
+        stale = stale_refs(refs, held)
+        if stale:
+            # Which chunk moved on, and to what: a warm op skipped as stale says why here
+            # (once at info level per distinct report, then at debug).
+            key = (tenant, tuple(stale))
+            level = logging.DEBUG if key in self._stale_logged else logging.INFO
+            if len(self._stale_logged) > 4096:
+                self._stale_logged.clear()  # bounded: a long-running app sees many edits
+            self._stale_logged.add(key)
+            log.log(level, "stale refs for tenant %s (chunk id, wanted, stored, version): %s",
+                    tenant, [(c, w[:12], h and h[:12], v) for c, w, h, v in stale])
+        return not stale
 
     def chunk_tokens(self, refs: Sequence[ChunkRef], tenant: str) -> dict[str, list[int]]:
         stored = self.store.get_chunks([r.chunk_id for r in refs], tenant)

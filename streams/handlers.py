@@ -80,17 +80,15 @@ async def publish_indexed(p: HandlerDeps) -> None:
 
 
 async def caught_up(p: HandlerDeps) -> None:
-    """Bring the index replica up to what every instance has published (read-your-writes):
-    an op another instance's edit led to is sent after the edit's chunks were published, and
-    a replica that has not applied them calls the old ref current and retrieves the old
-    prefix again. A wait that runs out (counted) leaves the local answer."""
+    """Bring the index replica up to what every instance published (read-your-writes): an op
+    an edit elsewhere led to follows its published chunks, which a lagging replica has not
+    applied (old refs pass, old prefixes retrieved). A wait that runs out (counted) stops."""
     if p.replica is not None:
         await p.replica.caught_up()
 
 
 async def refs_current(p: HandlerDeps, refs: list[ChunkRef], tenant: str) -> bool:
-    """Whether the refs are current in the index, once the replica has caught up: checked
-    before it, a stale ref the replica has not seen replaced yet passes for current."""
+    """Whether the refs are current once the replica caught up (else an unseen edit passes)."""
     await caught_up(p)
     return await p.blocking(p.rag.refs_current, refs, tenant)
 
@@ -145,14 +143,17 @@ def edit_rewarm_tokens(p: HandlerDeps) -> int:
 
 
 async def on_prefix_op(p: HandlerDeps, op: PrefixOp) -> None:
+    raw = p.tables.prefixes.get(op.prefix_hash)  # only this agent writes it, one op at a time
+    state = PrefixState.model_validate(raw) if raw else None
     if op.op in ("warm", "warm_on") and not await refs_current(p, op.chunk_refs, op.tenant):
-        # Freshness: never prefill KV from chunk text that is no longer current.
+        # Never prefill KV from text no longer current; a prefix built from it is invalidated.
         p.stats["stale_warm_skipped"] += 1
-        return
+        if (stale := logic.stale_prefix_invalidation(op, state)) is None:
+            return
+        p.stats["stale_prefixes_dropped"] += 1
+        op = stale
     if op.op == "invalidate":
         p.tracker.forget(op.prefix_hash)
-    raw = p.tables.prefixes.get(op.prefix_hash)
-    state = PrefixState.model_validate(raw) if raw else None
     plan = logic.plan_prefix_op(op, state, p.live_workers(), p.clock(), p.settings.prefix_ttl_s)
     await apply_plan(p, plan, op)
 

@@ -231,6 +231,18 @@ def _invalidate(op, state, workers, now, ttl_s) -> PrefixPlan:
     return plan
 
 
+def stale_prefix_invalidation(op: PrefixOp, state: PrefixState | None) -> PrefixOp | None:
+    """The invalidate op for a tracked prefix whose own refs a warm op found stale (None:
+    the op names other refs, or nothing is tracked; only that op is skipped). A prefix built
+    from stale text is stale for good; its state left in the table (its invalidation missed
+    it) made every query of it send the same stale op again (`query_warm_op`), each skipped
+    while the ops behind it waited. By hash only: its other chunks may still be current."""
+    if state is None or set(state.chunk_refs) != set(op.chunk_refs):
+        return None
+    return PrefixOp(op="invalidate", prefix_hash=op.prefix_hash, tenant=state.tenant,
+                    reason=f"its chunk refs went stale (found by a {op.reason or op.op} op)")
+
+
 def _warm_now(prefix_hash: str, state: PrefixState, workers: Sequence[WorkerState]) -> bool:
     """Whether an edit re-warms this prefix's questions without the KB plan's say: it is
     hot, or some worker holds it (its re-warm replaces KV the edit frees). An evicted one

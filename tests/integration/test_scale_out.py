@@ -105,15 +105,6 @@ def sum_counter(apps, name: str) -> int:
 
 
 @pytest.mark.timeout(1800)  # five processes and a dozen CPU prefills on a shared 2-core host
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 14, open: flaky (branch scale, 2026-12-01: 4 of 6 runs passed; one failed on "
-    "a worker's group join, since fixed, one the same way as the clean-clone CI). In that one "
-    "the survivor's hot planner "
-    "re-sends a warm op for each tenant's edited second question every tick and every one is "
-    "skipped as stale (stale_warm_skipped +2/s, prefix state null, no holder): the survivor's "
-    "own index retrieves a prefix whose refs its refs_current calls stale after the takeover",
-)
 def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
     kafka_bootstrap, kafka_producer, namespace, worker_factory, tmp_path
 ):
