@@ -27,6 +27,7 @@ from ragwarm.stack.demo_plan import (
     changed_chunks,
     held,
     plan_demo,
+    rewarm_targets,
     summarize,
     table_lines,
     write_chart,
@@ -282,13 +283,8 @@ class Scenario:
         acted = ("invalidations", "ttl_extensions")
         wait_until(lambda: sum(self.stats().get(k, 0) - before.get(k, 0) for k in acted) > 0, 60)
         old = {r.question: r.prefix_hash for r in self.rows}
-        url = self.stack.streams_url
-        # An invalidated prefix leaves the table and its questions are re-warmed; one whose
-        # chunks are unchanged only gets a longer TTL, so a new prefix of its question
-        # (another chunk now ranks higher) is not warmed by the pipeline: don't wait for it.
-        rewarmed = {p for q in questions
-                    if (p := client.prepare(q).prefix_hash) and p != old[q]
-                    and _prefix_state(url, old[q]) is None}
+        # `ingest` waited for both edits to be indexed, so these are the final new prefixes.
+        rewarmed = rewarm_targets(old, {q: client.prepare(q).prefix_hash for q in questions})
         if rewarmed:
             self.say(f"waiting for {len(rewarmed)} new prefixes to be re-prefilled…")
             self.wait_held(rewarmed, "the re-prefilled prefixes")
@@ -324,10 +320,6 @@ def _prefix(streams_url: str, prefix_hash: str) -> dict[str, Any]:
 
 def _holders(streams_url: str, prefix_hash: str) -> list[str]:
     return _prefix(streams_url, prefix_hash).get("holders") or []
-
-
-def _prefix_state(streams_url: str, prefix_hash: str | None) -> dict[str, Any] | None:
-    return _prefix(streams_url, prefix_hash).get("state") if prefix_hash else None
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 0.5) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +131,16 @@ def summarize(rows: Sequence[Row]) -> list[Summary]:
         first = next((r for r in mine if r.phase == "after_edit"), None)
         out.append(Summary(question, ttft, cached, after_edit_state(mine), first))
     return out
+
+
+def rewarm_targets(before: Mapping[str, str], now: Mapping[str, str | None]) -> set[str]:
+    """The new prefixes the demo waits for after the edits: every question whose prefix
+    changed. Its question is hot (pinned before the edits), so the pipeline re-warms it
+    whether the edit invalidated the old prefix or only extended it (a re-check). Which of
+    the two the table shows at one poll says nothing: with edits to two documents the second
+    invalidation may not be applied yet, and a question left out was asked before its
+    re-prefill landed (only the system prompt cached)."""
+    return {p for q, p in now.items() if p and p != before.get(q)}
 
 
 def after_edit_state(rows: Sequence[Row], block_size: int = 16) -> str:

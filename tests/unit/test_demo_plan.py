@@ -11,6 +11,7 @@ from ragwarm.stack.demo_plan import (
     changed_chunks,
     held,
     plan_demo,
+    rewarm_targets,
     round_robin,
     summarize,
     table_lines,
@@ -142,3 +143,13 @@ def test_chart_is_written_as_png(tmp_path):
     rows = [row("q", "cold", 900, 0), row("q", "warm", 40, 112), row("q", "after_edit", 45, 96)]
     path = write_chart(rows, 1.5, tmp_path / "out" / "ttft.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rewarm_targets_are_every_changed_prefix_whatever_the_table_shows_yet():
+    # Two edits, two documents: when the demo looks, the second invalidation may not be
+    # applied, so the old prefix's state still being there must not drop its question
+    # (it was then asked before its re-prefill landed: only the system prompt cached).
+    before = {"q1": "old1", "q2": "old2", "q3": "same"}
+    now = {"q1": "new1", "q2": "new2", "q3": "same", "q4": None}
+    assert rewarm_targets(before, now) == {"new1", "new2"}
+    assert rewarm_targets(before, {"q1": "old1"}) == set()
