@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from schemas import WarmupCommand
 from streams.hot import HotTracker
+from streams.pacing import KeyPacing
 from streams.ports import IndexReplica, RagPort
 from streams.records import DocLink, PrefixOp, ReadyRewarm, WorkerState
 from streams.settings import StreamsSettings
@@ -96,6 +97,7 @@ class HandlerDeps:
     # plans the hot set of its own tenants within that share of the hot-token budget.
     owned_share: Callable[[], float] = field(default=lambda: 1.0)
     synthetic: SyntheticState = field(default_factory=SyntheticState)  # this process's
+    query_ops: KeyPacing = field(default_factory=KeyPacing)  # when each prefix's last went
 
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:
