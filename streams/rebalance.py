@@ -14,8 +14,11 @@ good (fetch position at the end, nothing queued, no CPU).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
 
 TP = TypeVar("TP", bound=tuple)  # a (topic, partition) named tuple: Faust's TP, aiokafka's
 
@@ -38,13 +41,16 @@ def register_rebalance_seek(app: Any) -> None:
 
     async def seek_uncommitted(sender: Any = None, **_: Any) -> None:
         consumer = app.consumer
-        assigned = consumer.assignment()
-        if not assigned:  # aiokafka asserts on an empty assignment
-            return
-        committed = await consumer.seek_to_committed()
-        for tp in uncommitted(assigned, committed, app.tables.changelog_topics):
-            # 0 is the beginning (the consumer's reset policy is earliest): a log start
-            # moved past it by retention is reset to the new start.
-            await consumer.seek(tp, 0)
+        try:
+            assigned = consumer.assignment()
+            if not assigned:  # aiokafka asserts on an empty assignment
+                return
+            committed = await consumer.seek_to_committed()
+            for tp in uncommitted(assigned, committed, app.tables.changelog_topics):
+                # 0 is the beginning (the consumer's reset policy is earliest): a log start
+                # moved past it by retention is reset to the new start.
+                await consumer.seek(tp, 0)
+        except Exception:  # noqa: BLE001 - never fail Faust's recovery; the next one retries
+            log.exception("rebalance: could not seek the uncommitted partitions")
 
     app.on_rebalance_complete.connect(seek_uncommitted)
