@@ -229,7 +229,10 @@ def _op_agent(app: faust.App, topic: faust.TopicT, runner: RecordRunner) -> None
         async for events in stream.take_events(s.op_batch_max, within=s.op_batch_within_s):
             with catchup.inputs_from(time.monotonic()):
                 for event in events:
-                    await runner.process(event)
+                    # Outside Faust's per-event iteration: say which changelog partition
+                    # the prefixes table writes go to (that of the op's own record).
+                    with writing_to(event.message.partition):
+                        await runner.process(event)
 
     app.agent(topic, name=runner.route.agent)(agent)
 
