@@ -46,13 +46,10 @@ def create_app(settings: StreamsSettings, broker: BrokerOptions, data_dir: Path)
         # Agents do blocking store work in a thread; allow for it before a rebalance.
         broker_max_poll_interval=600.0,
         broker_session_timeout=settings.session_timeout_s,
-        # A rebalance waits for the records already handed to an agent (a KB batch being
-        # indexed) and commits them first. Without it, the revoked instance's batch kept
-        # writing tables whose partitions had moved, nothing was committed for partitions
-        # an instance kept, and a fetch that straddled the rebalance could hand over
-        # records of the old generation that the stream then skipped: kb.changes 2-3 sat at
-        # offsets 8/12 and 8/16 for good with two instances (see streams/rebalance.py).
-        stream_wait_empty=True,
+        # Not waiting for in-flight records at a rebalance: a KB batch takes tens of
+        # seconds. Turning it on (tried for issue 14's --streams 2 stall) made a rebalance
+        # commit the held batch first, but the stall still recurred on another partition.
+        stream_wait_empty=False,
         producer_acks=broker.acks,
         # Dead letters are sized against this (schemas.deadletter.value_limit): keep them equal.
         producer_max_request_size=settings.producer_max_request_bytes,

@@ -130,10 +130,14 @@ class Bench:
         stored = [e for _, e in self.seen if e.kind == "stored" and e.prefix_hash == prefix_hash]
         return list(stored[-1].chunk_refs) if stored else []
 
-    def rate(self, keys: tuple[str, ...], total: int, timeout_s: float) -> float:
-        """Events per second between the first and the last processed, from the app's counters."""
+    def rate(
+        self, keys: tuple[str, ...], total: int, timeout_s: float, stall_s: float = 300.0
+    ) -> float:
+        """Events per second between the first and the last processed, from the app's counters;
+        no progress for `stall_s` (a stuck partition: issue 14's --streams 2 stall) ends it."""
         first = last = None
         deadline = time.monotonic() + timeout_s
+        moved = (time.monotonic(), -1)
         while time.monotonic() < deadline:
             done = sum(self.counters().get(k, 0) for k in keys)
             now = time.monotonic()
@@ -142,6 +146,10 @@ class Bench:
             if done >= total:
                 last = (now, done)
                 break
+            if done != moved[1]:
+                moved = (now, done)
+            elif now - moved[0] > stall_s:
+                raise TimeoutError(f"{done} of {total} events processed, none in {stall_s} s")
             time.sleep(0.1)
         if first is None or last is None or last[0] <= first[0]:
             raise TimeoutError(f"only part of {total} events processed in {timeout_s} s")
