@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from rag import replica
-from rag.embed import Embedder
+from rag.embed import TextEmbedder
 from rag.index import Indexer, IndexResult
 from rag.prompt import PromptBuilder
 from rag.retrieve import Retriever
@@ -66,7 +66,7 @@ def relax_local_commits(client: Any) -> int:
 class TimedEmbedder:
     """An embedder that counts the milliseconds and the texts it embeds into `stats`."""
 
-    def __init__(self, inner: Embedder, stats: Counter) -> None:
+    def __init__(self, inner: TextEmbedder, stats: Counter) -> None:
         self.inner, self.stats = inner, stats
         self.dim = inner.dim
 

@@ -133,7 +133,8 @@ def summarize(rows: Sequence[Row]) -> list[Summary]:
     return out
 
 
-def rewarm_targets(before: Mapping[str, str], now: Mapping[str, str | None]) -> set[str]:
+def rewarm_targets(before: Mapping[str, str | None],
+                   now: Mapping[str, str | None]) -> set[str]:
     """The new prefixes the demo waits for after the edits: every question whose prefix
     changed. Its question is hot (pinned before the edits), so the pipeline re-warms it
     whether the edit invalidated the old prefix or only extended it (a re-check). Which of
@@ -191,9 +192,10 @@ def write_chart(rows: Sequence[Row], edit_at_s: float | None, path: Path) -> Pat
         if at:
             ax.scatter([r.t_s for r in at], [r.ttft_ms for r in at], color=colors[phase],
                        label=phase.replace("_", " "), zorder=3)
-    plain = [r for r in rows if r.phase == "after_edit" and r.reactive_ttft_ms is not None]
+    plain = [(r.t_s, r.reactive_ttft_ms) for r in rows
+             if r.phase == "after_edit" and r.reactive_ttft_ms is not None]
     if plain:
-        ax.scatter([r.t_s for r in plain], [r.reactive_ttft_ms for r in plain], marker="x",
+        ax.scatter([t for t, _ in plain], [ms for _, ms in plain], marker="x",
                    color="tab:gray", label="after edit, plain prefix caching", zorder=3)
     if edit_at_s is not None:
         ax.axvline(edit_at_s, color="gray", linestyle="--")

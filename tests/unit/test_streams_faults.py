@@ -153,6 +153,14 @@ def test_routes_decode_their_records():
         route.decode(b"{}")
 
 
+def test_every_route_refuses_a_tombstone_as_bad_input():
+    # A record without a value (a delete is a record, even on the compacted kb.changes) is
+    # dead-lettered with a reason that says so.
+    for route in ROUTES:
+        with pytest.raises(SchemaError, match="tombstone"):
+            route.decode(None)
+
+
 # --- worker epochs -----------------------------------------------------------------------
 
 
