@@ -12,6 +12,7 @@ from rag.trace import Question, TraceEvent, split_initial
 # Before the edits a row's phase is what the cache held when it was asked (not the order of
 # asking: a question's second ask may already be warm); after them it is `after_edit`.
 PHASES = ("cold", "partial", "warm", "after_edit")
+REWARMED = "changed, re-warmed"
 
 
 # --- the plan: which edits, which questions (pure) --------------------------------------------
@@ -145,16 +146,33 @@ def rewarm_targets(before: Mapping[str, str | None],
 
 
 def after_edit_state(rows: Sequence[Row], block_size: int = 16) -> str:
+    """What the edits did to a question's prefix, and whether its first ask after them found
+    every full block of the new prefix cached (later asks find the prompt its own answer
+    cached, so they say nothing about the pipeline)."""
     before = [r for r in rows if r.phase != "after_edit"]
     after = [r for r in rows if r.phase == "after_edit"]
     if not before or not after:
         return "-"
-    last = after[-1]
-    if last.prefix_hash == before[-1].prefix_hash:
+    first = after[0]
+    if first.prefix_hash == before[-1].prefix_hash:
         return "unchanged (TTL extended)"
-    if last.cached_tokens >= last.prefix_tokens // block_size * block_size:
-        return "changed, re-warmed"
+    if held(first.cached_tokens, first.prefix_tokens, block_size) == "warm":
+        return REWARMED
     return "changed, NOT re-warmed"
+
+
+def rewarm_verdict(summaries: Sequence[Summary]) -> str | None:
+    """Whether every prefix the edits changed was warm again at its question's first ask,
+    judged on what that ask found cached. Not on its TTFT beside a warm ask's: a warm ask
+    found its whole prompt cached, question included, which no warmup of a prefix holds
+    for a prompt never asked (its last partial block and the question are computed)."""
+    changed = [s for s in summaries if s.after_edit.startswith("changed")]
+    if not changed:
+        return None
+    ok = sum(s.after_edit == REWARMED for s in changed)
+    word = "all re-warmed" if ok == len(changed) else "NOT all re-warmed"
+    return (f"edited prefixes warm at their first ask: {ok} of {len(changed)} ({word}: every "
+            "full block of the new prefix cached)")
 
 
 def table_lines(summaries: Sequence[Summary]) -> list[str]:
