@@ -40,6 +40,14 @@ class Outbox(Protocol):
         """To every partition of `ragwarm.worker-ready` (one request per partition)."""
 
 
+class Clock(Protocol):
+    """Seconds now. A callback protocol, not `Callable`: mypy reads a dataclass field typed
+    `Callable` as read-only, so `HandlerDeps` would not match the narrower `HandlerDeps`
+    protocols of `chunk_warm` and `synthesize` (which declare a settable `clock`)."""
+
+    def __call__(self) -> float: ...
+
+
 @dataclass
 class StreamTables:
     """The app's state; Faust changelog tables in the app, dicts in the benchmark."""
@@ -80,7 +88,7 @@ class HandlerDeps:
     rag: RagPort
     settings: StreamsSettings
     tracker: HotTracker
-    clock: Callable[[], float] = time.time
+    clock: Clock = time.time
     stats: Counter = field(default_factory=Counter)
     # Qdrant local mode and the embedder are not safe to share across threads: in the app
     # one thread runs every store call, off the event loop. None runs them inline.

@@ -219,6 +219,8 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
     p.tables.workers[event.worker_id] = state.model_dump(mode="json")
     if event.kind == "stored" and event.prefix_tokens:
         p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens
+    if event.kind == "stored" and event.command_id and event.prefix_hash:  # a prefill landed
+        await p.out.op(PrefixOp(op="stored", prefix_hash=event.prefix_hash, reason="stored"))
     if event.kind == "ready":
         await warm_new_worker(p, event)
     elif event.kind == "heartbeat":
@@ -446,8 +448,7 @@ async def _plan_hot(p: HandlerDeps) -> None:
         # already on its way.
         if known is None or known.prefix_hash not in held:
             if known is not None and _prefill_pending(p, known.prefix_hash):
-                # Not held yet, its prefill on its way (an edit's re-warm takes seconds):
-                # retrieving again every tick would take CPU from that very prefill.
+                # Its prefill on its way: retrieving again each tick takes CPU from it.
                 continue
             op = await hot_warm_op(p, prefix_hash, payloads[prefix_hash])
             if op is not None:
@@ -468,8 +469,7 @@ async def _plan_hot(p: HandlerDeps) -> None:
 
 def _prefill_pending(p: HandlerDeps, prefix_hash: str) -> bool:
     raw = p.tables.prefixes.get(prefix_hash)  # None where another instance owns it
-    state = PrefixState.model_validate(raw) if raw else None
-    return logic.prefill_pending(state, p.clock())
+    return logic.prefill_pending(PrefixState.model_validate(raw) if raw else None, p.clock())
 
 
 async def warm_per_node(

@@ -56,7 +56,8 @@ def strategies(
 
     if quick and standard:
         raise click.UsageError("give at most one of --quick and --standard")
-    given = {k: v for k, v in (("seed", seed), ("restart_at", restart_at)) if v is not None}
+    given: dict[str, Any] = {k: v for k, v in (("seed", seed), ("restart_at", restart_at))
+                             if v is not None}
     settings = StrategySettings(**given)
     names = _names(policies)
     try:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand
+from schemas.prefix import PromptParams
 from streams.logic import command_id
 
 if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run starts
@@ -32,7 +33,7 @@ class PolicyRag(Protocol):
 
     def opening_ids(self) -> list[int]: ...
 
-    def search(self, question: str, tenant: str | None, k: int) -> list[dict]: ...
+    def search(self, question: str, tenant: str, k: int) -> list[dict]: ...
 
     def synthesis_prompt(
         self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
@@ -41,6 +42,8 @@ class PolicyRag(Protocol):
     def doc_states(self, tenant: str) -> dict[str, dict]:
         """doc id -> `DocState` (as JSON) of every document of the start."""
         ...
+
+    def prompt_params(self) -> PromptParams: ...
 
 
 @dataclass

@@ -416,7 +416,7 @@ def run_benchmark(
     runner.open_lanes(budget, wl.by_popularity([q for _, q in log]), log)
     runner.run(steps)
     n_queries = sum(isinstance(s, wl.QueryStep) for s in steps)
-    meta = {
+    meta: dict[str, Any] = {
         "budget_bytes": budget_bytes, "distinct_prefix_bytes": prefix_bytes,
         "initial_docs": len(initial), "questions": len(questions),
         "content_edits": len(wl.content_changes(initial, chosen)),
