@@ -67,9 +67,11 @@ async def warm_changed(
 
 
 async def warm_window(p: HandlerDeps) -> None:
-    """On the hot tick: prefill on every worker the chunks the window's questions retrieve
-    most (not sent within their TTL, not already the first chunk of a hot prefix), so a new
-    question opening with one reuses `system + chunk` exactly."""
+    """On the hot tick: keep warm on every worker the chunks the window's questions retrieve
+    most (not already the first chunk of a hot prefix), so a new question opening with one
+    reuses `system + chunk` exactly. The set is the ranking's head within the warm budget
+    (a standing set, not a budget per tick); only its chunks not sent within their TTL are
+    sent, so chunk KV never grows past the budget tick after tick."""
     if not p.settings.chunk_warmup:
         return
     now, ttl = p.clock(), p.settings.chunk_ttl_s
@@ -78,14 +80,15 @@ async def warm_window(p: HandlerDeps) -> None:
     opening = await p.blocking(p.rag.opening_ids) if tenants else []
     for tenant in tenants:
         ranked = chunks.rank_window_chunks(_asked(p, tenant), openers)
-        due = p.chunk_warmed.due(tenant, ranked, now, ttl)[: p.settings.chunk_warm_max]
-        tokens = await p.blocking(p.rag.chunk_tokens, due, tenant) if due else {}
+        head = ranked[: p.settings.chunk_warm_max]
+        tokens = await p.blocking(p.rag.chunk_tokens, head, tenant) if head else {}
         # Only current versions come back: an edit's new versions are `warm_changed`'s.
-        chosen = chunks.within_budget([r for r in due if tokens.get(r.chunk_id)], tokens,
-                                      len(due), chunk_tokens_budget(p))
+        standing = chunks.within_budget([r for r in head if tokens.get(r.chunk_id)], tokens,
+                                        len(head), chunk_tokens_budget(p))
+        due = p.chunk_warmed.due(tenant, standing, now, ttl)
         commands = [chunks.chunk_prefill(cid, tenant, ref, tokens[ref.chunk_id], opening, ttl,
                                          f"window chunk {ref.chunk_id}", pin=p.settings.chunk_pin)
-                    for cid, ref in zip(_ids(len(chosen)), chosen, strict=True)]
+                    for cid, ref in zip(_ids(len(due)), due, strict=True)]
         await _send(p, commands)
         _mark_sent(p, tenant, commands)
 

@@ -127,6 +127,24 @@ def test_the_hot_tick_warms_the_window_chunks_once_within_their_ttl():
     assert not [c for c in out.commands if c.op == "prefill_chunk"]  # sent within the TTL
 
 
+def test_the_window_chunks_are_a_standing_set_within_the_budget():
+    port = ChunkPort({("default", f"d.md#{i}"): OLD for i in range(4)})
+    # 1,000 bytes at 1 byte a token, 5%: 50 tokens, two chunks of 20.
+    p, out = pipeline(port, prefix_ttl_s=60.0, kv_bytes_per_token=1, chunk_warmup=True,
+                      hot_tokens=True, hot_min_count=99, chunk_warm_share=0.05)
+    run_sync(handlers.on_worker_event(p, WorkerEvent(worker_id="w1", kind="ready",
+                                                     mem_total_bytes=1_000)))
+    out.commands.clear()
+    refs = [ChunkRef(chunk_id=f"d.md#{i}", content_hash=OLD) for i in range(4)]
+    for n, pair in enumerate((refs[:2], refs[:2], refs[2:])):
+        p.tracker.observe(str(n) * 64, HotPayload("default", f"q{n}?", tuple(pair), 32),
+                          p.clock())
+    for _ in range(3):  # tick after tick, the same two chunks at most
+        run_sync(handlers.plan_hot(p))
+    sent = [c.chunk_refs[0].chunk_id for c in out.commands if c.op == "prefill_chunk"]
+    assert sent == ["d.md#0", "d.md#1"]
+
+
 def test_ready_chunks_are_sent_once_each_within_the_budget():
     a, b, c = (ChunkRef(chunk_id=f"d#{i}", content_hash=h * 16) for i, h in enumerate("abc"))
     tokens = {"d#0": [1] * 10, "d#1": [2] * 10, "d#2": [3] * 10}
