@@ -5,7 +5,10 @@ A chunk's KV is the prefix `system + chunk` on the worker, so a question never a
 reuses it exactly when the chunk opens its top-3 (the canonical order puts it first). Which
 chunks will do that is not known; what is known is which chunks questions retrieve: those
 retrieved by more distinct questions of the hot window (then by more asks) are the likeliest
-to be retrieved by the next new one. Chunks nobody retrieved are not warmed.
+to be retrieved by the next new one. Chunks nobody retrieved are not warmed. Outside edits,
+neither are chunks only one prompt retrieved: that prompt's own prefix (which warmup keeps
+for tracked questions) saves as much compute per byte of KV and more per ask, so chunk KV
+pays only where it is shared (`SHARED`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from dataclasses import dataclass, field
 
 from schemas import ChunkRef, KbChange, WarmupCommand
 from streams.records import DocState
+
+# Distinct prompts that must retrieve a chunk before its own KV is worth memory: with one,
+# the prompt's prefix is the better use of the same bytes (see the module's docstring).
+SHARED = 2
 
 
 def changed_chunks(prior: DocState | None, new_chunks: Mapping[str, str]) -> tuple[
@@ -186,7 +193,9 @@ def rank_new_chunks(new: Sequence[ChunkRef], retrieved: Mapping[str, Retrieval])
     than how often one was repeated); then new chunks next to a retrieved one in their
     document (an edit moves text across chunk boundaries, so a retrieved passage may now
     sit in its neighbour), by that neighbour's retrieval. Chunks nobody is known to
-    retrieve are left out. Ties keep document order.
+    retrieve are left out. Ties keep document order. One retrieving prompt is enough here
+    (unlike `SHARED`): the edit invalidated that prompt's prefix, and the edit's re-warm
+    share may leave it cold, so the new chunk's KV is what is left to restore of it.
     """
     def by_id(chunk_id: str) -> tuple[int, float]:
         r = retrieved.get(chunk_id)
@@ -207,17 +216,18 @@ def rank_new_chunks(new: Sequence[ChunkRef], retrieved: Mapping[str, Retrieval])
 def rank_window_chunks(
     asked: Sequence[tuple[Sequence[ChunkRef], float]], warm_openers: Iterable[ChunkRef] = ()
 ) -> list[ChunkRef]:
-    """The chunk versions the window's prompts retrieved, likeliest to be retrieved by a new
-    question first (distinct prompts, then asks; ties in first-seen order), without those
-    already warm at the start of a kept prefix (`warm_openers`: a hot prefix holds
-    `system + its first chunk`)."""
+    """The chunk versions at least `SHARED` of the window's prompts retrieved, likeliest to
+    be retrieved by a new question first (distinct prompts, then asks; ties in first-seen
+    order), without those already warm at the start of a kept prefix (`warm_openers`: a
+    hot prefix holds `system + its first chunk`)."""
     counts = retrieval_counts(asked)
     skip = {(r.chunk_id, r.content_hash) for r in warm_openers}
     seen: dict[tuple[str, str], ChunkRef] = {}
     for refs, _ in asked:
         for r in refs:
-            if (r.chunk_id, r.content_hash) not in skip:
-                seen.setdefault((r.chunk_id, r.content_hash), r)
+            key = (r.chunk_id, r.content_hash)
+            if key not in skip and counts[r.chunk_id].prompts >= SHARED:
+                seen.setdefault(key, r)
     score = {key: (counts[key[0]].prompts, counts[key[0]].asks) for key in seen}
     return [seen[k] for k in sorted(seen, key=score.__getitem__, reverse=True)]
 

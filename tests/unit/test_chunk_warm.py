@@ -99,6 +99,8 @@ def test_a_ready_worker_gets_the_retrieved_chunks_its_hot_prefixes_do_not_open()
     refs = [ChunkRef(chunk_id=f"d.md#{i}", content_hash=OLD) for i in (0, 1)]
     p.tracker.hot["b" * 64] = PrefixOp(op="warm", prefix_hash="b" * 64, chunk_refs=refs)
     p.tracker.observe("b" * 64, HotPayload("default", "q?", tuple(refs), 32), 100.0)
+    # A second prompt retrieves both: d.md#1 is shared; d.md#0 still opens the hot prefix.
+    p.tracker.observe("f" * 64, HotPayload("default", "q2?", tuple(refs), 32), 100.0)
     run_sync(handlers.on_worker_event(p, WorkerEvent(worker_id="w2", kind="ready",
                                                      mem_total_bytes=10_000)))
     chunk = [c for c in out.commands if c.op == "prefill_chunk"]
@@ -119,9 +121,10 @@ def test_the_hot_tick_warms_the_window_chunks_once_within_their_ttl():
     p.tracker.observe("e" * 64, HotPayload("default", "q2?", tuple(refs[1:]), 32), now)
     run_sync(handlers.plan_hot(p))
     sent = [c for c in out.commands if c.op == "prefill_chunk"]
-    # d.md#1 is retrieved by both questions; to every worker.
-    assert [c.chunk_refs[0].chunk_id for c in sent][0] == "d.md#1"
-    assert {c.worker_id for c in sent} == {None} and len(sent) == 3
+    # d.md#1 is retrieved by both questions, d.md#0 and #2 by one each (their prompts'
+    # own prefixes serve them better); to every worker.
+    assert [c.chunk_refs[0].chunk_id for c in sent] == ["d.md#1"]
+    assert {c.worker_id for c in sent} == {None}
     out.commands.clear()
     run_sync(handlers.plan_hot(p))
     assert not [c for c in out.commands if c.op == "prefill_chunk"]  # sent within the TTL
@@ -136,7 +139,7 @@ def test_the_window_chunks_are_a_standing_set_within_the_budget():
                                                      mem_total_bytes=1_000)))
     out.commands.clear()
     refs = [ChunkRef(chunk_id=f"d.md#{i}", content_hash=OLD) for i in range(4)]
-    for n, pair in enumerate((refs[:2], refs[:2], refs[2:])):
+    for n, pair in enumerate((refs[:2], refs[:2], refs[2:], refs[2:])):
         p.tracker.observe(str(n) * 64, HotPayload("default", f"q{n}?", tuple(pair), 32),
                           p.clock())
     for _ in range(3):  # tick after tick, the same two chunks at most

@@ -87,8 +87,9 @@ def test_new_versions_of_retrieved_chunks_come_first_then_their_neighbours() -> 
 
 def test_window_chunks_rank_by_retrieval_without_the_openers_of_kept_prefixes() -> None:
     asked = [([ref("a#0"), ref("b#1")], 4.0), ([ref("a#0"), ref("c#2")], 1.0),
-             ([ref("b#1"), ref("c#2")], 1.0)]
+             ([ref("b#1"), ref("c#2"), ref("d#3")], 1.0)]
     ranked = rank_window_chunks(asked)
+    # d#3: one prompt retrieved it, whose own prefix is the better use of the memory.
     assert [r.chunk_id for r in ranked] == ["a#0", "b#1", "c#2"]
     # a#0 opens a kept prefix: `system + a#0` is held already.
     assert [r.chunk_id for r in rank_window_chunks(asked, [ref("a#0")])] == ["b#1", "c#2"]
