@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from schemas import WarmupCommand
+from streams.chunks import WarmedChunks
 from streams.hot import HotTracker
 from streams.ports import IndexReplica, RagPort
 from streams.records import DocLink, PrefixOp, ReadyRewarm, WorkerState
@@ -104,6 +105,7 @@ class HandlerDeps:
     # plans the hot set of its own tenants within that share of the hot-token budget.
     owned_share: Callable[[], float] = field(default=lambda: 1.0)
     synthetic: SyntheticState = field(default_factory=SyntheticState)  # this process's
+    chunk_warmed: WarmedChunks = field(default_factory=WarmedChunks)  # this process's sends
 
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:

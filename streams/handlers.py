@@ -428,6 +428,7 @@ async def plan_hot(p: HandlerDeps) -> None:
         return
     async with p.hot_lock:
         await _plan_hot(p)
+    await chunk_warm.warm_window(p)
 
 
 async def _plan_hot(p: HandlerDeps) -> None:
@@ -462,9 +463,8 @@ async def _plan_hot(p: HandlerDeps) -> None:
         op = p.tracker.hot.pop(prefix_hash, None)
         if op is None:
             continue
-        await p.out.op(
-            PrefixOp(op="cool", prefix_hash=op.prefix_hash, tenant=op.tenant, reason="cooled down")
-        )
+        await p.out.op(PrefixOp(op="cool", prefix_hash=op.prefix_hash, tenant=op.tenant,
+                                reason="cooled down"))
 
 
 def _prefill_pending(p: HandlerDeps, prefix_hash: str) -> bool:
