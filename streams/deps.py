@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from schemas import WarmupCommand
+from streams.asks import AskLog
 from streams.chunks import WarmedChunks
 from streams.hot import HotTracker
 from streams.ports import IndexReplica, RagPort
@@ -106,6 +107,11 @@ class HandlerDeps:
     owned_share: Callable[[], float] = field(default=lambda: 1.0)
     synthetic: SyntheticState = field(default_factory=SyntheticState)  # this process's
     chunk_warmed: WarmedChunks = field(default_factory=WarmedChunks)  # this process's sends
+    # The asks of the last `edit_hold_s` that edits rank by (`edit_watch`), this process's.
+    asks: AskLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.asks = AskLog(self.settings.edit_hold_s)
 
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:

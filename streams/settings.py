@@ -65,6 +65,19 @@ class StreamsSettings(BaseSettings):
         description="How long a prefix an edit re-warmed stays pinned waiting for its next "
         "ask (the ask unpins it); the hold then ends and the LRU may evict it.",
     )
+    edit_watch: bool = Field(
+        default=True,
+        description="A KB change also re-retrieves the questions of prefixes asked in the "
+        "last edit_hold_s (a process-local log) that use none of the document's chunks; where "
+        "its chunks enter their top-3, the new prefix is warmed and held like a re-warmed "
+        "dependent, within what the change's edit_rewarm_share left. Off: event-rag's rule.",
+    )
+    edit_recheck_questions: int = Field(
+        default=32, ge=0,
+        description="Recently asked prefixes (not the edited document's dependents) whose "
+        "question one KB change retrieves again with edit_watch, most asked first: one "
+        "retrieval each.",
+    )
     chunk_warmup: bool = Field(
         default=False,
         description="Event-driven chunk warmup: prefill on workers the KV of `system + "

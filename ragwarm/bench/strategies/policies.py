@@ -93,6 +93,9 @@ class Policy:
     disk_tier: ClassVar[bool] = False
     # Whether its worker blends held chunk KV into prompts (RAGWARM_WORKER_CHUNK_REUSE).
     chunk_reuse: ClassVar[bool] = False
+    # Whether its decisions read the model's output (sampled questions): such a policy, like
+    # one with a disk tier or chunk blending, cannot run on the model-free cost engine.
+    needs_model: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
@@ -205,6 +208,12 @@ POLICIES: dict[str, str] = {
 
 def policy_names() -> list[str]:
     return list(POLICIES)
+
+
+def model_free(cls: type[Policy]) -> bool:
+    """Whether `cls` runs on the model-free cost engine: its cache decisions need neither
+    tensors (disk tier, blended chunk KV) nor the model's text."""
+    return not (cls.disk_tier or cls.chunk_reuse or cls.needs_model)
 
 
 def policy_class(name: str) -> type[Policy]:

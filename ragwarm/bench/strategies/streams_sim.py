@@ -115,6 +115,8 @@ class StreamsPolicy(Policy):
     track_queries: ClassVar[bool] = False
     hot: ClassVar[bool] = False
     chunk_warmup: ClassVar[bool] = False
+    # The product's edit rules beyond event-rag's (`RAGWARM_STREAMS_EDIT_WATCH`).
+    edit_watch: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
@@ -122,6 +124,7 @@ class StreamsPolicy(Policy):
             "track_queries": self.track_queries,
             "hot_tokens": self.hot,
             "chunk_warmup": self.chunk_warmup,
+            "edit_watch": self.edit_watch,
             "kv_bytes_per_token": ctx.worker.engine.kv_bytes_per_token,
             "worker_stale_s": float("inf"),  # one worker, heartbeating on every step
             "tenant": ctx.settings.tenant,
@@ -212,9 +215,11 @@ class HotTokens(StreamsPolicy):
 class Hybrid(StreamsPolicy):
     """`hybrid`: event-rag plus hot-tokens (the streams app with every input) on top of the
     worker's request caching, so it serves every hit `reactive` does; a ready worker gets
-    the hot set, then the tracked prefixes most used, expired or not (what `history` warms)."""
+    the hot set, then the tracked prefixes most used, expired or not (what `history` warms);
+    an edit also re-checks recently asked questions its chunks may now serve (`edit_watch`)."""
 
     name: ClassVar[str] = "hybrid"
     kb_events: ClassVar[bool] = True
     track_queries: ClassVar[bool] = True
     hot: ClassVar[bool] = True
+    edit_watch: ClassVar[bool] = True
