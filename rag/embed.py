@@ -6,7 +6,7 @@ import contextlib
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -25,6 +25,14 @@ def resolve_precision(precision: Precision) -> str:
 
     probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
     return "bfloat16" if probe is not None and probe() else "float32"
+
+
+class TextEmbedder(Protocol):
+    """What indexing uses of an embedder: `Embedder`, or a wrapper that times it."""
+
+    dim: int
+
+    def embed(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray: ...
 
 
 class Embedder:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rag.chunking import Chunk, Tokenizer, chunk_document
-from rag.embed import Embedder
+from rag.embed import TextEmbedder
 from rag.settings import RagSettings
 from rag.store import ChunkStore, DocRecord, DocWrite, StoredChunk
 from schemas import ChunkRef, KbChange
@@ -112,7 +112,7 @@ class Indexer:
     def __init__(
         self,
         store: ChunkStore,
-        embedder: Embedder,
+        embedder: TextEmbedder,
         tokenizer: Tokenizer,
         chunk_tokens: int = 256,
         overlap: int = 0,
@@ -125,7 +125,7 @@ class Indexer:
 
     @classmethod
     def from_settings(
-        cls, store: ChunkStore, embedder: Embedder, tokenizer: Tokenizer, settings: RagSettings
+        cls, store: ChunkStore, embedder: TextEmbedder, tokenizer: Tokenizer, settings: RagSettings
     ) -> Indexer:
         return cls(store, embedder, tokenizer, settings.chunk_tokens, settings.chunk_overlap)
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from rag import replica
-from rag.embed import Embedder
+from rag.embed import TextEmbedder
 from rag.index import Indexer, IndexResult
 from rag.prompt import PromptBuilder
 from rag.retrieve import Retriever
@@ -64,9 +64,10 @@ def relax_local_commits(client: Any) -> int:
 
 
 class TimedEmbedder:
-    """An embedder that counts the milliseconds and the texts it embeds into `stats`."""
+    """An embedder that adds the milliseconds it spends to `stats` (`embed_ms`). The texts
+    it embeds are counted once, where they are published: `chunks_embedded`."""
 
-    def __init__(self, inner: Embedder, stats: Counter) -> None:
+    def __init__(self, inner: TextEmbedder, stats: Counter) -> None:
         self.inner, self.stats = inner, stats
         self.dim = inner.dim
 
@@ -74,7 +75,6 @@ class TimedEmbedder:
         start = time.perf_counter()
         vectors = self.inner.embed(texts, progress)
         self.stats["embed_ms"] += round((time.perf_counter() - start) * 1000)
-        self.stats["embedded_chunks"] += len(texts)
         return vectors
 
 
@@ -139,8 +139,8 @@ class RagService:
         self.store.close()
 
     def count_embedding(self, stats: Counter) -> None:
-        """Add the indexer's embedding time (`embed_ms`) and texts (`embedded_chunks`) to
-        `stats`, the app's counters: indexing time splits into embedding and the rest."""
+        """Add the indexer's embedding time (`embed_ms`) to `stats`, the app's counters:
+        indexing time splits into embedding and the rest (the texts: `chunks_embedded`)."""
         self.indexer.embedder = TimedEmbedder(self.indexer.embedder, stats)
 
     def prompt_params(self) -> PromptParams:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from pydantic import ValidationError
 
@@ -37,6 +37,14 @@ class SchemaError(ValueError):
 def encode(event: Event) -> bytes:
     """Serialize an event as compact UTF-8 JSON."""
     return event.model_dump_json(exclude_none=False).encode("utf-8")
+
+
+@overload
+def decode(data: bytes | str, expected: None = None) -> Event: ...
+
+
+@overload
+def decode(data: bytes | str, expected: type[E]) -> E: ...
 
 
 def decode(data: bytes | str, expected: type[E] | None = None) -> E | Event:

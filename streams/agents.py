@@ -131,7 +131,7 @@ class KbBatchRunner:
         self.p.stats["kb_batch_ms"] += round((time.perf_counter() - start) * 1000)
 
     async def _process(self, events: list[faust.EventT]) -> None:
-        decoded: list[tuple[faust.EventT, object]] = []
+        decoded: list[tuple[faust.EventT, KbChange]] = []  # what the KB route decodes
         for event in events:
             try:
                 decoded.append((event, self.one.route.decode(event.message.value)))

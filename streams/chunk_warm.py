@@ -11,7 +11,7 @@ from schemas import ChunkRef, KbChange, WarmupCommand
 from streams import chunks, logic
 from streams.hot import HotTracker
 from streams.ports import RagPort
-from streams.records import DocState, WorkerState
+from streams.records import DocState, WorkerState, doc_key
 from streams.settings import StreamsSettings
 
 
@@ -21,6 +21,8 @@ class HandlerDeps(Protocol):
 
     out: Any
     rag: RagPort
+    tables: Any
+    chunk_warmed: chunks.WarmedChunks
     settings: StreamsSettings
     tracker: HotTracker
     clock: Callable[[], float]
@@ -43,38 +45,97 @@ async def warm_changed(
     hot = chunks.hot_docs(op.chunk_refs for op in p.tracker.hot.values())
     tracked = linked or change.doc_id in hot
     new, _ = chunks.changed_chunks(prior, new_chunks)
+    retrieved = chunks.retrieval_counts(_asked(p, change.tenant, change.doc_id))
     tokens: dict[str, list[int]] = {}
     opening: list[int] = []
-    if tracked and new:
-        tokens = await p.blocking(p.rag.chunk_tokens, new, change.tenant)
+    wanted = chunks.rank_new_chunks(new, retrieved)
+    if tracked and wanted:
+        tokens = await p.blocking(p.rag.chunk_tokens, wanted, change.tenant)
         opening = await p.blocking(p.rag.opening_ids)
     commands = chunks.plan_chunk_warmup(
         change, prior, new_chunks, tracked=tracked, opening_ids=opening, chunk_tokens=tokens,
         ttl_s=p.settings.chunk_ttl_s, budget=p.settings.chunk_warm_max,
         token_budget=chunk_tokens_budget(p), command_ids=_ids(len(new) + 1),
-        pin=p.settings.chunk_pin,
+        pin=p.settings.chunk_pin, retrieved=retrieved,
     )
     await _send(p, commands)
+    _mark_sent(p, change.tenant, commands)
     if tracked:
-        # New chunks it could have warmed that the budget left cold.
+        # New chunks questions retrieve that the budget left cold.
         sent = sum(c.op == "prefill_chunk" for c in commands)
-        p.stats["chunk_warm_over_budget"] += sum(r.chunk_id in tokens for r in new) - sent
+        p.stats["chunk_warm_over_budget"] += sum(r.chunk_id in tokens for r in wanted) - sent
+
+
+async def warm_window(p: HandlerDeps) -> None:
+    """On the hot tick: keep warm on every worker the chunks the window's questions retrieve
+    most (not already the first chunk of a hot prefix), so a new question opening with one
+    reuses `system + chunk` exactly. The set is the ranking's head within the warm budget
+    (a standing set, not a budget per tick); only its chunks not sent within their TTL are
+    sent, so chunk KV never grows past the budget tick after tick."""
+    if not p.settings.chunk_warmup:
+        return
+    now, ttl = p.clock(), p.settings.chunk_ttl_s
+    openers = [op.chunk_refs[0] for op in p.tracker.hot.values() if op.chunk_refs]
+    tenants = _tenants(p)
+    opening = await p.blocking(p.rag.opening_ids) if tenants else []
+    for tenant in tenants:
+        ranked = chunks.rank_window_chunks(_asked(p, tenant), openers)
+        head = ranked[: p.settings.chunk_warm_max]
+        tokens = await p.blocking(p.rag.chunk_tokens, head, tenant) if head else {}
+        # Only current versions come back: an edit's new versions are `warm_changed`'s.
+        standing = chunks.within_budget([r for r in head if tokens.get(r.chunk_id)], tokens,
+                                        len(head), chunk_tokens_budget(p))
+        due = p.chunk_warmed.due(tenant, standing, now, ttl)
+        commands = [chunks.chunk_prefill(cid, tenant, ref, tokens[ref.chunk_id], opening, ttl,
+                                         f"window chunk {ref.chunk_id}", pin=p.settings.chunk_pin)
+                    for cid, ref in zip(_ids(len(due)), due, strict=True)]
+        await _send(p, commands)
+        _mark_sent(p, tenant, commands)
+
+
+def _asked(p: HandlerDeps, tenant: str, doc_id: str | None = None) -> list[
+    tuple[list[ChunkRef], float]
+]:
+    """The prompts known to retrieve chunks: the hot window's (with their asks), the hot
+    set's and, for a document, the tracked prefixes linked to it (those two once each: asks
+    unknown here)."""
+    asked = {h: (list(pl.chunk_refs), c) for h, c, pl in p.tracker.ranked(p.clock())
+             if pl.tenant == tenant}
+    for h, op in p.tracker.hot.items():
+        if op.tenant == tenant:
+            asked.setdefault(h, (list(op.chunk_refs), 1.0))
+    if doc_id is not None:
+        links = p.tables.doc_prefixes.get(doc_key(tenant, doc_id)) or {}
+        for h, refs in links.items():
+            asked.setdefault(h, ([ChunkRef.model_validate(r) for r in refs], 1.0))
+    return list(asked.values())
+
+
+def _tenants(p: HandlerDeps) -> list[str]:
+    window = {pl.tenant for _, _, pl in p.tracker.ranked(p.clock())}
+    return sorted(window | {op.tenant for op in p.tracker.hot.values()})
+
+
+def _mark_sent(p: HandlerDeps, tenant: str, commands: list[WarmupCommand]) -> None:
+    refs = [r for c in commands if c.op == "prefill_chunk" for r in c.chunk_refs]
+    p.chunk_warmed.mark(tenant, refs, p.clock(), p.settings.chunk_ttl_s)
 
 
 async def warm_ready(p: HandlerDeps, worker_id: str) -> None:
-    """A worker that became ready gets the KV of the hot set's chunks (on top of its
-    prefixes), so first asks over hot documents blend there too."""
+    """A worker that became ready gets the KV of the chunks the window's questions retrieve
+    most (on top of its prefixes; not the first chunks of hot prefixes, which those hold),
+    so a first ask opening with one reuses it there too."""
     if not p.settings.chunk_warmup:
         return
-    by_tenant: dict[str, list[list[ChunkRef]]] = {}
-    for op in p.tracker.hot.values():
-        by_tenant.setdefault(op.tenant, []).append(op.chunk_refs)
-    opening = await p.blocking(p.rag.opening_ids) if by_tenant else []
-    for tenant, hot_refs in by_tenant.items():
-        refs = [r for refs in hot_refs for r in refs]
-        tokens = await p.blocking(p.rag.chunk_tokens, refs, tenant)
+    openers = [op.chunk_refs[0] for op in p.tracker.hot.values() if op.chunk_refs]
+    tenants = _tenants(p)
+    opening = await p.blocking(p.rag.opening_ids) if tenants else []
+    for tenant in tenants:
+        refs = chunks.rank_window_chunks(_asked(p, tenant), openers)
+        refs = refs[: p.settings.chunk_warm_max]
+        tokens = await p.blocking(p.rag.chunk_tokens, refs, tenant) if refs else {}
         await _send(p, chunks.plan_ready_chunks(
-            hot_refs, tokens, tenant=tenant, worker_id=worker_id, opening_ids=opening,
+            [refs], tokens, tenant=tenant, worker_id=worker_id, opening_ids=opening,
             ttl_s=p.settings.chunk_ttl_s, token_budget=chunk_tokens_budget(p),
             command_ids=_ids(len(refs)), pin=p.settings.chunk_pin,
         ))

@@ -1,12 +1,27 @@
 """Event-driven chunk warmup decisions (pure): on a KB change, which chunk KV to compute and
-which to drop, so the next first-asked question over the document finds its chunks warm."""
+which to drop, so the next first-asked question over the document finds its chunks warm.
+
+A chunk's KV is the prefix `system + chunk` on the worker, so a question never asked before
+reuses it exactly when the chunk opens its top-3 (the canonical order puts it first). Which
+chunks will do that is not known; what is known is which chunks questions retrieve: those
+retrieved by more distinct questions of the hot window (then by more asks) are the likeliest
+to be retrieved by the next new one. Chunks nobody retrieved are not warmed. Outside edits,
+neither are chunks only one prompt retrieved: that prompt's own prefix (which warmup keeps
+for tracked questions) saves as much compute per byte of KV and more per ask, so chunk KV
+pays only where it is shared (`SHARED`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from schemas import ChunkRef, KbChange, WarmupCommand
 from streams.records import DocState
+
+# Distinct prompts that must retrieve a chunk before its own KV is worth memory: with one,
+# the prompt's prefix is the better use of the same bytes (see the module's docstring).
+SHARED = 2
 
 
 def changed_chunks(prior: DocState | None, new_chunks: Mapping[str, str]) -> tuple[
@@ -43,17 +58,18 @@ def plan_chunk_warmup(
     command_ids: Sequence[str],
     token_budget: int | None = None,
     pin: bool = False,
+    retrieved: Mapping[str, Retrieval] | None = None,
 ) -> list[WarmupCommand]:
     """Chunk prefills for the new chunks of a hot or tracked document, and one invalidation
     of the chunk versions it replaced (their KV can never be reused: its hash is gone).
 
     `tracked`: the document is hot or linked to a tracked prefix (others are not warmed:
-    nobody is known to ask about them). `budget`: most chunk prefills sent for one change
-    (the warm budget), taken in document order: a deterministic choice, nothing here knows
-    which chunk will rank. `token_budget`: most chunk tokens of KV those prefills compute
-    (None: no limit). `pin`: held until `ttl_s` runs out (KV nobody has used yet is
-    otherwise the LRU's first victim). `command_ids`: fresh ids, one per command.
-    A stale change (older version) plans nothing.
+    nobody is known to ask about them). `retrieved`: how questions retrieved the
+    document's chunks before the change (`retrieval_counts`); the new chunks are taken in
+    `rank_new_chunks`' order up to `budget` prefills (the warm budget) and `token_budget`
+    chunk tokens of KV (None: no limit). `pin`: held until `ttl_s` runs out (KV nobody has
+    used yet is otherwise the LRU's first victim). `command_ids`: fresh ids, one per
+    command. A stale change (older version) plans nothing.
     """
     if change.is_stale(prior.version if prior else None):
         return []
@@ -67,7 +83,8 @@ def plan_chunk_warmup(
         ))
     if not tracked or not opening_ids:
         return commands
-    chosen = within_budget([r for r in new if chunk_tokens.get(r.chunk_id)], chunk_tokens,
+    ranked = rank_new_chunks(new, retrieved or {})
+    chosen = within_budget([r for r in ranked if chunk_tokens.get(r.chunk_id)], chunk_tokens,
                            budget, token_budget)
     for ref in chosen:
         commands.append(chunk_prefill(
@@ -126,9 +143,9 @@ def plan_ready_chunks(
     command_ids: Sequence[str],
     pin: bool = False,
 ) -> list[WarmupCommand]:
-    """A worker that became ready gets the chunk KV of the hot set's chunks (each once, in
-    the hot set's order, most used first) within `token_budget` tokens: a first-asked
-    question over the hot documents then finds its chunks warm there too."""
+    """A worker that became ready gets the KV of these chunks (each once, in the order
+    given: `rank_window_chunks`' likeliest first) within `token_budget` tokens: a first-asked
+    question opening with one then finds it warm there too."""
     if not opening_ids:
         return []
     unique: dict[tuple[str, str], ChunkRef] = {}
@@ -144,3 +161,105 @@ def plan_ready_chunks(
                       f"worker {worker_id} ready: hot chunk {ref.chunk_id}", worker_id, pin)
         for ref in chosen
     ]
+
+
+@dataclass(frozen=True)
+class Retrieval:
+    """How a chunk id was retrieved: by how many distinct prompts, asked how often."""
+
+    prompts: int = 0
+    asks: float = 0.0
+
+
+def retrieval_counts(asked: Iterable[tuple[Sequence[ChunkRef], float]]) -> dict[str, Retrieval]:
+    """Per chunk id, the prompts (each: its chunk refs and how often it was asked) that
+    retrieved it. By id, whatever the version: an edit's new version inherits the old one's
+    retrievals (the same questions retrieve the same passage)."""
+    counts: dict[str, Retrieval] = {}
+    for refs, asks in asked:
+        for chunk_id in {r.chunk_id for r in refs}:
+            was = counts.get(chunk_id, Retrieval())
+            counts[chunk_id] = Retrieval(was.prompts + 1, was.asks + asks)
+    return counts
+
+
+def rank_new_chunks(new: Sequence[ChunkRef], retrieved: Mapping[str, Retrieval]) -> list[
+    ChunkRef
+]:
+    """The new chunks of a change worth warming, likeliest to be retrieved first.
+
+    First the new versions of chunks questions retrieved, by distinct prompts then asks (a
+    new question is another question: how many different ones retrieved a chunk says more
+    than how often one was repeated); then new chunks next to a retrieved one in their
+    document (an edit moves text across chunk boundaries, so a retrieved passage may now
+    sit in its neighbour), by that neighbour's retrieval. Chunks nobody is known to
+    retrieve are left out. Ties keep document order. One retrieving prompt is enough here
+    (unlike `SHARED`): the edit invalidated that prompt's prefix, and the edit's re-warm
+    share may leave it cold, so the new chunk's KV is what is left to restore of it.
+    """
+    def by_id(chunk_id: str) -> tuple[int, float]:
+        r = retrieved.get(chunk_id)
+        return (r.prompts, r.asks) if r else (0, 0.0)
+
+    def own(ref: ChunkRef) -> tuple[int, float]:
+        return by_id(ref.chunk_id)
+
+    def near(ref: ChunkRef) -> tuple[int, float]:
+        return max((by_id(n) for n in _neighbours(ref.chunk_id)), default=(0, 0.0))
+
+    direct = sorted((r for r in new if own(r) > (0, 0.0)), key=own, reverse=True)
+    beside = sorted((r for r in new if own(r) == (0, 0.0) and near(r) > (0, 0.0)),
+                    key=near, reverse=True)
+    return [*direct, *beside]
+
+
+def rank_window_chunks(
+    asked: Sequence[tuple[Sequence[ChunkRef], float]], warm_openers: Iterable[ChunkRef] = ()
+) -> list[ChunkRef]:
+    """The chunk versions at least `SHARED` of the window's prompts retrieved, likeliest to
+    be retrieved by a new question first (distinct prompts, then asks; ties in first-seen
+    order), without those already warm at the start of a kept prefix (`warm_openers`: a
+    hot prefix holds `system + its first chunk`)."""
+    counts = retrieval_counts(asked)
+    skip = {(r.chunk_id, r.content_hash) for r in warm_openers}
+    seen: dict[tuple[str, str], ChunkRef] = {}
+    for refs, _ in asked:
+        for r in refs:
+            key = (r.chunk_id, r.content_hash)
+            if key not in skip and counts[r.chunk_id].prompts >= SHARED:
+                seen.setdefault(key, r)
+    score = {key: (counts[key[0]].prompts, counts[key[0]].asks) for key in seen}
+    return [seen[k] for k in sorted(seen, key=score.__getitem__, reverse=True)]
+
+
+@dataclass
+class WarmedChunks:
+    """Chunk versions this process sent to every worker, and when: a timer re-plans often,
+    and a chunk prefill sent within its TTL is not sent again."""
+
+    sent: dict[tuple[str, str, str], float] = field(default_factory=dict)
+
+    def due(self, tenant: str, refs: Iterable[ChunkRef], now: float, ttl_s: float) -> list[
+        ChunkRef
+    ]:
+        def is_due(ref: ChunkRef) -> bool:
+            at = self.sent.get((tenant, ref.chunk_id, ref.content_hash))
+            return at is None or now - at >= ttl_s
+
+        return [r for r in refs if is_due(r)]
+
+    def mark(self, tenant: str, refs: Iterable[ChunkRef], now: float, ttl_s: float) -> None:
+        for r in refs:
+            self.sent[(tenant, r.chunk_id, r.content_hash)] = now
+        # Bounded: entries past their TTL would be due again anyway.
+        for key in [k for k, at in self.sent.items() if now - at >= ttl_s]:
+            del self.sent[key]
+
+
+def _neighbours(chunk_id: str) -> list[str]:
+    """The ids of the chunks before and after it in its document (`doc#ordinal`)."""
+    doc, _, tail = chunk_id.rpartition("#")
+    if not doc or not tail.isdigit():
+        return []
+    n = int(tail)
+    return [f"{doc}#{m}" for m in (n - 1, n + 1) if m >= 0]

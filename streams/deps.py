@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from schemas import WarmupCommand
+from streams.asks import AskLog
+from streams.chunks import WarmedChunks
 from streams.hot import HotTracker
 from streams.pacing import KeyPacing
 from streams.ports import IndexReplica, RagPort
@@ -39,6 +41,14 @@ class Outbox(Protocol):
 
     async def ready(self, req: ReadyRewarm) -> None:
         """To every partition of `ragwarm.worker-ready` (one request per partition)."""
+
+
+class Clock(Protocol):
+    """Seconds now. A callback protocol, not `Callable`: mypy reads a dataclass field typed
+    `Callable` as read-only, so `HandlerDeps` would not match the narrower `HandlerDeps`
+    protocols of `chunk_warm` and `synthesize` (which declare a settable `clock`)."""
+
+    def __call__(self) -> float: ...
 
 
 @dataclass
@@ -81,7 +91,7 @@ class HandlerDeps:
     rag: RagPort
     settings: StreamsSettings
     tracker: HotTracker
-    clock: Callable[[], float] = time.time
+    clock: Clock = time.time
     stats: Counter = field(default_factory=Counter)
     # Qdrant local mode and the embedder are not safe to share across threads: in the app
     # one thread runs every store call, off the event loop. None runs them inline.
@@ -98,6 +108,12 @@ class HandlerDeps:
     owned_share: Callable[[], float] = field(default=lambda: 1.0)
     synthetic: SyntheticState = field(default_factory=SyntheticState)  # this process's
     query_ops: KeyPacing = field(default_factory=KeyPacing)  # when each prefix's last went
+    chunk_warmed: WarmedChunks = field(default_factory=WarmedChunks)  # this process's sends
+    # The asks of the last `edit_hold_s` that edits rank by (`edit_watch`), this process's.
+    asks: AskLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.asks = AskLog(self.settings.edit_hold_s)
 
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:

@@ -12,7 +12,7 @@ import logging
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
 from schemas.signing import authentic
-from streams import catchup, chunk_warm, logic, progressive, synthesize
+from streams import catchup, chunk_warm, edits, logic, progressive, synthesize
 from streams.deps import (  # noqa: F401 - re-exported: the handlers' inputs in one place
     HandlerDeps,
     Outbox,
@@ -113,30 +113,18 @@ async def apply_indexed(
     links = p.tables.doc_prefixes.get(key) or {}
     dependents = {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
     now = p.clock()
-    # The hot window (this process's view of rag.queries) ranks the dependents' re-warms;
-    # the hot set's are pinned already and re-warmed pinned, so they take no edit budget.
-    pinned = {op.prefix_hash for op in p.tracker.hot.values()}
-    recent = [
-        logic.HotCandidate(h, c, pl.prefix_tokens)
-        for h, c, pl in p.tracker.ranked(now) if h in dependents and h not in pinned
-    ]
-    plan = logic.plan_kb_change(
-        change, prior, new_chunks, dependents, now, recent, edit_rewarm_tokens(p)
-    )
+    # The asks this process saw (rag.queries) rank the dependents' re-warms.
+    recent, budget = edits.candidates(p, dependents, now), edits.rewarm_tokens(p)
+    plan = logic.plan_kb_change(change, prior, new_chunks, dependents, now, recent, budget)
     assert plan.state is not None  # not stale, so the plan carries the new state
     p.tables.docs[key] = plan.state.model_dump(mode="json")
     p.stats["kb_events"] += 1
     for op in plan.ops:
         await p.out.op(op)
+    if plan.state.chunks != (prior.chunks if prior else None):
+        await edits.recheck_others(p, change, new_chunks, dependents, plan.ops, recent, budget)
     await chunk_warm.warm_changed(p, change, prior, new_chunks, bool(dependents))
     await synthesize.on_kb_changed(p, prior, plan.state, change.doc_id)
-
-
-def edit_rewarm_tokens(p: HandlerDeps) -> int:
-    """Tokens of KV one KB change may re-warm into prefixes no worker holds any more."""
-    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
-    memory = sum(w.mem_total for w in p.live_workers() if w.ready)
-    return int(p.settings.edit_rewarm_share * memory) // max(1, per_token)
 
 
 # --- ragwarm.prefix-ops (key prefix hash) ----------------------------------------------------
@@ -219,6 +207,8 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
     p.tables.workers[event.worker_id] = state.model_dump(mode="json")
     if event.kind == "stored" and event.prefix_tokens:
         p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens
+    if event.kind == "stored" and event.command_id and event.prefix_hash:  # a prefill landed
+        await p.out.op(PrefixOp(op="stored", prefix_hash=event.prefix_hash, reason="stored"))
     if event.kind == "ready":
         await warm_new_worker(p, event)
     elif event.kind == "heartbeat":
@@ -382,6 +372,9 @@ async def on_query(p: HandlerDeps, query: QueryEvent) -> None:
         prefix_tokens=query.prefix_tokens,
     )
     p.tracker.observe(query.prefix_hash, payload, p.clock())
+    if query.prefix_hash and p.settings.edit_watch:
+        p.asks.observe(query.prefix_hash, query.tenant, query.question, query.chunk_refs,
+                       query.prefix_tokens, p.clock())
     p.stats["queries"] += 1
     synthesize.count_query(p, query)
     every = p.settings.query_op_interval_s  # `streams.pacing`: one op per prefix per interval
@@ -426,6 +419,7 @@ async def plan_hot(p: HandlerDeps) -> None:
         return
     async with p.hot_lock:
         await _plan_hot(p)
+    await chunk_warm.warm_window(p)
 
 
 async def _plan_hot(p: HandlerDeps) -> None:
@@ -446,8 +440,7 @@ async def _plan_hot(p: HandlerDeps) -> None:
         # already on its way.
         if known is None or known.prefix_hash not in held:
             if known is not None and _prefill_pending(p, known.prefix_hash):
-                # Not held yet, its prefill on its way (an edit's re-warm takes seconds):
-                # retrieving again every tick would take CPU from that very prefill.
+                # Its prefill on its way: retrieving again each tick takes CPU from it.
                 continue
             op = await hot_warm_op(p, prefix_hash, payloads[prefix_hash])
             if op is not None:
@@ -461,15 +454,13 @@ async def _plan_hot(p: HandlerDeps) -> None:
         op = p.tracker.hot.pop(prefix_hash, None)
         if op is None:
             continue
-        await p.out.op(
-            PrefixOp(op="cool", prefix_hash=op.prefix_hash, tenant=op.tenant, reason="cooled down")
-        )
+        await p.out.op(PrefixOp(op="cool", prefix_hash=op.prefix_hash, tenant=op.tenant,
+                                reason="cooled down"))
 
 
 def _prefill_pending(p: HandlerDeps, prefix_hash: str) -> bool:
     raw = p.tables.prefixes.get(prefix_hash)  # None where another instance owns it
-    state = PrefixState.model_validate(raw) if raw else None
-    return logic.prefill_pending(state, p.clock())
+    return logic.prefill_pending(PrefixState.model_validate(raw) if raw else None, p.clock())
 
 
 async def warm_per_node(

@@ -204,6 +204,7 @@ def plan_prefix_op(
         "cool": _cool,
         "forget": _forget,
         "resend": _resend,
+        "stored": _stored,
     }[op.op]
     return handler(op, state, workers, now, ttl_s)
 
@@ -335,10 +336,19 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
 
 
 def prefill_pending(state: PrefixState | None, now: float) -> bool:
-    """Whether a prefill of the prefix was sent less than `PREFILL_WAIT_S` ago."""
+    """Whether a prefill of the prefix was sent less than `PREFILL_WAIT_S` ago and no worker
+    reported it stored since (`_stored` clears `prefill_at`)."""
     return state is not None and state.prefill_at is not None and (
         state.prefill_at > now - PREFILL_WAIT_S
     )
+
+
+def _stored(op, state, workers, now, ttl_s) -> PrefixPlan:
+    """A worker stored the prefill: nothing is on its way any more, so an eviction after
+    this is warmed again at once (and never taken for a lost prefill by the resend timer)."""
+    if state is None or state.prefill_at is None:
+        return PrefixPlan(state=state)
+    return PrefixPlan(state=state.model_copy(update={"prefill_at": None, "resends": 0}))
 
 
 def _end_hold(op: PrefixOp, state: PrefixState) -> tuple[list[WarmupCommand], dict[str, int]]:

@@ -93,9 +93,11 @@ class PrefixOp(_Record):
     # The app's verbs about a prefix; what workers receive is a WarmupCommand:
     # warm/warm_on (on one worker)/resend (an unconfirmed prefill, again) -> `prefill`,
     # cool (unpin) -> `release`, invalidate/extend_ttl -> the same, forget (stop
-    # tracking) -> no command. Kept apart from the command verbs: these records sit in a
-    # changelogged topic.
-    op: Literal["invalidate", "extend_ttl", "warm", "cool", "warm_on", "forget", "resend"]
+    # tracking) and stored (a worker reported the prefill's KV stored) -> no command. Kept
+    # apart from the command verbs: these records sit in a changelogged topic.
+    op: Literal[
+        "invalidate", "extend_ttl", "warm", "cool", "warm_on", "forget", "resend", "stored"
+    ]
     prefix_hash: str
     tenant: str = "default"
     chunk_refs: list[ChunkRef] = Field(default_factory=list)

@@ -6,15 +6,18 @@ simulation feeds its in-process queue through `route_for`, so both run the same 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from schemas import KbChange, QueryEvent, WorkerEvent, decode
+from schemas import KbChange, QueryEvent, SchemaError, WorkerEvent, decode
 from streams import handlers
 from streams.records import DocLink, PrefixOp, ReadyRewarm
 
-Handler = Callable[[handlers.HandlerDeps, Any], Awaitable[None]]
+# `async def` handlers: the strategies simulation steps their coroutines itself.
+Handler = Callable[[handlers.HandlerDeps, Any], Coroutine[Any, Any, None]]
+# A record's value as Kafka hands it over: None for a tombstone.
+Decoder = Callable[[bytes | None], Any]
 
 
 @dataclass(frozen=True)
@@ -26,17 +29,25 @@ class Route:
     record: type
     topic: str
     agent: str
-    decode: Callable[[bytes], Any]
+    decode: Decoder
     handle: Handler
     after_index_recovery: bool = False
 
 
-def _event(model: type) -> Callable[[bytes], Any]:
-    return lambda raw: decode(raw, model)
+def _event(model: type) -> Decoder:
+    return lambda raw: decode(_value(raw), model)
 
 
-def _record(model: Any) -> Callable[[bytes], Any]:
-    return model.model_validate_json
+def _record(model: Any) -> Decoder:
+    return lambda raw: model.model_validate_json(_value(raw))
+
+
+def _value(raw: bytes | None) -> bytes:
+    """A tombstone is bad input here (even on the compacted kb.changes a delete is a record),
+    dead-lettered as such."""
+    if raw is None:
+        raise SchemaError("", "no value (a tombstone): every record here holds one")
+    return raw
 
 
 ROUTES: tuple[Route, ...] = (

@@ -71,20 +71,36 @@ class StreamsSettings(BaseSettings):
         description="How long a prefix an edit re-warmed stays pinned waiting for its next "
         "ask (the ask unpins it); the hold then ends and the LRU may evict it.",
     )
+    edit_watch: bool = Field(
+        default=True,
+        description="A KB change also re-retrieves the questions of prefixes asked in the "
+        "last edit_hold_s (a process-local log) that use none of the document's chunks; where "
+        "its chunks enter their top-3, the new prefix is warmed and held like a re-warmed "
+        "dependent, within what the change's edit_rewarm_share left. Off: event-rag's rule.",
+    )
+    edit_recheck_questions: int = Field(
+        default=32, ge=0,
+        description="Recently asked prefixes (not the edited document's dependents) whose "
+        "question one KB change retrieves again with edit_watch, most asked first: one "
+        "retrieval each.",
+    )
     chunk_warmup: bool = Field(
         default=False,
-        description="Event-driven chunk warmup: on a KB change, prefill on every worker the "
-        "KV of the new chunks of documents that are hot or linked to tracked prefixes (and "
-        "drop the KV of the versions they replace); a ready worker gets the hot set's "
-        "chunks. For workers with RAGWARM_WORKER_CHUNK_REUSE on.",
+        description="Event-driven chunk warmup: prefill on workers the KV of `system + "
+        "chunk` for the chunks questions retrieve most: on a KB change the new versions of "
+        "retrieved chunks of documents that are hot or linked to tracked prefixes (and drop "
+        "the KV of the versions they replace), on the hot tick the hot window's chunks, on a "
+        "ready worker the same. A new question whose first chunk is warm reuses it exactly; "
+        "workers with RAGWARM_WORKER_CHUNK_REUSE on also blend chunks further in.",
     )
     chunk_warm_max: int = Field(
-        default=16, ge=0, description="Most chunk prefills one KB change sends."
+        default=16, ge=0, description="Most chunk prefills one KB change (or one hot tick, "
+        "or one ready worker) sends."
     )
     chunk_warm_share: float = Field(
         default=0.1, ge=0.0, le=0.5,
         description="Share of the smallest ready worker's KV memory the chunk KV one KB "
-        "change (or one ready worker's hot chunks) may take.",
+        "change (or one hot tick, or one ready worker) may take.",
     )
     chunk_ttl_s: float = Field(
         default=900.0, gt=0, description="TTL of warmed chunk KV (pinned until then with "

@@ -14,7 +14,7 @@ from schemas.prefix import BLOCK_SIZE
 from streams import logic
 from streams import synthetic as syn
 from streams.hot import HotTracker
-from streams.ports import RagPort
+from streams.ports import RagPort, WarmPrefix
 from streams.records import DocState, PrefixOp, PrefixState, WorkerState
 from streams.settings import StreamsSettings
 
@@ -100,7 +100,7 @@ async def on_synthesized(p: HandlerDeps, event: WorkerEvent) -> None:
         return
     tenant, now = event.tenant, p.clock()
     per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
-    prefixes = {}
+    prefixes: dict[str, WarmPrefix] = {}
     for question in event.questions:
         prefix = await p.blocking(p.rag.prefix_for_question, question, tenant)
         if prefix is not None:

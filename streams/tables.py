@@ -69,8 +69,10 @@ def define_tables(
         return cls(name, default=None, partitions=partitions, key_type=str, **kw)
 
     def routed(name: str, **kw: Any) -> RoutedTable:
-        return app.tables.add(RoutedTable(app, name=name, beacon=app.tables.beacon, default=None,
-                                          partitions=partitions, key_type=str, **kw))
+        made = RoutedTable(app, name=name, beacon=app.tables.beacon, default=None,
+                           partitions=partitions, key_type=str, **kw)
+        app.tables.add(made)  # returns it, typed as any collection
+        return made
 
     return Tables(
         docs=routed("docs"),

@@ -1,21 +1,22 @@
 """Chunk KV identity and placement (pure): which held chunks a prompt can blend, and where.
 
-A chunk's KV is computed on its own, right after the system prompt (where the canonical
-prompt places a first chunk), and stored in the block pool like a prefix: a chain of block
-hashes whose root is salted by tenant, model, the system prompt's tokens and the chunk's
-content hash. So a chunk whose content changed has other hashes and is never reused, and
-the entry lists its chunk ref, so invalidating the ref frees it with every prefix through it.
+A chunk's KV is computed right after the opening (the system prompt, where the canonical
+prompt places a first chunk) and stored as the ordinary prefix `opening + chunk`: the same
+block-chain hashes, tenant and model salt as any prompt that opens with that chunk. So the
+exact prefix lookup reuses it losslessly for every question whose first chunk it is (no
+blending needed), one copy serves both uses, and blocks shared with cached prompts count
+once. Hashes are over token ids: a chunk whose text changed has other tokens and other
+hashes and is never reused. The entry lists its chunk ref with the chunk's start, so
+invalidating the ref frees its blocks (from the one holding the chunk's first token on)
+with every prefix through them; the opening's own blocks stay.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from workers.block_pool import ChunkKey
-from workers.blocks import block_hashes
 
 
 @dataclass(frozen=True)
@@ -31,23 +32,15 @@ class ChunkSpan:
             raise ValueError(f"chunk span must have 0 <= start < end, not {self.start}..{self.end}")
 
 
-def chunk_salt(model: str, opening: Sequence[int], ref: ChunkKey) -> str:
-    """The `model` salt of a chunk's chain: the model, what it was computed after, its content.
-
-    The chunk id stays out on purpose: two chunks with the same text and content hash have
-    the same KV. The opening goes in as a digest of its token ids (it is part of the KV).
-    """
-    digest = hashlib.sha256(json.dumps(list(opening)).encode()).hexdigest()[:32]
-    return json.dumps(["ragwarm-chunk-v1", model, digest, ref[1]])
+def chunk_prefix(opening: Sequence[int], chunk: Sequence[int]) -> list[int]:
+    """The tokens a chunk's KV is stored under: the prefix of a prompt opening with it."""
+    return [*opening, *chunk]
 
 
-def chunk_hashes(
-    tokens: Sequence[int], *, tenant: str, model: str, opening: Sequence[int], ref: ChunkKey,
-    block_size: int,
-) -> list[str]:
-    """Block hashes of a chunk's KV (full blocks only; a trailing partial block is not kept)."""
-    salt = chunk_salt(model, opening, ref)
-    return block_hashes(tokens, tenant=tenant, model=salt, block_size=block_size)
+def held_chunk_tokens(n_opening: int, n_blocks: int, block_size: int) -> int:
+    """Tokens of a chunk whose KV `n_blocks` leading blocks of `opening + chunk` hold
+    (0 when they end inside the opening: only whole blocks are stored)."""
+    return max(0, n_blocks * block_size - n_opening)
 
 
 def check_spans(spans: Sequence[ChunkSpan], n_prompt: int) -> None:

@@ -400,7 +400,7 @@ def kb_split(counters: dict, kb_seconds: float, instances: int) -> dict[str, flo
     (decoding, table writes, ops sent), and the time no batch ran (waiting, Faust); and
     the embedder's own rate inside the app (same chunks, same minutes as the pipeline)."""
     embed = counters.get("embed_ms", 0) / 1000
-    embedded = counters.get("embedded_chunks", 0)
+    embedded = counters.get("chunks_embedded", 0)
     index = counters.get("kb_index_ms", 0) / 1000
     batch = counters.get("kb_batch_ms", 0) / 1000
     return {

@@ -97,13 +97,17 @@ def document(service: str) -> dict[str, Any]:
 def streams_routes() -> set[tuple[str, str]]:
     """(method, path) of every streams view, read from the views the app registers."""
     from types import SimpleNamespace
+    from typing import cast
 
+    from streams.handlers import HandlerDeps
     from streams.metrics_view import METRICS_PATH
     from streams.settings import StreamsSettings
     from streams.views import pages
 
     found = {("get", METRICS_PATH)}
-    for path, page in pages(SimpleNamespace(settings=StreamsSettings())).items():
+    # Only the paths and view classes are read, no view runs: settings are all it needs.
+    deps = cast(HandlerDeps, SimpleNamespace(settings=StreamsSettings()))
+    for path, page in pages(deps).items():
         if isinstance(page, type):  # a View: the methods it defines
             found |= {(m, path) for m in ("get", "post", "put", "delete") if m in vars(page)}
         else:

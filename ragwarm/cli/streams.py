@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings, keyring
 from streams.settings import StreamsSettings
+
+if TYPE_CHECKING:
+    from streams.replica import ChunkReplica
 
 log = logging.getLogger(__name__)
 
@@ -93,15 +96,18 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     register_views(app, deps)
     register_metrics(app, deps, metrics)
     reader = KbChangesReader(kafka.servers, kafka.client_options(), kafka.topic(KB_CHANGES))
-    deps.replica = chunk_replica(deps, topics, kafka, rag_port)
-    register_replica(app, deps.replica)
+    replica = chunk_replica(deps, topics, kafka, rag_port)
+    deps.replica = replica
+    register_replica(app, replica)
     register_recovery(app, deps, reader)
     register_rebalance_seek(app)
     install_auth(app, keyring(streams.api_key, streams.tenant_keys))
     return StreamsApp(app, topics, tables, deps)
 
 
-def chunk_replica(deps: Any, topics: Any, kafka: KafkaSettings, rag_port: Any) -> Any:
+def chunk_replica(
+    deps: Any, topics: Any, kafka: KafkaSettings, rag_port: Any
+) -> ChunkReplica:
     """The index replica over `rag_port`'s store: followed in local mode (each instance keeps
     its own copy), not with a shared Qdrant server."""
     from aiokafka import AIOKafkaConsumer

@@ -56,6 +56,10 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def token_limit(self) -> int | None:
+        """The most tokens to generate, from whichever field the API names it by."""
+        return self.max_tokens
+
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -108,9 +112,6 @@ class CompletionRequest(_Request):
         if not prompt.strip():
             raise GatewayError(400, "the prompt is empty", param="prompt")
         return prompt.strip()
-
-    def token_limit(self) -> int | None:
-        return self.max_tokens
 
 
 def parse_request(model: type[_Request], body: Any, model_id: str, max_tokens: int) -> Any:

@@ -12,6 +12,7 @@ from rag.trace import Question, TraceEvent, split_initial
 # Before the edits a row's phase is what the cache held when it was asked (not the order of
 # asking: a question's second ask may already be warm); after them it is `after_edit`.
 PHASES = ("cold", "partial", "warm", "after_edit")
+REWARMED = "changed, re-warmed"
 
 
 # --- the plan: which edits, which questions (pure) --------------------------------------------
@@ -133,7 +134,8 @@ def summarize(rows: Sequence[Row]) -> list[Summary]:
     return out
 
 
-def rewarm_targets(before: Mapping[str, str], now: Mapping[str, str | None]) -> set[str]:
+def rewarm_targets(before: Mapping[str, str | None],
+                   now: Mapping[str, str | None]) -> set[str]:
     """The new prefixes the demo waits for after the edits: every question whose prefix
     changed. Its question is hot (pinned before the edits), so the pipeline re-warms it
     whether the edit invalidated the old prefix or only extended it (a re-check). Which of
@@ -144,16 +146,33 @@ def rewarm_targets(before: Mapping[str, str], now: Mapping[str, str | None]) -> 
 
 
 def after_edit_state(rows: Sequence[Row], block_size: int = 16) -> str:
+    """What the edits did to a question's prefix, and whether its first ask after them found
+    every full block of the new prefix cached (later asks find the prompt its own answer
+    cached, so they say nothing about the pipeline)."""
     before = [r for r in rows if r.phase != "after_edit"]
     after = [r for r in rows if r.phase == "after_edit"]
     if not before or not after:
         return "-"
-    last = after[-1]
-    if last.prefix_hash == before[-1].prefix_hash:
+    first = after[0]
+    if first.prefix_hash == before[-1].prefix_hash:
         return "unchanged (TTL extended)"
-    if last.cached_tokens >= last.prefix_tokens // block_size * block_size:
-        return "changed, re-warmed"
+    if held(first.cached_tokens, first.prefix_tokens, block_size) == "warm":
+        return REWARMED
     return "changed, NOT re-warmed"
+
+
+def rewarm_verdict(summaries: Sequence[Summary]) -> str | None:
+    """Whether every prefix the edits changed was warm again at its question's first ask,
+    judged on what that ask found cached. Not on its TTFT beside a warm ask's: a warm ask
+    found its whole prompt cached, question included, which no warmup of a prefix holds
+    for a prompt never asked (its last partial block and the question are computed)."""
+    changed = [s for s in summaries if s.after_edit.startswith("changed")]
+    if not changed:
+        return None
+    ok = sum(s.after_edit == REWARMED for s in changed)
+    word = "all re-warmed" if ok == len(changed) else "NOT all re-warmed"
+    return (f"edited prefixes warm at their first ask: {ok} of {len(changed)} ({word}: every "
+            "full block of the new prefix cached)")
 
 
 def table_lines(summaries: Sequence[Summary]) -> list[str]:
@@ -191,9 +210,10 @@ def write_chart(rows: Sequence[Row], edit_at_s: float | None, path: Path) -> Pat
         if at:
             ax.scatter([r.t_s for r in at], [r.ttft_ms for r in at], color=colors[phase],
                        label=phase.replace("_", " "), zorder=3)
-    plain = [r for r in rows if r.phase == "after_edit" and r.reactive_ttft_ms is not None]
+    plain = [(r.t_s, r.reactive_ttft_ms) for r in rows
+             if r.phase == "after_edit" and r.reactive_ttft_ms is not None]
     if plain:
-        ax.scatter([r.t_s for r in plain], [r.reactive_ttft_ms for r in plain], marker="x",
+        ax.scatter([t for t, _ in plain], [ms for _, ms in plain], marker="x",
                    color="tab:gray", label="after edit, plain prefix caching", zorder=3)
     if edit_at_s is not None:
         ax.axvline(edit_at_s, color="gray", linestyle="--")

@@ -167,3 +167,40 @@ def test_a_restart_empties_every_device_cache_and_tiered_boots_from_its_disk(run
     # Request caching alone warms nothing at boot: its first answer after the restart is cold.
     first = {r["policy"]: r for r in after if r["since_restart"] == 0}
     assert first["reactive"]["cached_tokens"] == 0 and first["none"]["cached_tokens"] == 0
+
+
+def test_model_free_takes_the_same_decisions_and_says_its_ttft_is_estimated(run, tmp_path):
+    """The same command with `--model-free`: every policy that needs no tensors nor text
+    from the model, on the cost engine; each query's hit and cached tokens are the real
+    run's, and each TTFT is the cost model's estimate (labelled so), not a measurement."""
+    from ragwarm.bench.strategies.cost import DEFAULT_COST, CostModel
+    from ragwarm.bench.strategies.policies import model_free
+
+    folder = run["out"].parent
+    out = tmp_path / "model-free"
+    env = {"RAGWARM_STRATEGIES_TTFT_RUNS": str(RUNS), "RAGWARM_STRATEGIES_CHUNK_TOKENS": "48",
+           "RAGWARM_STRATEGIES_MEAN_GAP_S": "20", "RAGWARM_STRATEGIES_BURST_PROB": "0.3"}
+    args = ["--events", str(folder / "events.jsonl"), "--questions",
+            str(folder / "questions.jsonl"), "--queries", str(QUERIES), "--edits", "7",
+            "--seed", "3", "--restart-at", "0.6", "--json", "--model-free", "--out", str(out)]
+    result = CliRunner().invoke(strategies, args, env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    names = [n for n in policy_names() if model_free(policy_class(n))]
+    assert list(report["policies"]) == names and "tiered" not in names
+    cost = CostModel(*DEFAULT_COST)
+    assert report["ttft_estimated"] == {"fixed_ms": cost.fixed_ms,
+                                        "per_token_ms": cost.per_token_ms}
+    rows = [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
+    decided = {(r["policy"], r["index"]): (r["hit"], r["cached_tokens"]) for r in rows}
+    real = {(r["policy"], r["index"]): (r["hit"], r["cached_tokens"]) for r in run["rows"]
+            if r["policy"] in names}
+    assert decided == real
+    for r in rows:
+        assert r["ttft_ms"] == pytest.approx(cost.ttft_ms(r["prompt_tokens"], r["cached_tokens"]))
+    text = (out / "strategies.md").read_text()
+    assert "est. TTFT p50 ms" in text and "Model-free" in text
+    # A policy that needs the model is refused by name, not silently run without it.
+    refused = CliRunner().invoke(strategies, [*args[:-2], "--policies", "tiered", "--out",
+                                              str(tmp_path / "refused")])
+    assert refused.exit_code != 0 and "tiered" in refused.output

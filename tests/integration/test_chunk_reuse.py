@@ -1,4 +1,5 @@
-"""The torch engine's chunk KV on the real SmolLM2: stored by content, blended after the exact
+"""The torch engine's chunk KV on the real SmolLM2: stored as the prefix `opening + chunk`, so
+a prompt opening with the chunk reuses it exactly (chunk reuse off); blended after the exact
 prefix when chunk reuse is on, never when a request opts out or the chunk changed."""
 
 from __future__ import annotations
@@ -63,10 +64,38 @@ def _answer(engine: TorchEngine, ids: list[int], **kw: Any) -> tuple[list[int], 
     return list(result.token_ids), result.blended_tokens
 
 
+def _full(n: int, engine: TorchEngine) -> int:
+    return n // engine.block_size * engine.block_size
+
+
 def _warm_chunks(engine: TorchEngine, parts: list[list[int]], refs: Any = REFS) -> None:
     for ref, chunk in zip(refs, parts[1:], strict=True):
         stored = engine.prefill_chunk(parts[0], chunk, tenant="t", ref=ref)
-        assert stored.n_tokens == len(chunk) // engine.block_size * engine.block_size
+        assert stored.n_tokens == _full(len(parts[0]) + len(chunk), engine)
+
+
+def test_a_first_ask_reuses_its_warm_first_chunk_exactly_without_blending(
+    prompt: Any,
+) -> None:
+    ids, parts, spans = prompt
+    # Chunk reuse off: position 1 needs no blending, its KV is the prompt's own prefix.
+    engine = load_torch_engine(fetch_llm(), WorkerSettings(device="cpu", threads=1))
+    steps = list(engine.generate(ids, max_tokens=MAX_TOKENS, tenant="t"))
+    cold = steps[-1].result
+    assert cold is not None and cold.cached_tokens == 0
+    engine.cache.clear()
+    engine.sync()
+    stored = engine.prefill_chunk(parts[0], parts[1], tenant="t", ref=REFS[0])
+    assert stored.computed_tokens == stored.n_tokens  # opening and chunk, nothing cached
+    result = list(engine.generate(ids, max_tokens=MAX_TOKENS, tenant="t", chunks=spans))[-1]
+    warm = result.result
+    assert warm is not None and warm.blended_tokens == 0
+    assert warm.cached_tokens == _full(len(parts[0]) + len(parts[1]), engine) > len(parts[0])
+    assert warm.token_ids == cold.token_ids
+    # Invalidating the chunk's ref takes its KV; the opening's full blocks stay.
+    engine.cache.invalidate([REFS[0]])
+    again = list(engine.generate(ids, max_tokens=1, tenant="t"))[-1].result
+    assert again is not None and again.cached_tokens == _full(len(parts[0]), engine)
 
 
 def test_stored_chunk_kv_is_the_chunk_computed_after_the_opening(engine: TorchEngine,
@@ -78,10 +107,12 @@ def test_stored_chunk_kv_is_the_chunk_computed_after_the_opening(engine: TorchEn
     opening_kv, _ = prefill(engine.model, parts[0])
     expected, _ = prefill(engine.model, parts[2], opening_kv)
     assert kv is not None
-    n = stored.n_tokens
-    for (k, v), (ek, ev) in zip(kv, expected, strict=True):
-        assert torch.allclose(k, ek[..., :n, :], atol=1e-4)
-        assert torch.allclose(v, ev[..., :n, :], atol=1e-4)
+    n, o = stored.n_tokens, len(parts[0])
+    for (k, v), (ok, ov), (ek, ev) in zip(kv, opening_kv, expected, strict=True):
+        assert torch.allclose(k[..., :o, :], ok, atol=1e-4)
+        assert torch.allclose(v[..., :o, :], ov, atol=1e-4)
+        assert torch.allclose(k[..., o:n, :], ek[..., : n - o, :], atol=1e-4)
+        assert torch.allclose(v[..., o:n, :], ev[..., : n - o, :], atol=1e-4)
     again = engine.prefill_chunk(parts[0], parts[2], tenant="t", ref=REFS[1])
     assert again.computed_tokens == 0  # already held: a refresh
 
@@ -111,12 +142,19 @@ def test_a_changed_or_invalidated_chunk_is_never_blended(engine: TorchEngine,
     ids, parts, spans = prompt
     _warm_chunks(engine, parts)
     _, all_held = _answer(engine, ids, chunks=spans)
-    # The second chunk's content changed: the prompt names its new hash, held KV has the old.
-    changed = [spans[0], ChunkSpan(("b#0", "hb-new"), spans[1].start, spans[1].end), spans[2]]
-    _, fewer = _answer(engine, ids, chunks=changed)
-    held_b = len(parts[2]) // engine.block_size * engine.block_size
+    # The second chunk's text changed: the prompt holds its new tokens, held KV the old.
+    # (From its first token on: leading tokens left as they were, such as the block's
+    # `[b#0]` header, would have exact KV, which reusing is right.)
+    b = spans[1]
+    edited = [*ids[: b.start], *engine.tokenize("Edited chunk b."), *ids[b.end :]]
+    shift = len(edited) - len(ids)
+    moved = [spans[0], ChunkSpan(("b#0", "hb-new"), b.start, b.end + shift),
+             ChunkSpan(spans[2].ref, spans[2].start + shift, spans[2].end + shift)]
+    _, fewer = _answer(engine, edited, chunks=moved)
+    o = len(parts[0])
+    held_b = _full(o + len(parts[2]), engine) - o
     assert fewer == all_held - held_b
     engine.cache.invalidate([REFS[2]])
     _, after = _answer(engine, ids, chunks=spans)
-    held_c = len(parts[3]) // engine.block_size * engine.block_size
+    held_c = _full(o + len(parts[3]), engine) - o
     assert after == all_held - held_c

@@ -15,7 +15,6 @@ from rag.prompt import PromptBuilder
 from rag.retrieve import Retriever
 from rag.settings import QdrantSettings
 from rag.store import ChunkStore, StoreError, open_client
-from ragwarm.models import fetch_llm, load_embedder, load_tokenizer
 from schemas import KbChange
 
 pytestmark = pytest.mark.integration
@@ -36,17 +35,6 @@ V1 = "\n\n".join(
         _section("Projects", "project"),
     ]
 )
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    # Idempotent: returns at once when the copy is already there.
-    return load_tokenizer(fetch_llm())
-
-
-@pytest.fixture(scope="module")
-def embedder() -> Embedder:
-    return load_embedder()
 
 
 @pytest.fixture

@@ -16,23 +16,12 @@ from rag.prompt import PromptBuilder
 from rag.retrieve import Retriever
 from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
-from ragwarm.models import fetch_llm, load_embedder, load_tokenizer
 from ragwarm.rag_port import RagService
 from schemas import KbChange
 from schemas.chunks import decode_record
 from tests.integration.test_rag_store import V1, _section
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_tokenizer(fetch_llm())
-
-
-@pytest.fixture(scope="module")
-def embedder() -> Embedder:
-    return load_embedder()
 
 
 def service(path: Path, tokenizer: Any, embedder: Embedder) -> RagService:

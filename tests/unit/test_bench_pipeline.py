@@ -65,7 +65,7 @@ def test_the_kb_split_accounts_for_every_second_of_every_instance():
     from ragwarm.bench.pipeline import kb_split
 
     counters = {"embed_ms": 60_000, "kb_index_ms": 70_000, "kb_batch_ms": 75_000,
-                "embedded_chunks": 600}
+                "chunks_embedded": 600}
     split = kb_split(counters, kb_seconds=50.0, instances=2)
     assert split == {"kb_seconds": 50.0, "kb_embed_s": 60.0, "kb_index_other_s": 10.0,
                      "kb_apply_s": 5.0, "kb_outside_batches_s": 25.0,
@@ -74,7 +74,7 @@ def test_the_kb_split_accounts_for_every_second_of_every_instance():
     assert sum(split[k] for k in parts) == 2 * split["kb_seconds"]
 
 
-def test_the_timed_embedder_counts_time_and_texts():
+def test_the_timed_embedder_counts_its_time():
     from collections import Counter
 
     import numpy as np
@@ -88,9 +88,10 @@ def test_the_timed_embedder_counts_time_and_texts():
             return np.zeros((len(texts), 3))
 
     stats: Counter = Counter()
-    timed = TimedEmbedder(Inner(), stats)  # type: ignore[arg-type]
+    timed = TimedEmbedder(Inner(), stats)
     assert timed.embed(["a", "b"]).shape == (2, 3) and timed.dim == 3
-    assert stats["embedded_chunks"] == 2 and stats["embed_ms"] >= 0
+    # The texts are counted once, by the replica's publish (`chunks_embedded`), not here.
+    assert stats["embed_ms"] >= 0 and set(stats) == {"embed_ms"}
 
 
 def _cmd(op: str, prefix_hash: str, refs=(), reason: str = "hot"):

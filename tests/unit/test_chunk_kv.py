@@ -1,4 +1,5 @@
-"""Chunk KV in the block store: keyed by content, invalidated with every prefix through it."""
+"""Chunk KV in the block store: stored as the prefix `opening + chunk`, so the exact lookup
+of any prompt opening with the chunk reuses it; invalidated with every prefix through it."""
 
 from __future__ import annotations
 
@@ -6,28 +7,58 @@ import pytest
 
 from workers.blocks import BLOCK_SIZE, block_hashes
 from workers.cache import Budget, PrefixCache
-from workers.chunk_kv import ChunkSpan, check_spans, chunk_hashes, plan_pieces
+from workers.chunk_kv import ChunkSpan, check_spans, chunk_prefix, held_chunk_tokens, plan_pieces
 
-OPENING = list(range(1000, 1020))  # a 20-token system prompt
+OPENING = list(range(1000, 1020))  # a 20-token system prompt: its last block holds chunk tokens
 OLD = ("doc#0", "hash-old")
 NEW = ("doc#0", "hash-new")
 OTHER = ("doc#1", "hash-1")
+QUESTION = list(range(9000, 9030))
+BYTES_PER_BLOCK = 64
 
 
 def chunk_tokens(seed: int, n: int = 2 * BLOCK_SIZE) -> list[int]:
     return [seed * 1000 + i for i in range(n)]
 
 
+def chunk_chain(tokens: list[int], tenant: str = "t", model: str = "m") -> list[str]:
+    return block_hashes(chunk_prefix(OPENING, tokens), tenant=tenant, model=model)
+
+
 def held_chunk(cache: PrefixCache, ref: tuple[str, str], tokens: list[int]) -> list[str]:
-    hashes = chunk_hashes(tokens, tenant="t", model="m", opening=OPENING, ref=ref,
-                          block_size=BLOCK_SIZE)
-    cache.admit(tenant="t", hashes=hashes, nbytes=64 * len(hashes), chunk_refs=[ref],
-                chunk_starts={ref: 0})
+    """What `Engine.prefill_chunk` stores for a chunk (the engines' shared `_prefill`)."""
+    hashes = chunk_chain(tokens)
+    cache.admit(tenant="t", hashes=hashes, nbytes=BYTES_PER_BLOCK * len(hashes),
+                chunk_refs=[ref], chunk_starts={ref: len(OPENING)})
     return hashes
 
 
 def make_cache() -> PrefixCache:
     return PrefixCache(Budget(max_bytes=1 << 20, max_entries=100, warm_bytes=1 << 19))
+
+
+def test_a_prompt_opening_with_a_held_chunk_reuses_it_by_the_exact_lookup() -> None:
+    cache = make_cache()
+    c0, c1 = chunk_tokens(1), chunk_tokens(2)
+    held = held_chunk(cache, OLD, c0)
+    # A question never asked before whose first chunk is c0: system + c0's full blocks.
+    prompt = OPENING + c0 + c1 + QUESTION
+    entry, matched = cache.lookup(block_hashes(prompt, tenant="t", model="m"))
+    assert matched == len(held) == (len(OPENING) + len(c0)) // BLOCK_SIZE
+    assert entry is not None and entry.chunk_refs == {OLD}
+    # Whose first chunk is another: only the opening's full blocks.
+    other = OPENING + c1 + c0 + QUESTION
+    assert cache.peek(block_hashes(other, tenant="t", model="m"))[1] == len(OPENING) // BLOCK_SIZE
+
+
+def test_chunk_kv_and_a_cached_prompt_share_their_blocks_once() -> None:
+    cache = make_cache()
+    c0, c1 = chunk_tokens(1), chunk_tokens(2)
+    prompt = block_hashes(OPENING + c0 + c1 + QUESTION, tenant="t", model="m")
+    cache.admit(tenant="t", hashes=prompt, nbytes=BYTES_PER_BLOCK * len(prompt), kind="request")
+    held = held_chunk(cache, OLD, c0)
+    assert set(held) <= set(prompt)
+    assert cache.bytes_used == BYTES_PER_BLOCK * len(prompt)  # nothing new stored
 
 
 def test_invalidating_a_chunk_ref_removes_its_chunk_kv_and_every_prefix_through_it() -> None:
@@ -44,9 +75,11 @@ def test_invalidating_a_chunk_ref_removes_its_chunk_kv_and_every_prefix_through_
     removed = cache.invalidate([OLD])
 
     assert {e.prefix_hash for e in removed} == {chunk0[-1], prefix[-1]}
-    assert not any(h in cache.pool for h in chunk0)
-    # Blocks after the chunk's start are gone; the system prompt's first block stays.
-    assert cache.peek(prefix)[1] == len(OPENING) // BLOCK_SIZE
+    opening_blocks = len(OPENING) // BLOCK_SIZE
+    # From the block holding the chunk's first token on, nothing is left; the system
+    # prompt's full blocks stay (the other chunk's entry holds them).
+    assert not any(h in cache.pool for h in chunk0[opening_blocks:])
+    assert cache.peek(prefix)[1] == opening_blocks
     assert cache.peek(chunk1)[1] == len(chunk1)  # the other chunk's KV is untouched
     assert {e.kind for e in cache.drain_events()} >= {"invalidated"}
 
@@ -55,36 +88,24 @@ def test_a_changed_chunk_has_other_hashes_and_is_never_reused() -> None:
     cache = make_cache()
     tokens = chunk_tokens(1)
     held_chunk(cache, OLD, tokens)
-    # Same chunk id, same tokens, new content hash: nothing of the old KV matches.
-    new = chunk_hashes(tokens, tenant="t", model="m", opening=OPENING, ref=NEW,
-                       block_size=BLOCK_SIZE)
-    assert cache.peek(new) == (None, 0)
+    # The chunk's text changed at its start: nothing of the old KV past the opening matches
+    # (hashes are over token ids; leading blocks of unchanged tokens would be exact KV).
+    edited = [7, *tokens[1:]]
+    assert cache.peek(chunk_chain(edited))[1] == len(OPENING) // BLOCK_SIZE
+    assert held_chunk_tokens(len(OPENING), len(OPENING) // BLOCK_SIZE, BLOCK_SIZE) == 0
 
 
-@pytest.mark.parametrize(
-    ("tenant", "model", "opening"),
-    [("t2", "m", OPENING), ("t", "m2", OPENING), ("t", "m", OPENING[:-1])],
-)
-def test_chunk_kv_is_salted_by_tenant_model_and_what_it_follows(
-    tenant: str, model: str, opening: list[int]
-) -> None:
+@pytest.mark.parametrize(("tenant", "model"), [("t2", "m"), ("t", "m2")])
+def test_chunk_kv_is_salted_by_tenant_and_model_like_any_prompt(tenant: str,
+                                                                 model: str) -> None:
     tokens = chunk_tokens(1)
-    base = chunk_hashes(tokens, tenant="t", model="m", opening=OPENING, ref=OLD,
-                        block_size=BLOCK_SIZE)
-    other = chunk_hashes(tokens, tenant=tenant, model=model, opening=opening, ref=OLD,
-                         block_size=BLOCK_SIZE)
-    assert not set(base) & set(other)
-    # The chunk's KV never collides with the prompt's own prefix chain either.
-    assert not set(base) & set(block_hashes(OPENING + tokens, tenant="t", model="m"))
+    assert not set(chunk_chain(tokens)) & set(chunk_chain(tokens, tenant, model))
 
 
-def test_same_content_under_another_chunk_id_shares_the_kv() -> None:
-    tokens = chunk_tokens(1)
-    a = chunk_hashes(tokens, tenant="t", model="m", opening=OPENING, ref=("a#0", "h"),
-                     block_size=BLOCK_SIZE)
-    b = chunk_hashes(tokens, tenant="t", model="m", opening=OPENING, ref=("b#3", "h"),
-                     block_size=BLOCK_SIZE)
-    assert a == b
+def test_held_chunk_tokens_count_only_whole_blocks_past_the_opening() -> None:
+    assert held_chunk_tokens(20, 3, 16) == 28
+    assert held_chunk_tokens(20, 1, 16) == 0
+    assert held_chunk_tokens(32, 2, 16) == 0
 
 
 def test_plan_places_the_held_parts_after_the_exact_prefix() -> None:

@@ -92,17 +92,60 @@ def test_the_warm_budget_leaves_chunks_cold_and_counts_them():
     assert p.stats["chunk_warm_over_budget"] == 1
 
 
-def test_a_ready_worker_gets_the_hot_chunks():
-    port = ChunkPort({("default", "d.md#0"): OLD})
+def test_a_ready_worker_gets_the_retrieved_chunks_its_hot_prefixes_do_not_open():
+    port = ChunkPort({("default", "d.md#0"): OLD, ("default", "d.md#1"): OLD})
     p, out = pipeline(port, prefix_ttl_s=60.0, kv_bytes_per_token=1, chunk_warmup=True,
                       hot_tokens=False)
-    refs = [ChunkRef(chunk_id="d.md#0", content_hash=OLD)]
+    refs = [ChunkRef(chunk_id=f"d.md#{i}", content_hash=OLD) for i in (0, 1)]
     p.tracker.hot["b" * 64] = PrefixOp(op="warm", prefix_hash="b" * 64, chunk_refs=refs)
     p.tracker.observe("b" * 64, HotPayload("default", "q?", tuple(refs), 32), 100.0)
+    # A second prompt retrieves both: d.md#1 is shared; d.md#0 still opens the hot prefix.
+    p.tracker.observe("f" * 64, HotPayload("default", "q2?", tuple(refs), 32), 100.0)
     run_sync(handlers.on_worker_event(p, WorkerEvent(worker_id="w2", kind="ready",
                                                      mem_total_bytes=10_000)))
     chunk = [c for c in out.commands if c.op == "prefill_chunk"]
-    assert [(c.worker_id, c.chunk_refs) for c in chunk] == [("w2", refs)]
+    # d.md#0 opens the hot prefix, whose re-warm holds `system + d.md#0` already.
+    assert [(c.worker_id, c.chunk_refs) for c in chunk] == [("w2", refs[1:])]
+
+
+def test_the_hot_tick_warms_the_window_chunks_once_within_their_ttl():
+    port = ChunkPort({("default", f"d.md#{i}"): OLD for i in range(3)})
+    p, out = pipeline(port, prefix_ttl_s=60.0, kv_bytes_per_token=1, chunk_warmup=True,
+                      hot_tokens=True, hot_min_count=99)  # nothing becomes hot
+    refs = [ChunkRef(chunk_id=f"d.md#{i}", content_hash=OLD) for i in range(3)]
+    run_sync(handlers.on_worker_event(p, WorkerEvent(worker_id="w1", kind="ready",
+                                                     mem_total_bytes=10_000)))
+    out.commands.clear()
+    now = p.clock()
+    p.tracker.observe("c" * 64, HotPayload("default", "q1?", tuple(refs[:2]), 32), now)
+    p.tracker.observe("e" * 64, HotPayload("default", "q2?", tuple(refs[1:]), 32), now)
+    run_sync(handlers.plan_hot(p))
+    sent = [c for c in out.commands if c.op == "prefill_chunk"]
+    # d.md#1 is retrieved by both questions, d.md#0 and #2 by one each (their prompts'
+    # own prefixes serve them better); to every worker.
+    assert [c.chunk_refs[0].chunk_id for c in sent] == ["d.md#1"]
+    assert {c.worker_id for c in sent} == {None}
+    out.commands.clear()
+    run_sync(handlers.plan_hot(p))
+    assert not [c for c in out.commands if c.op == "prefill_chunk"]  # sent within the TTL
+
+
+def test_the_window_chunks_are_a_standing_set_within_the_budget():
+    port = ChunkPort({("default", f"d.md#{i}"): OLD for i in range(4)})
+    # 1,000 bytes at 1 byte a token, 5%: 50 tokens, two chunks of 20.
+    p, out = pipeline(port, prefix_ttl_s=60.0, kv_bytes_per_token=1, chunk_warmup=True,
+                      hot_tokens=True, hot_min_count=99, chunk_warm_share=0.05)
+    run_sync(handlers.on_worker_event(p, WorkerEvent(worker_id="w1", kind="ready",
+                                                     mem_total_bytes=1_000)))
+    out.commands.clear()
+    refs = [ChunkRef(chunk_id=f"d.md#{i}", content_hash=OLD) for i in range(4)]
+    for n, pair in enumerate((refs[:2], refs[:2], refs[2:], refs[2:])):
+        p.tracker.observe(str(n) * 64, HotPayload("default", f"q{n}?", tuple(pair), 32),
+                          p.clock())
+    for _ in range(3):  # tick after tick, the same two chunks at most
+        run_sync(handlers.plan_hot(p))
+    sent = [c.chunk_refs[0].chunk_id for c in out.commands if c.op == "prefill_chunk"]
+    assert sent == ["d.md#0", "d.md#1"]
 
 
 def test_ready_chunks_are_sent_once_each_within_the_budget():

@@ -12,6 +12,7 @@ from ragwarm.stack.demo_plan import (
     held,
     plan_demo,
     rewarm_targets,
+    rewarm_verdict,
     round_robin,
     summarize,
     table_lines,
@@ -107,6 +108,30 @@ def test_after_edit_state_tells_unchanged_rewarmed_and_cold_apart():
         "changed, NOT re-warmed"
     )
     assert after_edit_state([warm]) == "-"
+    # The first ask decides: a later one finds the prompt its own answer cached.
+    first, later = row("q", "after_edit", 300, 32, prefix="p2"), row("q", "after_edit", 40, 112,
+                                                                    prefix="p2")
+    assert after_edit_state([warm, first, later]) == "changed, NOT re-warmed"
+
+
+def test_rewarmed_is_what_the_first_ask_found_cached_not_its_ttft():
+    # The demo's run of 2026-12-01: the new prefix is 668 tokens (690 - 22 of question), so
+    # 656 cached is all 41 of its full blocks; the 2 more blocks later asks hit (688) hold
+    # its last 12 tokens and the question, cached by that first answer. Its TTFT was 2.4x
+    # a warm ask's, which had its whole prompt cached (671/672).
+    warm = Row("q", "warm", 153, 671, 672, None, 0.0, "p1", 650, "w1")
+    first = Row("q", "after_edit", 367, 656, 690, None, 9.0, "p2", 668, "w1")
+    later = Row("q", "after_edit", 177, 688, 690, None, 9.5, "p2", 668, "w1")
+    other = [row("o", "warm", 40, 112), row("o", "after_edit", 40, 112)]  # TTL extended
+    summaries = summarize([warm, first, later, *other])
+    assert [s.after_edit for s in summaries] == ["changed, re-warmed", "unchanged (TTL extended)"]
+    assert summaries[0].ratio is not None and summaries[0].ratio > 2
+    assert rewarm_verdict(summaries) == (
+        "edited prefixes warm at their first ask: 1 of 1 (all re-warmed: every full block of "
+        "the new prefix cached)")
+    cold = Row("q", "after_edit", 900, 80, 690, None, 9.0, "p2", 668, "w1")
+    assert "0 of 1 (NOT all re-warmed" in (rewarm_verdict(summarize([warm, cold, later])) or "")
+    assert rewarm_verdict(summarize(other)) is None
 
 
 def test_table_has_a_line_per_question_and_marks_missing_phases():

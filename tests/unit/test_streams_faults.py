@@ -14,7 +14,13 @@ from pydantic import BaseModel
 from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import KbChange, SchemaError, WarmupCommand, WorkerEvent, deadletter, decode, encode
 from streams import faults, handlers
-from streams.logic import apply_worker_event, epoch_order, needs_resend, plan_prefix_op
+from streams.logic import (
+    apply_worker_event,
+    epoch_order,
+    needs_resend,
+    plan_prefix_op,
+    prefill_pending,
+)
 from streams.records import DocLink, PrefixOp, PrefixState, WorkerState
 from streams.routes import BY_TYPE, ROUTES, route_for
 from tests.unit.test_streams_handlers import P1, REFS, Port, pipeline
@@ -153,6 +159,14 @@ def test_routes_decode_their_records():
         route.decode(b"{}")
 
 
+def test_every_route_refuses_a_tombstone_as_bad_input():
+    # A record without a value (a delete is a record, even on the compacted kb.changes) is
+    # dead-lettered with a reason that says so.
+    for route in ROUTES:
+        with pytest.raises(SchemaError, match="tombstone"):
+            route.decode(None)
+
+
 # --- worker epochs -----------------------------------------------------------------------
 
 
@@ -245,6 +259,42 @@ def test_resend_goes_to_another_worker_when_the_first_is_gone():
     (cmd,) = plan.commands
     assert cmd.worker_id == "w2" and cmd.op == "prefill"
     assert plan.state.resends == 1 and plan.state.prefill_at == 100.0
+
+
+def test_a_stored_report_ends_the_pending_prefill():
+    # Sent 10 s ago: pending, so a warm op of the unheld prefix waits for it.
+    state = _warm_state(prefill_at=90.0, worker_id="w1", resends=1)
+    ready = [WorkerState(worker_id="w1", ready=True, mem_total=100)]
+    warm = PrefixOp(op="warm", prefix_hash=P1, chunk_refs=REFS, token_ids=[1] * 32)
+    assert prefill_pending(state, 100.0)
+    assert plan_prefix_op(warm, state, ready, 100.0, 3600.0).commands == []
+    # The worker reported it stored: nothing is on its way any more.
+    plan = plan_prefix_op(PrefixOp(op="stored", prefix_hash=P1), state, ready, 100.0, 3600.0)
+    assert plan.commands == [] and plan.state is not None
+    assert plan.state.prefill_at is None and plan.state.resends == 0
+    assert not prefill_pending(plan.state, 100.0)
+    # Evicted right after: warmed again at once, and never taken for a lost prefill.
+    (cmd,) = plan_prefix_op(warm, plan.state, ready, 101.0, 3600.0).commands
+    assert cmd.op == "prefill"
+    assert not needs_resend(P1, plan.state, ready, 125.0, 90.0)
+    # A report about an untracked prefix, or one with no prefill sent, changes nothing.
+    assert plan_prefix_op(PrefixOp(op="stored", prefix_hash=P1), None, ready, 1, 1).state is None
+    assert plan_prefix_op(PrefixOp(op="stored", prefix_hash=P1), plan.state, ready, 1, 1).state \
+        == plan.state
+
+
+def test_a_prefill_stored_on_a_worker_reaches_its_prefix_owner():
+    p, out = pipeline(Port({}))
+    stored = WorkerEvent(worker_id="w1", kind="stored", prefix_hash=P1, command_id="c1")
+    run_sync(handlers.on_worker_event(p, stored))
+    assert [(o.op, o.prefix_hash) for o in out.ops] == [("stored", P1)]
+    p.tables.prefixes[P1] = _warm_state(prefill_at=95.0).model_dump(mode="json")
+    run_sync(handlers.on_prefix_op(p, out.ops[0]))
+    assert PrefixState.model_validate(p.tables.prefixes[P1]).prefill_at is None
+    # A prompt cached by a request (no command) confirms no prefill: no op.
+    cached = WorkerEvent(worker_id="w1", kind="stored", prefix_hash="b" * 64)
+    run_sync(handlers.on_worker_event(p, cached))
+    assert len(out.ops) == 1
 
 
 def test_resend_timer_asks_once_per_unconfirmed_prefill():

@@ -293,8 +293,9 @@ class RetrievingPort(Port):
 def test_an_edit_rewarms_evicted_dependents_asked_recently_within_its_budget():
     port = RetrievingPort({("default", "d.md#0"): "2" * 64})
     # 1,000 bytes of worker memory, 1 byte a token: 40 tokens for one edit's re-warms.
+    # The hot window ranks the re-warms (event-rag's rule; `edit_watch` tested below).
     p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False, kv_bytes_per_token=1,
-                      edit_rewarm_share=0.04)
+                      edit_rewarm_share=0.04, edit_watch=False)
     popular, rare = "1" * 64, "2" * 64
     for name, question in ((popular, "popular?"), (rare, "rare?")):
         p.tables.prefixes[name] = PrefixState(  # tracked, held by no worker
@@ -324,7 +325,8 @@ def test_an_edit_rewarms_evicted_dependents_asked_recently_within_its_budget():
 
 def test_the_hot_sets_dependents_take_no_edit_budget():
     port = RetrievingPort({("default", "d.md#0"): "2" * 64})
-    p, out = pipeline(port, prefix_ttl_s=60.0, kv_bytes_per_token=1, edit_rewarm_share=0.04)
+    p, out = pipeline(port, prefix_ttl_s=60.0, kv_bytes_per_token=1, edit_rewarm_share=0.04,
+                      edit_watch=False)
     popular, rare = "1" * 64, "2" * 64
     for name, asks in ((popular, 3), (rare, 1)):
         for _ in range(asks):
@@ -364,3 +366,60 @@ def test_the_ask_an_edit_held_a_prefix_for_releases_it_and_an_unasked_hold_ends(
     assert (end.op, end.hold) == ("cool", True)
     run_sync(handlers.on_prefix_op(p, end))
     assert [c.op for c in out.commands] == ["release"]
+
+
+def ask(p: handlers.HandlerDeps, prefix_hash: str, question: str, at: float,
+          refs: Sequence[ChunkRef] = REFS) -> None:
+    """One answered query of `prefix_hash` at `at`, as the app handles it."""
+    event = QueryEvent(tenant="default", question=question, chunk_refs=list(refs),
+                       prefix_hash=prefix_hash, prefix_tokens=32, prompt_tokens=40)
+    p.clock = lambda: at
+    run_sync(handlers.on_query(p, event))
+
+
+def edited(p: handlers.HandlerDeps, deps: Sequence[str], at: float) -> None:
+    """d.md changes from version 1 to 2 (chunk d.md#0: hash 1 -> 2) at `at`."""
+    key = doc_key("default", "d.md")
+    p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": "1" * 64}).model_dump(mode="json")
+    p.tables.doc_prefixes[key] = {h: [r.model_dump(mode="json") for r in REFS] for h in deps}
+    p.clock = lambda: at
+    change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
+    run_sync(handlers.apply_indexed(p, change, {"d.md#0": "2" * 64}))
+
+
+class MovedPort(RetrievingPort):
+    """Questions about hooks now retrieve d.md's new chunk; the others retrieve as before."""
+
+    def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
+        self.calls.append(question)
+        if question.startswith("hooks"):
+            return super().prefix_for_question(question, tenant)
+        if question.startswith("moved"):  # its top-3 changed, but not through d.md
+            refs = [ChunkRef(chunk_id="e.md#0", content_hash="9" * 64)]
+            return WarmPrefix(prefix_hash="e" * 64, token_ids=[9] * 32, chunk_refs=refs)
+        return WarmPrefix(prefix_hash="5" * 64, token_ids=[5] * 32, chunk_refs=REFS)
+
+
+def test_an_edit_warms_the_questions_whose_top3_its_chunks_entered_through_no_link():
+    port = MovedPort({("default", "d.md#0"): "2" * 64})
+    p, out = pipeline(port, kv_bytes_per_token=1, edit_rewarm_share=0.5, hot_tokens=False,
+                      track_queries=False)
+    other = [ChunkRef(chunk_id="x.md#0", content_hash="7" * 64)]
+    ask(p, "4" * 64, "hooks?", 10.0, other)  # uses no chunk of d.md
+    ask(p, "6" * 64, "moved?", 20.0, other)
+    ask(p, "5" * 64, "same?", 30.0)  # retrieves what it used: nothing changes
+    edited(p, [], 40.0)
+    [op] = out.ops
+    assert (op.op, op.prefix_hash, op.question, op.hold) == ("warm", "f" * 64, "hooks?", True)
+    assert p.stats["edit_rechecks"] == 3 and p.stats["edit_recheck_warms"] == 1
+    # Within what the edit's budget leaves: 32 tokens do not fit in 10.
+    q, out = pipeline(MovedPort({}), kv_bytes_per_token=1, edit_rewarm_share=0.01,
+                      hot_tokens=False, track_queries=False)
+    ask(q, "4" * 64, "hooks?", 10.0, other)
+    edited(q, [], 40.0)
+    assert out.ops == []
+    # Without edit_watch (event-rag) an edit re-checks its own dependents only.
+    q, out = pipeline(MovedPort({}), hot_tokens=False, track_queries=False, edit_watch=False)
+    q.tracker.observe("4" * 64, HotPayload("default", "hooks?", tuple(other), 32), 10.0)
+    edited(q, [], 40.0)
+    assert out.ops == [] and q.rag.calls == []

@@ -15,13 +15,14 @@ from typing import (
     Required,
     TypedDict,
     TypeVar,
+    Unpack,
     runtime_checkable,
 )
 
 from workers.blocks import block_hashes
 from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
 from workers.cache_entries import Kind
-from workers.chunk_kv import ChunkSpan, check_spans
+from workers.chunk_kv import ChunkSpan, check_spans, chunk_prefix, held_chunk_tokens
 
 
 class Memory(NamedTuple):
@@ -179,9 +180,10 @@ class Engine(Protocol):
         command_id: str | None = None,
         kind: Kind = "managed",
     ) -> PrefillResult:
-        """Compute and store the KV of `chunk` on its own, right after `opening` (the system
-        prompt), keyed by its content hash (`workers.chunk_kv`), for chunk-level reuse.
-        Raises `WarmupRefused` where the engine holds no chunk KV or it cannot fit."""
+        """Compute and store the KV of `chunk` right after `opening` (the system prompt) as
+        the prefix `opening + chunk` (`workers.chunk_kv`): any prompt opening with the chunk
+        reuses it exactly, and an engine with chunk reuse can blend it elsewhere. Invalidated
+        by `ref`. Raises `WarmupRefused` where the engine holds no chunk KV or it cannot fit."""
         ...
 
     def sync(self) -> int:
@@ -297,23 +299,47 @@ class PrefixEngine(ABC, Generic[H]):
         command_id: str | None = None,
         kind: Kind = "managed",
     ) -> PrefillResult:
+        return self._prefill(
+            list(token_ids), {}, tenant=tenant, chunk_refs=chunk_refs, ttl_s=ttl_s, pin=pin,
+            command_id=command_id, kind=kind,
+        )
+
+    def prefill_chunk(
+        self,
+        opening: list[int],
+        chunk: list[int],
+        *,
+        tenant: str,
+        ref: ChunkKey,
+        ttl_s: float | None = None,
+        pin: bool = False,
+        command_id: str | None = None,
+        kind: Kind = "managed",
+    ) -> PrefillResult:
+        # The prefix `opening + chunk`, marked from the chunk's first token: exactly the
+        # leading KV of every prompt that opens with this chunk (`workers.chunk_kv`).
+        tokens = chunk_prefix(opening, chunk)
+        if held_chunk_tokens(len(opening), len(tokens) // self.block_size, self.block_size) < 1:
+            return PrefillResult(None, 0, 0, 0, (), 0.0)  # no full block reaches the chunk
+        return self._prefill(
+            tokens, {ref: len(opening)}, tenant=tenant, chunk_refs=[ref], ttl_s=ttl_s,
+            pin=pin, command_id=command_id, kind=kind,
+        )
+
+    def _prefill(
+        self, tokens: list[int], chunk_starts: dict[ChunkKey, int],
+        **options: Unpack[PrefillOptions],
+    ) -> PrefillResult:
         start = time.perf_counter()
         self.sync()
-        tokens = list(token_ids)
+        tenant = options["tenant"]
         hashes = self.block_hashes(tokens, tenant=tenant)
         if not hashes:
             return PrefillResult(None, 0, 0, 0, (), time.perf_counter() - start)
         n_tokens = len(hashes) * self.block_size
         held, computed = self._prefix_kv(tokens[:n_tokens], hashes, tenant)
         entry, evicted = self.cache.admit(
-            tenant=tenant,
-            hashes=hashes,
-            nbytes=self._held_bytes(held),
-            chunk_refs=chunk_refs,
-            ttl_s=ttl_s,
-            pin=pin,
-            command_id=command_id,
-            kind=kind,
+            hashes=hashes, nbytes=self._held_bytes(held), chunk_starts=chunk_starts, **options
         )
         return self._record(entry, held, evicted, computed, start)
 
@@ -346,22 +372,6 @@ class PrefixEngine(ABC, Generic[H]):
             chunk_reuse, seed, top_k,
         )
         return self._generate(request)
-
-    def prefill_chunk(
-        self,
-        opening: list[int],
-        chunk: list[int],
-        *,
-        tenant: str,
-        ref: ChunkKey,
-        ttl_s: float | None = None,
-        pin: bool = False,
-        command_id: str | None = None,
-        kind: Kind = "managed",
-    ) -> PrefillResult:
-        # Blending needs the KV itself: engines whose server keeps it cannot place chunks.
-        raise WarmupRefused(f"{type(self).__name__} holds no chunk KV (chunk reuse needs "
-                            "the torch engine)")
 
     def _lookup(self, hashes: list[str]) -> tuple[CacheEntry | None, int]:
         """The longest cached prefix of `hashes` and its block count; counts as a hit."""
@@ -412,6 +422,23 @@ class ServerKVEngine(PrefixEngine[int]):
     """
 
     kv_bytes_per_token: int
+
+    def prefill_chunk(
+        self,
+        opening: list[int],
+        chunk: list[int],
+        *,
+        tenant: str,
+        ref: ChunkKey,
+        ttl_s: float | None = None,
+        pin: bool = False,
+        command_id: str | None = None,
+        kind: Kind = "managed",
+    ) -> PrefillResult:
+        # Blending needs the KV itself, which the server keeps. (The prefix `opening + chunk`
+        # alone would serve a server too; chunk warmup targets the torch engine for now.)
+        raise WarmupRefused(f"{type(self).__name__} holds no chunk KV (chunk reuse needs "
+                            "the torch engine)")
 
     def _held_bytes(self, held: int) -> int:
         return held

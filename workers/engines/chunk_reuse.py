@@ -1,5 +1,6 @@
-"""Chunk KV for the torch engine: a chunk's KV computed after the system prompt, and held
-chunks blended into a prompt after its exact prefix (`workers.engines.blend`)."""
+"""Chunk KV for the torch engine: held chunks blended into a prompt after its exact prefix
+(`workers.engines.blend`). A chunk's KV is the stored prefix `opening + chunk`
+(`workers.chunk_kv`), which the exact lookup already reuses where the chunk comes first."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, Protocol
 import torch
 
 from workers.cache import ChunkKey
-from workers.chunk_kv import PiecePlan, chunk_hashes, plan_pieces
+from workers.chunk_kv import PiecePlan, chunk_prefix, held_chunk_tokens, plan_pieces
 from workers.engines.base import Request
 from workers.engines.blend import (
     KV,
@@ -38,7 +39,7 @@ class BlockHolder(Protocol):
 
 
 class ChunkBlender:
-    """Computes chunk KV for the engine's store and blends held chunks into prompts.
+    """Blends held chunk KV (stored by `Engine.prefill_chunk`) into prompts.
 
     `selection` None means chunk reuse is off: prompts are never blended (chunk KV can
     still be computed and stored, so turning it on finds it warm).
@@ -49,19 +50,6 @@ class ChunkBlender:
         self.selection = selection
         if selection is not None:
             require_llama_like(engine.model)  # refused at start, not on the first request
-
-    def hashes(self, opening: Sequence[int], chunk: Sequence[int], tenant: str,
-               ref: ChunkKey) -> list[str]:
-        e = self._engine
-        return chunk_hashes(chunk, tenant=tenant, model=e.model_id, opening=opening, ref=ref,
-                            block_size=e.block_size)
-
-    def compute(self, opening: list[int], chunk: list[int], tenant: str) -> tuple[KV, int]:
-        """The chunk's KV computed right after `opening` (its cached blocks reused), and
-        how many tokens ran through the model."""
-        exact, computed = self._opening_kv(opening, tenant, self._cached_opening(opening, tenant))
-        kv, _ = prefill(self._engine.model, chunk, exact)
-        return kv, computed + len(chunk)
 
     def blend(
         self, request: Request, exact: list[BlockKV], cached: int
@@ -74,7 +62,9 @@ class ChunkBlender:
         opening = request.prompt[: spans[0].start]
         chains = self._held_chains(request, opening, cached)
         n_exact = max(cached, len(opening))
-        held = {ref: len(chain) * self._engine.block_size for ref, chain in chains.items()}
+        size = self._engine.block_size
+        held = {ref: held_chunk_tokens(len(opening), len(chain), size)
+                for ref, chain in chains.items()}
         plans = plan_pieces(spans, n_exact, held)
         if not plans:
             return None
@@ -89,25 +79,26 @@ class ChunkBlender:
     ) -> dict[ChunkKey, list[BlockKV]]:
         """Per chunk not covered by the exact prefix, the leading blocks of its KV held here
         (a lookup: holding them for a prompt is a hit, and refreshes them for the policy)."""
-        chains = {}
+        e, chains = self._engine, {}
         for span in request.chunks:
             if span.end <= cached:
                 continue
-            hashes = self.hashes(opening, request.prompt[span.start : span.end],
-                                 request.tenant, span.ref)
-            blocks = self._engine.held_run(hashes, hit=True)
-            if blocks:
-                chains[span.ref] = blocks
+            tokens = chunk_prefix(opening, request.prompt[span.start : span.end])
+            hashes = e.block_hashes(tokens, tenant=request.tenant)
+            # Peek first: the opening's blocks alone are held for every prompt, and holding
+            # only them is no use of this chunk's KV.
+            n = len(e.held_run(hashes, hit=False))
+            if held_chunk_tokens(len(opening), n, e.block_size) > 0:
+                chains[span.ref] = e.held_run(hashes[:n], hit=True)
         return chains
 
     def _piece(self, plan: PiecePlan, blocks: list[BlockKV], n_opening: int) -> Piece:
-        kv = _cut(join(blocks), plan.offset, plan.offset + plan.count)
-        return Piece(start=plan.start, kv=kv, computed_at=n_opening + plan.offset)
-
-    def _cached_opening(self, opening: list[int], tenant: str) -> tuple[KV | None, int]:
-        e = self._engine
-        blocks = e.held_run(e.block_hashes(opening, tenant=tenant), hit=False)  # not a hit
-        return (join(blocks), len(blocks) * e.block_size) if blocks else (None, 0)
+        """The planned part of a chunk's KV, cut out of its `opening + chunk` blocks."""
+        at = n_opening + plan.offset  # where the part starts in those blocks
+        first = at // self._engine.block_size
+        skip = at - first * self._engine.block_size
+        kv = _cut(join(blocks[first:]), skip, skip + plan.count)
+        return Piece(start=plan.start, kv=kv, computed_at=at)
 
     def _opening_kv(
         self, opening: list[int], tenant: str, cached: tuple[KV | None, int]

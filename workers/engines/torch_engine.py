@@ -20,8 +20,7 @@ from workers.budgets import (
     prefill_chunk_tokens,
     quantization_method,
 )
-from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
-from workers.cache_entries import Kind
+from workers.cache import CacheEntry, PrefixCache, WarmupRefused
 from workers.engines.base import (
     GenerationResult,
     GenerationStep,
@@ -186,32 +185,6 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         """A copy of a cached prefix's KV, joined from its blocks (for tests and benchmarks)."""
         blocks = self.stored_blocks(prefix_hash)
         return None if blocks is None else join(blocks)
-
-    def prefill_chunk(
-        self, opening: list[int], chunk: list[int], *, tenant: str, ref: ChunkKey,
-        ttl_s: float | None = None, pin: bool = False, command_id: str | None = None,
-        kind: Kind = "managed",
-    ) -> PrefillResult:
-        """Compute and store the KV of `chunk` computed right after `opening` (the system
-        prompt), keyed by its content (`workers.chunk_kv`), for blending into any prompt."""
-        start = time.perf_counter()
-        self.sync()
-        hashes = self.chunks.hashes(opening, chunk, tenant, ref)
-        if not hashes:
-            return PrefillResult(None, 0, 0, 0, (), time.perf_counter() - start)
-        _, matched = self.cache.peek(hashes)
-        if self._stored_run(hashes[:matched]) == len(hashes):
-            held, computed = Pending(None, len(hashes), len(hashes)), 0  # a refresh
-        else:
-            kv, computed = self.chunks.compute(
-                opening, chunk[: len(hashes) * self.block_size], tenant
-            )
-            held = Pending(kv, 0, len(hashes))
-        entry, evicted = self.cache.admit(
-            tenant=tenant, hashes=hashes, nbytes=self._held_bytes(held), chunk_refs=[ref],
-            chunk_starts={ref: 0}, ttl_s=ttl_s, pin=pin, command_id=command_id, kind=kind,
-        )
-        return self._record(entry, held, evicted, computed, start)
 
     def sync(self) -> int:
         """Drop the tensors of blocks the cache freed (spilling the evicted ones to the disk

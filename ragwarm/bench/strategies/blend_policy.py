@@ -1,10 +1,21 @@
-"""`hybrid-blend`: hybrid, plus chunk-level KV reuse fed by KB events (issue 18)."""
+"""`hybrid-chunks` and `hybrid-blend`: hybrid plus chunk KV warmed by the streams app (issue 18):
+exact reuse of a warm first chunk, and with blending, of chunks further in."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
 from ragwarm.bench.strategies.streams_sim import Hybrid
+
+
+class HybridChunks(Hybrid):
+    """`hybrid-chunks`: `hybrid` with the streams app's chunk warmup (RAGWARM_STREAMS_CHUNK_WARMUP)
+    and no blending: the worker holds `system + chunk` for the chunks questions retrieve
+    most, so a question never asked before whose first chunk is warm reuses it exactly (no
+    quality loss)."""
+
+    name: ClassVar[str] = "hybrid-chunks"
+    chunk_warmup: ClassVar[bool] = True
 
 
 class HybridBlend(Hybrid):

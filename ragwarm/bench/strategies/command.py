@@ -44,10 +44,14 @@ _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
               default=None, metavar="FRACTION",
               help="Restart scenario: every worker restarts (device cache lost, disk kept) "
               "before the query at this share of the run (RAGWARM_STRATEGIES_RESTART_AT).")
+@click.option("--model-free", is_flag=True,
+              help="Workers on the cost engine (same cache bookkeeping, no forward pass): "
+              "hits exact, TTFT estimated by the fitted cost model; minutes, not half an "
+              "hour. Policies needing tensors or the model's text are left out.")
 def strategies(
     events_path: Path, questions_path: Path, seed: int | None, quick: bool, standard: bool,
     as_json: bool, out: Path, policies: str | None, queries: int | None, edits: int | None,
-    restart_at: float | None,
+    restart_at: float | None, model_free: bool,
 ) -> None:
     """Replay a KB history with a Zipf query workload under every warmup policy, for real:
     real retrieval on Qdrant, real prefill and TTFT on the torch engine, one simulated clock.
@@ -56,16 +60,17 @@ def strategies(
 
     if quick and standard:
         raise click.UsageError("give at most one of --quick and --standard")
-    given = {k: v for k, v in (("seed", seed), ("restart_at", restart_at)) if v is not None}
+    given: dict[str, Any] = {k: v for k, v in (("seed", seed), ("restart_at", restart_at))
+                             if v is not None}
     settings = StrategySettings(**given)
-    names = _names(policies)
+    names = _names(policies, model_free)
     try:
         events = list(read_events(events_path))
         questions = read_questions(questions_path)
     except TraceError as exc:
         raise click.ClickException(str(exc)) from None
     plan = _plan(settings, "quick" if quick else "standard" if standard else "full", queries,
-                 edits)
+                 edits) | {"model_free": model_free}
     # Commands are counted per outcome in run.json; one log line each would drown the bars.
     logging.getLogger("workers").setLevel(logging.ERROR)
     load_before = os.getloadavg()
@@ -73,15 +78,19 @@ def strategies(
     _finish(result, names, out, as_json, plan, load_before)
 
 
-def _names(policies: str | None) -> list[str]:
+def _names(policies: str | None, model_free: bool = False) -> list[str]:
+    from ragwarm.bench.strategies.policies import model_free as runs_model_free
     from ragwarm.bench.strategies.policies import policy_class, policy_names
 
     if policies is None:
-        return policy_names()
+        names = policy_names()
+        return [n for n in names if runs_model_free(policy_class(n))] if model_free else names
     names = [n.strip() for n in policies.split(",") if n.strip()]
     try:
         for name in names:
-            policy_class(name)
+            if not runs_model_free(policy_class(name)) and model_free:
+                raise ValueError(f"policy {name!r} needs the model (disk tier, chunk KV or "
+                                 "sampled text): run it without --model-free")
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--policies") from None
     return names
@@ -110,19 +119,25 @@ def _plan(settings: Any, mode: str, queries: int | None, edits: int | None) -> d
 
 
 def _run(events: list, questions: list, settings: Any, names: list[str], plan: dict) -> Any:
+    from ragwarm.bench.strategies.cost import DEFAULT_COST, CostModel
     from ragwarm.bench.strategies.runner import open_rig, run_benchmark
     from ragwarm.models import ModelMissing
 
+    cost = CostModel(*DEFAULT_COST) if plan["model_free"] else None
     with tempfile.TemporaryDirectory(prefix="ragwarm-strategies-") as tmp:
         try:
-            rig = open_rig(settings, Path(tmp) / "store", plan["chunk_tokens"])
+            rig = open_rig(settings, Path(tmp) / "store", plan["chunk_tokens"], cost)
         except ModelMissing as exc:
             raise click.ClickException(str(exc)) from None
         try:
-            return run_benchmark(events, questions, settings, rig, edits=plan["edits"],
-                                 queries=plan["queries"], docs=plan["docs"],
-                                 sample=plan["sample"], names=names,
-                                 tier_root=Path(tmp) / "kv-tier")
+            result = run_benchmark(events, questions, settings, rig, edits=plan["edits"],
+                                   queries=plan["queries"], docs=plan["docs"],
+                                   sample=plan["sample"], names=names,
+                                   tier_root=Path(tmp) / "kv-tier")
+            if cost is not None:
+                result.meta["ttft_estimated"] = {"fixed_ms": cost.fixed_ms,
+                                                 "per_token_ms": cost.per_token_ms}
+            return result
         finally:
             rig.store.close()
 
@@ -136,7 +151,9 @@ def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
     machine = _machine(load_before)
     header = _header(result, plan, machine)
     seed, restart, sections = _sections(result, figures)
-    paths = write_outputs(out, figures, result.rows, result.kb_times, header, sections)
+    cost = result.meta.get("ttft_estimated")  # a model-free run: no TTFT was measured
+    paths = write_outputs(out, figures, result.rows, result.kb_times, header, sections,
+                          estimated=cost is not None)
     run = {"figures": figures, "policies": result.policies, "meta": result.meta, "plan": plan,
            "machine": machine, "queries": result.queries, "kb_events": result.kb_events,
            "seed_table": seed, "restart": restart}
@@ -144,9 +161,10 @@ def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
     if as_json:
         click.echo(json.dumps(json_report(figures, result.queries, result.kb_events,
                                           result.meta.get("measurements"), seed_table=seed,
-                                          restart=restart)))
+                                          restart=restart, ttft_estimated=cost)))
         return
-    click.echo("\n\n".join([header, tables(figures), *sections, *policy_notes(figures)]))
+    click.echo("\n\n".join([header, tables(figures, cost is not None), *sections,
+                             *policy_notes(figures)]))
     click.echo("\nwritten: " + ", ".join(str(p) for p in [*paths, out / "run.json"]))
 
 
@@ -194,8 +212,16 @@ def _header(result: Any, plan: dict, machine: dict) -> str:
         f"policy ({meta['distinct_prefix_bytes'] / 2**20:.0f} MiB of distinct initial "
         f"prefixes); {meta['initial_docs']} documents, {meta['questions']} questions; "
         f"{meta['measurements']} distinct measurements for {meta['requests']} requests; "
-        f"ran {meta['elapsed_seconds'] / 60:.1f} min."
+        f"ran {meta['elapsed_seconds'] / 60:.1f} min." + _estimate_note(meta)
     )
+
+
+def _estimate_note(meta: dict) -> str:
+    cost = meta.get("ttft_estimated")
+    if cost is None:
+        return ""
+    return (f" **Model-free: hits exact, every TTFT estimated** ({cost['fixed_ms']:.0f} ms + "
+            f"{cost['per_token_ms']:.2f} ms per uncached prompt token), not measured.")
 
 
 def _command() -> str:

@@ -53,6 +53,12 @@ def fit_cost(events: Iterable[QueryEvent]) -> CostModel:
 class CostEngine(PrefixEngine[int]):
     """An engine that holds only each entry's size and answers in estimated time."""
 
+    # No model: no device, no vocabulary beyond the one token it answers with, no context
+    # limit of its own (`Limits` bound the prompts, as for every engine).
+    device = "none (cost model)"
+    vocab_size = 1
+    max_model_len = 1 << 30
+
     def __init__(self, cost: CostModel, cache: PrefixCache, *, model_id: str,
                  kv_bytes_per_token: int) -> None:
         self.cost = cost

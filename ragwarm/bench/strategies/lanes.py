@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ragwarm.bench.strategies.policies import Policy, PolicyContext, PolicyRag
 from ragwarm.bench.strategies.settings import StrategySettings
 from ragwarm.bench.strategies.worker import SimWorker
+from schemas.prefix import PromptParams
 from streams.ports import SynthesisPrompt, WarmPrefix
 from streams.records import DocState
 
@@ -70,8 +71,11 @@ class StoreRag:
     def opening_ids(self) -> list[int]:
         return self.rag.opening_ids()
 
-    def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
+    def search(self, question: str, tenant: str, k: int) -> list[dict]:
         return self.rag.search(question, tenant, k)
+
+    def prompt_params(self) -> PromptParams:
+        return self.rag.prompt_params()
 
     def synthesis_prompt(
         self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from rag.trace import Question
 from schemas import ChunkRef, KbChange, QueryEvent
+from schemas.prefix import PromptParams
 from streams.ports import SynthesisPrompt, WarmPrefix
 from streams.records import DocState
 
@@ -64,10 +65,12 @@ class LogRag:
     """A `PolicyRag` over a query log: prompts, retrieval and chunk state as logged."""
 
     def __init__(self, events: Sequence[QueryEvent], *, tenant: str, hasher: Hasher,
-                 block_size: int) -> None:
+                 block_size: int, model: str) -> None:
         self.tenant = tenant
         self.hasher = hasher
         self.block_size = block_size
+        self.model = model  # the model salt of `hasher`'s chains
+        self.top_k = max((len(e.chunk_refs) for e in events), default=0)
         self.current: dict[str, str] = {}  # chunk id -> content hash as last logged
         self.docs: dict[str, set[str]] = {}  # doc id -> its chunk ids seen so far
         self.versions: dict[str, int] = {}
@@ -152,8 +155,14 @@ class LogRag:
     def opening_ids(self) -> list[int]:
         return []
 
-    def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
+    def search(self, question: str, tenant: str, k: int) -> list[dict]:
         return []  # no text in a query log
+
+    def prompt_params(self) -> PromptParams:
+        """What the replayed prompts are made of: no system prompt text (the log holds none;
+        prompts are rebuilt from its block hashes), the most chunks a logged query had."""
+        return PromptParams.of(system_prompt="", top_k=self.top_k, model=self.model,
+                               block_size=self.block_size)
 
     def synthesis_prompt(
         self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int

@@ -56,7 +56,7 @@ def evaluate(
     budget = Budget(kv_bytes, DEFAULT_MAX_ENTRIES, kv_bytes)
     engine = CostEngine(cost, make_cache(budget, clock, block_size), model_id="offline",
                         kv_bytes_per_token=settings.streams.kv_bytes_per_token)
-    rag = LogRag(ordered, tenant=settings.tenant, block_size=block_size,
+    rag = LogRag(ordered, tenant=settings.tenant, block_size=block_size, model=engine.model_id,
                  hasher=lambda ids, tenant: engine.block_hashes(ids, tenant=tenant))
     lane = open_lane(cls, engine, clock, rag, settings, log_questions(ordered), ttft_runs=1)
     times = _times(ordered)

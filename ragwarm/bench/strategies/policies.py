@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand
+from schemas.prefix import PromptParams
 from streams.logic import command_id
 
 if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run starts
@@ -32,7 +33,7 @@ class PolicyRag(Protocol):
 
     def opening_ids(self) -> list[int]: ...
 
-    def search(self, question: str, tenant: str | None, k: int) -> list[dict]: ...
+    def search(self, question: str, tenant: str, k: int) -> list[dict]: ...
 
     def synthesis_prompt(
         self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
@@ -41,6 +42,8 @@ class PolicyRag(Protocol):
     def doc_states(self, tenant: str) -> dict[str, dict]:
         """doc id -> `DocState` (as JSON) of every document of the start."""
         ...
+
+    def prompt_params(self) -> PromptParams: ...
 
 
 @dataclass
@@ -90,6 +93,9 @@ class Policy:
     disk_tier: ClassVar[bool] = False
     # Whether its worker blends held chunk KV into prompts (RAGWARM_WORKER_CHUNK_REUSE).
     chunk_reuse: ClassVar[bool] = False
+    # Whether its decisions read the model's output (sampled questions): such a policy, like
+    # one with a disk tier or chunk blending, cannot run on the model-free cost engine.
+    needs_model: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
@@ -193,6 +199,7 @@ POLICIES: dict[str, str] = {
     "event-rag": "ragwarm.bench.strategies.streams_sim:EventRag",
     "hot-tokens": "ragwarm.bench.strategies.streams_sim:HotTokens",
     "hybrid": "ragwarm.bench.strategies.streams_sim:Hybrid",
+    "hybrid-chunks": "ragwarm.bench.strategies.blend_policy:HybridChunks",
     "hybrid-blend": "ragwarm.bench.strategies.blend_policy:HybridBlend",
     "tiered": "ragwarm.bench.strategies.tiered:TieredHybrid",
     "synthetic": "ragwarm.bench.strategies.synthetic:Synthetic",
@@ -201,6 +208,12 @@ POLICIES: dict[str, str] = {
 
 def policy_names() -> list[str]:
     return list(POLICIES)
+
+
+def model_free(cls: type[Policy]) -> bool:
+    """Whether `cls` runs on the model-free cost engine: its cache decisions need neither
+    tensors (disk tier, blended chunk KV) nor the model's text."""
+    return not (cls.disk_tier or cls.chunk_reuse or cls.needs_model)
 
 
 def policy_class(name: str) -> type[Policy]:

@@ -72,10 +72,18 @@ def policy_notes(figures: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def tables(figures: Mapping[str, Mapping[str, Any]]) -> str:
-    """The main table, then first asks and blended answers per policy."""
-    return (markdown_table(figures) + "\n\nFirst asks and blended answers (chunk reuse):\n\n"
-            + markdown_table(figures, FIRST_ASK_COLUMNS))
+def tables(figures: Mapping[str, Mapping[str, Any]], estimated: bool = False) -> str:
+    """The main table, then first asks and blended answers per policy; `estimated`: the
+    TTFTs come from the cost model (a model-free run), and every TTFT column says so."""
+    main, first = (_estimated(COLUMNS), _estimated(FIRST_ASK_COLUMNS)) if estimated \
+        else (COLUMNS, FIRST_ASK_COLUMNS)
+    return (markdown_table(figures, main) + "\n\nFirst asks and blended answers (chunk "
+            "reuse):\n\n" + markdown_table(figures, first))
+
+
+def _estimated(columns: Sequence[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    return [(key, f"est. {title}" if "ms" in title or "vs none" in title else title, fmt)
+            for key, title, fmt in columns]
 
 
 def _cell(f: Mapping[str, Any], key: str, fmt: str) -> str:
@@ -92,11 +100,12 @@ def write_outputs(
     kb_times: Sequence[float],
     header: str,
     sections: Sequence[str] = (),
+    estimated: bool = False,
 ) -> list[Path]:
-    """Write every output under `out` (`sections`: more markdown after the table); returns
-    the paths written."""
+    """Write every output under `out` (`sections`: more markdown after the table;
+    `estimated`: TTFTs from the cost model); returns the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    text = "\n\n".join([header, tables(figures), *sections]) + "\n"
+    text = "\n\n".join([header, tables(figures, estimated), *sections]) + "\n"
     paths = [
         _write(out / "strategies.md", text),
         _write_csv(out / "strategies.csv", figures),

@@ -26,6 +26,7 @@ from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
 from rag.trace import Question, TraceEvent
 from ragwarm.bench.strategies import workload as wl
+from ragwarm.bench.strategies.cost import CostEngine, CostModel
 from ragwarm.bench.strategies.lanes import Lane, SimClock, StoreRag, open_lane
 from ragwarm.bench.strategies.policies import policy_class, policy_names
 from ragwarm.bench.strategies.records import QueryRow, Span, reuse_check
@@ -54,6 +55,9 @@ class Rig:
     prompts: PromptBuilder
     rag: RagService
     tenant: str
+    # Model-free (`--model-free`): each policy's worker runs on the cost engine, the same
+    # cache bookkeeping with TTFT estimated by this model; retrieval stays real.
+    cost: CostModel | None = None
 
 
 @dataclass
@@ -77,8 +81,10 @@ class Prepared:
     doc_ids: list[str]
 
 
-def open_rig(settings: StrategySettings, store_dir: Path, chunk_tokens: int) -> Rig:
-    """Load the LLM once and open a fresh local store; raises `ModelMissing` without models."""
+def open_rig(settings: StrategySettings, store_dir: Path, chunk_tokens: int,
+             cost: CostModel | None = None) -> Rig:
+    """Load the LLM once and open a fresh local store; raises `ModelMissing` without models.
+    With `cost` the weights serve only their tokenizer and KV sizes (model-free run)."""
     from ragwarm.models import llm_dir, load_embedder
     from workers.engines.torch_engine import load_torch_engine
 
@@ -93,9 +99,10 @@ def open_rig(settings: StrategySettings, store_dir: Path, chunk_tokens: int) -> 
     retriever = Retriever(store, embedder, rag_settings.top_k)
     prompts = PromptBuilder(base.tokenizer, rag_settings.system_prompt)
     rag = RagService(store, indexer, retriever, prompts, base.model_id, base.block_size)
-    # One untimed forward first: lazy initialisation must not land in a policy's TTFT.
-    base.prefill(base.tokenize("warm up " * 40), tenant="warmup")
-    return Rig(base, worker, store, indexer, retriever, prompts, rag, settings.tenant)
+    if cost is None:
+        # One untimed forward first: lazy initialisation must not land in a policy's TTFT.
+        base.prefill(base.tokenize("warm up " * 40), tenant="warmup")
+    return Rig(base, worker, store, indexer, retriever, prompts, rag, settings.tenant, cost)
 
 
 def chunk_spans(prompts: PromptBuilder, chunks: Sequence[Chunk]) -> list[Span]:
@@ -175,11 +182,15 @@ class Runner:
         for lane in tqdm(self.lanes.values(), desc="policy start", disable=self._quiet()):
             lane.policy.start()
 
-    def engine_for(self, name: str) -> TorchEngine:
+    def engine_for(self, name: str) -> TorchEngine | CostEngine:
         """A booting worker's engine for policy `name`: an empty cache on the shared weights,
-        and the disk tier the policy keeps (its folder scanned, as at a worker's boot)."""
+        and the disk tier the policy keeps (its folder scanned, as at a worker's boot); in a
+        model-free run, an empty cache on the cost engine."""
         cache = make_cache(self.budget, self.clock, self.rig.worker_settings.block_size)
         base, tier, cls = self.rig.base, None, policy_class(name)
+        if self.rig.cost is not None:
+            return CostEngine(self.rig.cost, cache, model_id=base.model_id,
+                              kv_bytes_per_token=base.kv_bytes_per_token)
         # Chunk reuse as the worker's setting turns it on: default share and selection.
         settings = self.rig.worker_settings.model_copy(update={"chunk_reuse": True}) \
             if cls.chunk_reuse else self.rig.worker_settings
@@ -198,7 +209,7 @@ class Runner:
         self.restart_at, self.since_restart = self.clock.now, 0
         for name, lane in self.lanes.items():
             engine = self.engine_for(name)
-            tier = engine.tier
+            tier = getattr(engine, "tier", None)  # the cost engine keeps none
             before = lane.worker.warm_seconds
             lane.worker.restart(engine)
             lane.policy.start()
@@ -416,7 +427,7 @@ def run_benchmark(
     runner.open_lanes(budget, wl.by_popularity([q for _, q in log]), log)
     runner.run(steps)
     n_queries = sum(isinstance(s, wl.QueryStep) for s in steps)
-    meta = {
+    meta: dict[str, Any] = {
         "budget_bytes": budget_bytes, "distinct_prefix_bytes": prefix_bytes,
         "initial_docs": len(initial), "questions": len(questions),
         "content_edits": len(wl.content_changes(initial, chosen)),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ragwarm.bench.strategies.policies import Policy, PolicyContext
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
+from schemas.prefix import PromptParams
 from streams import handlers
 from streams.hot import HotTracker
 from streams.ports import SynthesisPrompt, WarmPrefix
@@ -45,11 +46,13 @@ class IndexedOnce:
     def __init__(self, rag: PolicyRag) -> None:
         self.rag = rag
         self.result: IndexResult | None = None
+        self.versions: dict[tuple[str, str], int | None] = {}  # what `index` handed back
 
     def index(self, change: KbChange) -> dict[str, str] | None:
         r = self.result
         if r is None or not r.applied:
             return None
+        self.versions[(change.tenant, change.doc_id)] = change.version
         return {c.chunk_id: c.content_hash for c in r.chunks}
 
     def index_many(self, changes: Sequence[KbChange]) -> list[dict[str, str] | None]:
@@ -70,13 +73,19 @@ class IndexedOnce:
     def opening_ids(self) -> list[int]:
         return self.rag.opening_ids()
 
-    def search(self, question: str, tenant: str | None, k: int) -> list[dict]:
+    def search(self, question: str, tenant: str, k: int) -> list[dict]:
         return self.rag.search(question, tenant, k)
 
     def synthesis_prompt(
         self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
     ) -> SynthesisPrompt | None:
         return self.rag.synthesis_prompt(refs, tenant, max_tokens)
+
+    def indexed_versions(self) -> dict[tuple[str, str], int | None]:
+        return dict(self.versions)
+
+    def prompt_params(self) -> PromptParams:
+        return self.rag.prompt_params()
 
 
 class SimOutbox:
@@ -106,6 +115,8 @@ class StreamsPolicy(Policy):
     track_queries: ClassVar[bool] = False
     hot: ClassVar[bool] = False
     chunk_warmup: ClassVar[bool] = False
+    # The product's edit rules beyond event-rag's (`RAGWARM_STREAMS_EDIT_WATCH`).
+    edit_watch: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
@@ -113,6 +124,7 @@ class StreamsPolicy(Policy):
             "track_queries": self.track_queries,
             "hot_tokens": self.hot,
             "chunk_warmup": self.chunk_warmup,
+            "edit_watch": self.edit_watch,
             "kv_bytes_per_token": ctx.worker.engine.kv_bytes_per_token,
             "worker_stale_s": float("inf"),  # one worker, heartbeating on every step
             "tenant": ctx.settings.tenant,
@@ -203,9 +215,11 @@ class HotTokens(StreamsPolicy):
 class Hybrid(StreamsPolicy):
     """`hybrid`: event-rag plus hot-tokens (the streams app with every input) on top of the
     worker's request caching, so it serves every hit `reactive` does; a ready worker gets
-    the hot set, then the tracked prefixes most used, expired or not (what `history` warms)."""
+    the hot set, then the tracked prefixes most used, expired or not (what `history` warms);
+    an edit also re-checks recently asked questions its chunks may now serve (`edit_watch`)."""
 
     name: ClassVar[str] = "hybrid"
     kb_events: ClassVar[bool] = True
     track_queries: ClassVar[bool] = True
     hot: ClassVar[bool] = True
+    edit_watch: ClassVar[bool] = True

@@ -24,6 +24,7 @@ from streams.synthetic import synthetic_hit
 class Synthetic(StreamsPolicy):
     name: ClassVar[str] = "synthetic"
     kb_events: ClassVar[bool] = True
+    needs_model: ClassVar[bool] = True  # the worker's model samples its questions
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)

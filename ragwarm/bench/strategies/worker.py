@@ -7,17 +7,24 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Protocol
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
 from workers.cache import ChunkKey, PrefixCache
 from workers.chunk_kv import ChunkSpan
-from workers.engines.base import GenerationResult, PrefixEngine
+from workers.engines.base import Engine, GenerationResult
 from workers.memory import MEMORY_THRESHOLD, Budget
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
 from workers.synthesis import DEFAULT_PER_MINUTE, RateLimit, SynthesisLimits
+
+
+class SimEngine(Engine, Protocol):
+    """What a policy's worker runs on: a full engine (the runtime drives it) whose disk tier,
+    if any, it can ask about (the torch engine, or the model-free `CostEngine`)."""
+
+    def restorable(self, hashes: list[str], have: int) -> int: ...
 
 
 class _Events:
@@ -70,7 +77,7 @@ class SimWorker:
 
     def __init__(
         self,
-        engine: PrefixEngine[Any],
+        engine: SimEngine,
         clock: Callable[[], float],
         *,
         worker_id: str,
@@ -96,7 +103,7 @@ class SimWorker:
         self.own_measurements = 0  # measurements never shared (a blending worker's)
         self._drain()
 
-    def _boot(self, engine: PrefixEngine[Any]) -> None:
+    def _boot(self, engine: SimEngine) -> None:
         self.engine = engine
         self.sink = _Events()
         # The runtime refuses a prefill once pinned memory passes the 0.7 threshold.
@@ -109,7 +116,7 @@ class SimWorker:
             synthesis=SynthesisLimits(RateLimit(DEFAULT_PER_MINUTE), clock=self.clock),
         )
 
-    def restart(self, engine: PrefixEngine[Any]) -> None:
+    def restart(self, engine: SimEngine) -> None:
         """The worker process died (nothing flushed) and booted again on `engine`: an empty
         device cache, a new runtime and epoch; a disk tier it kept was scanned by whoever
         opened `engine`. Its listeners and counters stay: they belong to the benchmark."""
