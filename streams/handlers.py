@@ -378,9 +378,10 @@ async def on_query(p: HandlerDeps, query: QueryEvent) -> None:
     p.stats["queries"] += 1
     synthesize.count_query(p, query)
     every = p.settings.query_op_interval_s  # `streams.pacing`: one op per prefix per interval
-    if p.settings.track_queries and p.query_ops.due(query.prefix_hash, p.clock(), every):
+    key = query.prefix_hash or ""  # none: query_warm_op sends nothing
+    if p.settings.track_queries and p.query_ops.due(key, p.clock(), every):
         if (op := await query_warm_op(p, query)) is not None:
-            p.query_ops.sent(query.prefix_hash, p.clock(), every)
+            p.query_ops.sent(key, p.clock(), every)
             await p.out.op(op)
 
 
