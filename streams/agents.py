@@ -15,7 +15,7 @@ import faust
 
 from schemas import KbChange, QueryEvent, WarmupCommand, deadletter, encode
 from schemas.topics import kb_key
-from streams import batch, faults, handlers, synthesize
+from streams import batch, catchup, faults, handlers, synthesize
 from streams.handlers import HandlerDeps
 from streams.records import DocLink, PrefixOp, ReadyRewarm
 from streams.routes import ROUTES, Route
@@ -187,6 +187,8 @@ def register_agents(app: faust.App, topics: Topics, p: HandlerDeps) -> None:
             _batch_agent(app, getattr(topics, route.topic), KbBatchRunner(runner))
         elif route.record is QueryEvent:
             _query_agent(app, getattr(topics, route.topic), runner)
+        elif route.record is PrefixOp:
+            _op_agent(app, getattr(topics, route.topic), runner)
         else:
             _agent(app, getattr(topics, route.topic), runner)
     _timers(app, p)
@@ -217,6 +219,24 @@ def _query_agent(app: faust.App, topic: faust.TopicT, runner: RecordRunner) -> N
     app.agent(topic, name=runner.route.agent)(agent)
 
 
+def _op_agent(app: faust.App, topic: faust.TopicT, runner: RecordRunner) -> None:
+    """Prefix ops one by one, in small batches: the index replica catches up once per batch
+    (`streams.catchup`), every op of it having been fetched before the batch is handed over.
+    One broker round trip per op capped this agent at a few ops a second."""
+    s = runner.p.settings
+
+    async def agent(stream):
+        async for events in stream.take_events(s.op_batch_max, within=s.op_batch_within_s):
+            with catchup.inputs_from(time.monotonic()):
+                for event in events:
+                    # Outside Faust's per-event iteration: say which changelog partition
+                    # the prefixes table writes go to (that of the op's own record).
+                    with writing_to(event.message.partition):
+                        await runner.process(event)
+
+    app.agent(topic, name=runner.route.agent)(agent)
+
+
 def _agent(app: faust.App, topic: faust.TopicT, runner: RecordRunner) -> None:
     async def agent(stream):
         async for event in stream.events():
@@ -234,7 +254,7 @@ def _timers(app: faust.App, p: HandlerDeps) -> None:
     def timer(interval: float, name: str, fn) -> None:
         app.timer(interval, name=name)(faults.guarded(name, fn, count))
 
-    timer(p.settings.hot_tick_s, "ragwarm.hot-tick", lambda: handlers.plan_hot(p))
+    timer(p.settings.hot_tick_s, "ragwarm.hot-tick", lambda: _hot_tick(p))
     timer(p.settings.sweep_s, "ragwarm.prefix-sweep", lambda: _sweep(p))
     timer(p.settings.resend_s, "ragwarm.prefill-resend", lambda: handlers.resend_prefills(p))
     if p.settings.synthetic:
@@ -242,6 +262,13 @@ def _timers(app: faust.App, p: HandlerDeps) -> None:
     if p.settings.warm_cron:
         name = "ragwarm.scheduled-warmup"
         app.crontab(p.settings.warm_cron)(faults.guarded(name, lambda: _scheduled(p), count))
+
+
+async def _hot_tick(p: HandlerDeps) -> None:
+    # A tick plans from the windows and tables as it starts: one replica catch-up serves
+    # all its hot prefixes (it overlapped the next tick under load when each caught up).
+    with catchup.inputs_from(time.monotonic()):
+        await handlers.plan_hot(p)
 
 
 async def _sweep(p: HandlerDeps) -> None:

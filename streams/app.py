@@ -46,6 +46,9 @@ def create_app(settings: StreamsSettings, broker: BrokerOptions, data_dir: Path)
         # Agents do blocking store work in a thread; allow for it before a rebalance.
         broker_max_poll_interval=600.0,
         broker_session_timeout=settings.session_timeout_s,
+        # Not waiting for in-flight records at a rebalance: a KB batch takes tens of
+        # seconds. Turning it on (tried for issue 14's --streams 2 stall) made a rebalance
+        # commit the held batch first, but the stall still recurred on another partition.
         stream_wait_empty=False,
         producer_acks=broker.acks,
         # Dead letters are sized against this (schemas.deadletter.value_limit): keep them equal.

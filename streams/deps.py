@@ -18,6 +18,7 @@ from schemas import WarmupCommand
 from streams.asks import AskLog
 from streams.chunks import WarmedChunks
 from streams.hot import HotTracker
+from streams.pacing import KeyPacing
 from streams.ports import IndexReplica, RagPort
 from streams.records import DocLink, PrefixOp, ReadyRewarm, WorkerState
 from streams.settings import StreamsSettings
@@ -106,6 +107,7 @@ class HandlerDeps:
     # plans the hot set of its own tenants within that share of the hot-token budget.
     owned_share: Callable[[], float] = field(default=lambda: 1.0)
     synthetic: SyntheticState = field(default_factory=SyntheticState)  # this process's
+    query_ops: KeyPacing = field(default_factory=KeyPacing)  # when each prefix's last went
     chunk_warmed: WarmedChunks = field(default_factory=WarmedChunks)  # this process's sends
     # The asks of the last `edit_hold_s` that edits rank by (`edit_watch`), this process's.
     asks: AskLog = field(init=False)

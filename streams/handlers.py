@@ -12,7 +12,7 @@ import logging
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
 from schemas.signing import authentic
-from streams import chunk_warm, edits, logic, progressive, synthesize
+from streams import catchup, chunk_warm, edits, logic, progressive, synthesize
 from streams.deps import (  # noqa: F401 - re-exported: the handlers' inputs in one place
     HandlerDeps,
     Outbox,
@@ -84,7 +84,7 @@ async def caught_up(p: HandlerDeps) -> None:
     an edit elsewhere led to follows its published chunks, which a lagging replica has not
     applied (old refs pass, old prefixes retrieved). A wait that runs out (counted) stops."""
     if p.replica is not None:
-        await p.replica.caught_up()
+        await p.replica.caught_up(since=catchup.arrived())  # once per batch or tick
 
 
 async def refs_current(p: HandlerDeps, refs: list[ChunkRef], tenant: str) -> bool:
@@ -377,16 +377,17 @@ async def on_query(p: HandlerDeps, query: QueryEvent) -> None:
                        query.prefix_tokens, p.clock())
     p.stats["queries"] += 1
     synthesize.count_query(p, query)
-    if p.settings.track_queries:
-        op = await query_warm_op(p, query)
-        if op is not None:
+    every = p.settings.query_op_interval_s  # `streams.pacing`: one op per prefix per interval
+    key = query.prefix_hash or ""  # none: query_warm_op sends nothing
+    if p.settings.track_queries and p.query_ops.due(key, p.clock(), every):
+        if (op := await query_warm_op(p, query)) is not None:
+            p.query_ops.sent(key, p.clock(), every)
             await p.out.op(op)
 
 
 async def query_warm_op(p: HandlerDeps, query: QueryEvent) -> PrefixOp | None:
-    """Keep the prefix an answered query used warm (TTL) and linked to its chunks, so an
-    edit to them re-warms what the question retrieves then. None when nothing would change:
-    the prefix is known, held by a worker, far from expiry and already lists the question."""
+    """Keep a query's prefix warm (TTL) and linked to its chunks, so an edit re-warms what it
+    retrieves then. None when nothing would change: known, held, fresh, question listed."""
     if not query.prefix_hash or not query.chunk_refs:
         return None
     raw = p.tables.prefixes.get(query.prefix_hash)

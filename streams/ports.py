@@ -94,6 +94,7 @@ class IndexReplica(Protocol):
     async def publish(self) -> None:
         """Send what this instance indexed since the last call, acknowledged by the broker."""
 
-    async def caught_up(self) -> bool:
+    async def caught_up(self, timeout_s: float | None = None, since: float | None = None) -> bool:
         """Wait until the local index holds everything published on rag.chunks so far (False
-        when that took longer than allowed)."""
+        when that took longer than allowed); `since`: when the inputs being handled arrived
+        (`streams.catchup`), a catch-up begun after it is reused."""

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from schemas import SchemaError, encode
 from schemas import deadletter as letters
 from schemas.chunks import ReplicaRecord, decode_record
-from streams import faults
+from streams import catchup, faults
 from streams.handlers import HandlerDeps
 from streams.ports import ReplicaStore
 
@@ -80,6 +81,7 @@ class ChunkReplica:
         self.make_consumer, self.follow = make_consumer, follow
         self.partitions = topic.partitions or 1
         self.positions: dict[int, int] = {}
+        self.caught_up_from: float | None = None  # when the last catch-up that ended began
         self._consumer: Any = None
         self._moved = asyncio.Condition()
         s = p.settings
@@ -103,15 +105,23 @@ class ChunkReplica:
         self.p.stats["replica_published"] += len(records)
 
     # --- in -----------------------------------------------------------------------------------
-    async def caught_up(self, timeout_s: float | None = None) -> bool:
+    async def caught_up(self, timeout_s: float | None = None, since: float | None = None) -> bool:
+        """Apply rag.chunks up to its end offsets now; `since`: when the inputs being handled
+        arrived (`streams.catchup`), so that a catch-up begun after it is reused."""
         if not self.follow:
             return True
+        if catchup.covers(self.caught_up_from, since):
+            self.p.stats["replica_catchups_reused"] += 1
+            return True
+        began = time.monotonic()  # before the end offsets are asked: covers what came first
         wait = self.p.settings.replica_wait_s if timeout_s is None else timeout_s
         try:
             await asyncio.wait_for(self._catch_up(), wait)
         except TimeoutError:
             self.p.stats["replica_wait_timeouts"] += 1
             return False
+        self.p.stats["replica_catchups"] += 1
+        self.caught_up_from = max(began, self.caught_up_from or began)
         return True
 
     async def _catch_up(self) -> None:

@@ -43,6 +43,12 @@ class StreamsSettings(BaseSettings):
         description="Keep the prefix of every answered query warm (TTL) and linked to its "
         "chunks, so a KB change re-warms what its questions retrieve; off: hot prefixes only.",
     )
+    query_op_interval_s: float = Field(
+        default=2.0, ge=0,
+        description="Least time between two warm ops the queries of one tracked prefix send "
+        "(each refreshes its TTL and questions; while it is on no worker every query would "
+        "send one). 0: one per query that changes something.",
+    )
     warmup_steps: int = Field(
         default=3,
         ge=1,
@@ -189,6 +195,15 @@ class StreamsSettings(BaseSettings):
     query_batch_within_s: float = Field(
         default=0.05, gt=0, le=10,
         description="How long a query batch waits for more records before it is counted.",
+    )
+    op_batch_max: int = Field(
+        default=64, ge=1, le=4096,
+        description="Most prefix ops handled as one batch: the local index replica catches "
+        "up on rag.chunks once per batch (a broker round trip) instead of once per op.",
+    )
+    op_batch_within_s: float = Field(
+        default=0.01, gt=0, le=10,
+        description="How long a prefix-op batch waits for more ops before it is handled.",
     )
 
     # -- synthetic warmup (issue 16; `streams.synthetic`)

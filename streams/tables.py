@@ -77,7 +77,8 @@ def define_tables(
     return Tables(
         docs=routed("docs"),
         doc_prefixes=table("doc_prefixes"),
-        prefixes=table("prefixes"),
+        # Written one op at a time, in batches (`writing_to` names the op's partition).
+        prefixes=routed("prefixes"),
         # Placement reads every worker while handling any prefix, so each process
         # keeps the whole (small) worker table. With several instances, only the one owning
         # a worker's worker.events partition writes its row; the others must go on reading

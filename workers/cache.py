@@ -210,14 +210,14 @@ class PrefixCache:
         return entry, victims
 
     def invalidate(
-        self, chunk_refs: Iterable[ChunkKey], *, command_id: str | None = None
+        self, chunk_refs: Iterable[ChunkKey], *, command_id: str | None = None,
+        tenant: str | None = None,
     ) -> list[CacheEntry]:
-        """Free every block whose chain passes through any of `chunk_refs` (idempotent).
-
-        Entries holding such a block are removed (event `invalidated`); what they held
-        before it stays cached (see `_cut`). Returns the removed entries.
+        """Free every block whose chain passes through any of `chunk_refs` (idempotent), of
+        `tenant`'s chains only when given. Entries holding such a block are removed (event
+        `invalidated`); what they held before it stays cached (see `_cut`). Returns them.
         """
-        return self._invalidate(Stale(refs=frozenset(chunk_refs)), command_id)
+        return self._invalidate(Stale(refs=frozenset(chunk_refs), tenant=tenant), command_id)
 
     def invalidate_chunks(
         self, chunk_ids: Iterable[str], *, command_id: str | None = None

@@ -18,6 +18,13 @@ class Stale:
 
     refs: frozenset[ChunkKey] = frozenset()
     chunk_ids: frozenset[str] = frozenset()
+    # Whose KB changed (None: every tenant's). Chunk ids and text repeat across tenants, and
+    # one tenant's edit must not evict another's prefixes: chains are salted by tenant, so
+    # a block belongs to the one tenant of the entries holding it.
+    tenant: str | None = None
+
+    def reaches(self, entry: CacheEntry) -> bool:
+        return self.tenant is None or entry.tenant == self.tenant
 
     def listed_by(self, entry: CacheEntry) -> bool:
         return any(r in self.refs or r[0] in self.chunk_ids for r in entry.chunk_refs)
@@ -43,9 +50,12 @@ def doomed_blocks(
         doomed |= pool.marked(ref)
     for chunk_id in stale.chunk_ids:
         doomed |= pool.marked_id(chunk_id)
+    if stale.tenant is not None:
+        doomed = {h for h in doomed if h in pool and any(
+            stale.reaches(entries[k]) for k in pool[h].holders if k in entries)}
     for key in listing:
         entry = entries[key]
-        if stale.unplaced_in(entry):
+        if stale.reaches(entry) and stale.unplaced_in(entry):
             doomed.add(entry.block_hashes[inferred_start(entry, stale, pool, entries)])
     return doomed
 

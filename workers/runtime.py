@@ -258,7 +258,10 @@ class WorkerRuntime:
         with self.lock:
             cache = self.engine.cache
             cid = cmd.command_id
-            removed = cache.invalidate(chunk_keys(cmd.chunk_refs), command_id=cid)
+            # Only the command's tenant's prefixes: another tenant's identical chunks are not
+            # what its edit changed.
+            removed = cache.invalidate(chunk_keys(cmd.chunk_refs), command_id=cid,
+                                       tenant=cmd.tenant)
             # Entries extending a stale prefix (reactive ones carry no chunk refs) are stale too.
             stale = {e.prefix_hash for e in removed}
             if cmd.prefix_hash:

@@ -150,14 +150,18 @@ class TierIndex:
         return removed
 
     def invalidate(
-        self, refs: Iterable[ChunkKey] = (), chunk_ids: Iterable[str] = ()
+        self, refs: Iterable[ChunkKey] = (), chunk_ids: Iterable[str] = (),
+        tenant: str | None = None,
     ) -> list[str]:
-        """Remove every block marked with one of `refs` or `chunk_ids`, and what extends it."""
+        """Remove every block marked with one of `refs` or `chunk_ids`, of `tenant` only when
+        given (another tenant's identical chunk is not its KB), and what extends it."""
         hit: set[str] = set()
         for ref in refs:
             hit |= self._by_chunk.get(ref, set())
         for chunk_id in chunk_ids:
             hit |= self._by_chunk_id.get(chunk_id, set())
+        if tenant is not None:
+            hit = {h for h in hit if self._blocks[h].tenant == tenant}
         return self.remove(sorted(hit))
 
     def _make_room(self, nbytes: int, keep: str | None) -> list[str]:

@@ -25,7 +25,7 @@ class TierOps:
     writes: dict[str, TierBlock] = field(default_factory=dict)  # of managed entries
     spills: dict[str, TierBlock] = field(default_factory=dict)  # of entries evicted for room
     cut: set[str] = field(default_factory=set)  # hashes whose chains are stale from there on
-    refs: set[ChunkKey] = field(default_factory=set)
+    refs: set[tuple[str | None, ChunkKey]] = field(default_factory=set)  # (tenant, chunk)
     chunk_ids: set[str] = field(default_factory=set)
 
     def __bool__(self) -> bool:
@@ -69,7 +69,7 @@ class TierJournal:
                     gone.add(h)
                     del queue[h]
         if stale is not None:
-            self._ops.refs |= stale.refs
+            self._ops.refs |= {(stale.tenant, r) for r in stale.refs}
             self._ops.chunk_ids |= stale.chunk_ids
 
     def _write(

@@ -38,6 +38,7 @@ class Bench:
         self.say = say
         self.prefix = f"bench-{uuid.uuid4().hex[:8]}."
         self.bootstrap = bootstrap
+        self.client_options = client_options or {}
         # Before any client names them: a consumer's metadata request would otherwise let
         # the broker auto-create them with one partition, and Faust then refuses its tables
         # (the changelogs have the app's partition count): no worker event is ever applied.
@@ -129,10 +130,14 @@ class Bench:
         stored = [e for _, e in self.seen if e.kind == "stored" and e.prefix_hash == prefix_hash]
         return list(stored[-1].chunk_refs) if stored else []
 
-    def rate(self, keys: tuple[str, ...], total: int, timeout_s: float) -> float:
-        """Events per second between the first and the last processed, from the app's counters."""
+    def rate(
+        self, keys: tuple[str, ...], total: int, timeout_s: float, stall_s: float = 300.0
+    ) -> float:
+        """Events per second between the first and the last processed, from the app's counters;
+        no progress for `stall_s` (a stuck partition: issue 14's --streams 2 stall) ends it."""
         first = last = None
         deadline = time.monotonic() + timeout_s
+        moved = (time.monotonic(), -1)
         while time.monotonic() < deadline:
             done = sum(self.counters().get(k, 0) for k in keys)
             now = time.monotonic()
@@ -141,10 +146,42 @@ class Bench:
             if done >= total:
                 last = (now, done)
                 break
+            if done != moved[1]:
+                moved = (now, done)
+            elif now - moved[0] > stall_s:
+                raise TimeoutError(f"{done} of {total} events processed, none in {stall_s} s")
             time.sleep(0.1)
         if first is None or last is None or last[0] <= first[0]:
             raise TimeoutError(f"only part of {total} events processed in {timeout_s} s")
         return (last[1] - first[1]) / (last[0] - first[0])
+
+    def behind(self, topic: str) -> dict[int, int]:
+        """Per partition of `topic`, the records the app's group has not committed."""
+        from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+        group, name = self.prefix + "app", self.prefix + topic
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, **self.client_options)
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, **self.client_options)
+        try:
+            done = admin.list_group_offsets(group).get(group, {})
+            parts = [TopicPartition(name, n) for n in consumer.partitions_for_topic(name) or ()]
+            ends = consumer.end_offsets(parts)
+            lag = {tp.partition: ends[tp] - (done[tp].offset if tp in done else 0) for tp in parts}
+            return {n: left for n, left in lag.items() if left}
+        finally:
+            consumer.close()
+            admin.close()
+
+    def wait_committed(self, topic: str, timeout_s: float) -> None:
+        """Until the app has committed all of `topic`: the processed-event counters also count
+        a record handled twice (after a rebalance), so they can pass the total while a
+        partition is stuck (the --streams 2 stall of issue 14)."""
+        deadline = time.monotonic() + timeout_s
+        while left := self.behind(topic):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic} partitions not committed to their end within "
+                                   f"{timeout_s} s (partition: records left): {left}")
+            time.sleep(1.0)
 
     def close(self) -> None:
         self.worker.stop()
@@ -328,6 +365,7 @@ def run(b: Bench, events: Path, questions, kb_events, queries, hot, edits, sampl
     kb_rate = b.rate(("kb_events", "stale_events"), len(changes), 3600)
     kb_seconds = time.monotonic() - started
     split = kb_split(b.counters(), kb_seconds, len(b.streams_all))
+    b.wait_committed(KB_CHANGES, 120)  # not timed: Faust commits every few seconds
     b.say(f"kb {kb_rate:.1f} ev/s in {kb_seconds:.0f} s; starting a worker")
     b.worker.start()
     b.worker.wait_healthy(300)

@@ -62,6 +62,7 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     from streams.hot import HotTracker
     from streams.metrics import MeasuredOutbox, StreamsMetrics
     from streams.metrics_view import register_metrics
+    from streams.rebalance import register_rebalance_seek
     from streams.recovery import KbChangesReader, register_recovery
     from streams.replica import register_replica
     from streams.tables import define_tables
@@ -99,6 +100,7 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     deps.replica = replica
     register_replica(app, replica)
     register_recovery(app, deps, reader)
+    register_rebalance_seek(app)
     install_auth(app, keyring(streams.api_key, streams.tenant_keys))
     return StreamsApp(app, topics, tables, deps)
 

@@ -142,7 +142,7 @@ def test_invalidation_tells_the_tier_what_is_stale_and_cancels_its_writes() -> N
     cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=20, pin=True, chunk_refs=[REF])
     cache.invalidate([REF])
     ops = cache.tier.drain()
-    assert ops.refs == {REF}
+    assert ops.refs == {(None, REF)}  # (tenant: every tenant, chunk)
     assert chain(1)[0] in ops.cut and not ops.writes
     cache.invalidate_chunks(["doc#9"])
     assert cache.tier.drain().chunk_ids == {"doc#9"}

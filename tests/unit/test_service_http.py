@@ -235,6 +235,22 @@ async def test_invalidation_by_chunk_removes_extensions_and_reports_in_order(boo
     assert (await (await client.get("/v1/cache")).json())["entries"] == 0
 
 
+async def test_an_invalidation_command_evicts_its_tenants_prefix_only(booted) -> None:
+    # Two tenants indexed the same document: same chunk ref, same tokens, own chains.
+    client, lifecycle = booted
+    runtime = lifecycle_runtime(client)
+    ref = ChunkRef(chunk_id="doc#0", content_hash="cd" * 16)
+    for n, tenant in enumerate(("acme", "globex")):
+        prefill = WarmupCommand(command_id=f"p{n}", op="prefill", tenant=tenant,
+                                token_ids=list(range(8)), chunk_refs=[ref], pin=True)
+        assert await asyncio.to_thread(runtime.apply, prefill) == "stored"
+    invalidate = WarmupCommand(command_id="c2", op="invalidate", tenant="acme", chunk_refs=[ref])
+    assert await asyncio.to_thread(runtime.apply, invalidate) == "invalidated"
+    gone = [e.tenant for e in lifecycle.sink.events if e.kind == "invalidated"]
+    assert gone == ["acme"]
+    assert (await (await client.get("/v1/cache")).json())["entries"] == 1
+
+
 async def test_unknown_prefix_commands_are_not_found(booted) -> None:
     client, _ = booted
     runtime = lifecycle_runtime(client)

@@ -27,7 +27,7 @@ class Replica:
     async def publish(self) -> None:
         self.order.append("publish")
 
-    async def caught_up(self) -> bool:
+    async def caught_up(self, timeout_s=None, since=None) -> bool:
         self.waits += 1
         self.port.current.update(self.pending)
         return True
@@ -142,7 +142,7 @@ def test_recovery_rebuilds_from_the_replica_before_it_re_indexes_anything():
     order: list[str] = []
 
     class Rebuilding(Replica):
-        async def caught_up(self) -> bool:
+        async def caught_up(self, timeout_s=None, since=None) -> bool:
             self.waits += 1
             port.indexed[("default", "a")] = 2  # rag.chunks held a, never b
             return self.waits > 1  # the first wait runs out, the second completes

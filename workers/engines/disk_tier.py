@@ -144,7 +144,9 @@ class DiskTier:
             if data is not None and h not in self.index:
                 self.put(block, data)
         removed = self.index.remove(ops.cut)
-        removed += self.index.invalidate(ops.refs, ops.chunk_ids)
+        removed += self.index.invalidate(chunk_ids=ops.chunk_ids)
+        for tenant in sorted({t for t, _ in ops.refs}, key=str):  # one tenant's edit at a time
+            removed += self.index.invalidate([r for t, r in ops.refs if t == tenant], tenant=tenant)
         self._unlink(removed)
         return removed
 
