@@ -111,7 +111,7 @@ def test_a_tier_directory_is_rebuilt_from_its_headers_and_strangers_are_dropped(
     # The chunk mark survived the restart: invalidating the chunk drops the head and its tail.
     from workers.tier_journal import TierOps
 
-    gone = again.apply(TierOps(refs={("d#0", "ff" * 16)}), {})
+    gone = again.apply(TierOps(refs={("t", ("d#0", "ff" * 16))}), {})
     assert sorted(gone) == sorted([head.block_hash, tail.block_hash])
     assert not any(tmp_path.rglob("*.safetensors"))
 
