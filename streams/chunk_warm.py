@@ -43,9 +43,10 @@ async def warm_changed(
     if not p.settings.chunk_warmup:
         return
     hot = chunks.hot_docs(op.chunk_refs for op in p.tracker.hot.values())
-    tracked = linked or change.doc_id in hot
     new, _ = chunks.changed_chunks(prior, new_chunks)
     retrieved = chunks.retrieval_counts(_asked(p, change.tenant, change.doc_id))
+    tracked = linked or change.doc_id in hot or chunks.asked_in_window(
+        retrieved, change.doc_id, p.settings.hot_min_count)
     tokens: dict[str, list[int]] = {}
     opening: list[int] = []
     wanted = chunks.rank_new_chunks(new, retrieved)

@@ -163,6 +163,17 @@ def plan_ready_chunks(
     ]
 
 
+def asked_in_window(retrieved: Mapping[str, Retrieval], doc_id: str, min_count: float) -> bool:
+    """Whether the document counts as hot by its retrievals: some chunk of it retrieved by
+    prompts asked at least `min_count` times together (the hot set's own threshold).
+
+    The hot set alone is not enough to tell: an edit's invalidation drops the document's
+    hot prefix (`HotTracker.forget`) until the next hot tick re-retrieves it, and a second
+    edit landing in between would find the document neither hot nor linked."""
+    return any(doc_of(chunk_id) == doc_id and r.asks >= min_count
+               for chunk_id, r in retrieved.items())
+
+
 @dataclass(frozen=True)
 class Retrieval:
     """How a chunk id was retrieved: by how many distinct prompts, asked how often."""

@@ -75,7 +75,10 @@ def run_scenario(bootstrap, producer, namespace, app, worker, docs) -> None:
         change = edit(doc, target["text"], n)
         producer.send(namespace + KB_CHANGES, key=change.doc_id.encode(), value=encode(change))
         producer.flush()
-        versions.append(check_warmed(client, worker, commands, target, versions, n))
+        try:
+            versions.append(check_warmed(client, worker, commands, target, versions, n))
+        except AssertionError as exc:  # what the app decided says which step was skipped
+            raise AssertionError(f"{exc}; app counters: {app.counters()}") from exc
     # Edit 2 replaced edit 1's chunk: the app invalidated it and the worker dropped its KV.
     old_ref = ChunkRef(chunk_id=target["chunk_id"], content_hash=versions[0])
     assert [c for _, c in commands.poll() if c.op == "invalidate" and old_ref in c.chunk_refs]

@@ -6,6 +6,7 @@ from schemas import ChunkRef, KbChange
 from streams.chunks import (
     Retrieval,
     WarmedChunks,
+    asked_in_window,
     changed_chunks,
     plan_chunk_warmup,
     rank_new_chunks,
@@ -95,6 +96,17 @@ def test_window_chunks_rank_by_retrieval_without_the_openers_of_kept_prefixes() 
     assert [r.chunk_id for r in rank_window_chunks(asked, [ref("a#0")])] == ["b#1", "c#2"]
     # Another version of a#0 is still worth warming.
     assert "a#0" in [r.chunk_id for r in rank_window_chunks(asked, [ref("a#0", 2)])]
+
+
+def test_a_document_the_window_keeps_retrieving_counts_as_hot() -> None:
+    # Asked three times together: hot at a threshold of 2 (between an invalidation and
+    # the next hot tick, the hot set does not name it).
+    retrieved = retrieval_counts([([ref("a#3"), ref("b#0")], 2.0), ([ref("a#1")], 1.0)])
+    assert asked_in_window(retrieved, "a", 2.0)
+    assert not asked_in_window(retrieved, "a", 4.0)
+    # b#0 only by a prompt asked twice: hot at 2, not at 3; another document never.
+    assert asked_in_window(retrieved, "b", 2.0) and not asked_in_window(retrieved, "b", 3.0)
+    assert not asked_in_window(retrieved, "c", 0.5)
 
 
 def test_warmed_chunks_are_due_again_after_their_ttl() -> None:
