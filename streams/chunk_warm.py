@@ -76,13 +76,8 @@ async def warm_window(p: HandlerDeps) -> None:
     if not p.settings.chunk_warmup:
         return
     now, ttl = p.clock(), p.settings.chunk_ttl_s
-    openers = [op.chunk_refs[0] for op in p.tracker.hot.values() if op.chunk_refs]
-    tenants = _tenants(p)
-    opening = await p.blocking(p.rag.opening_ids) if tenants else []
-    for tenant in tenants:
-        ranked = chunks.rank_window_chunks(_asked(p, tenant), openers)
-        head = ranked[: p.settings.chunk_warm_max]
-        tokens = await p.blocking(p.rag.chunk_tokens, head, tenant) if head else {}
+    opening, heads = await _window_heads(p)
+    for tenant, head, tokens in heads:
         # Only current versions come back: an edit's new versions are `warm_changed`'s.
         standing = chunks.within_budget([r for r in head if tokens.get(r.chunk_id)], tokens,
                                         len(head), chunk_tokens_budget(p))
@@ -92,6 +87,22 @@ async def warm_window(p: HandlerDeps) -> None:
                     for cid, ref in zip(_ids(len(due)), due, strict=True)]
         await _send(p, commands)
         _mark_sent(p, tenant, commands)
+
+
+async def _window_heads(p: HandlerDeps) -> tuple[
+    list[int], list[tuple[str, list[ChunkRef], dict[str, list[int]]]]
+]:
+    """(the opening's token ids, per tenant of the window: the head of its ranked chunks
+    (`rank_window_chunks`, at most `chunk_warm_max`) and their token ids)."""
+    openers = [op.chunk_refs[0] for op in p.tracker.hot.values() if op.chunk_refs]
+    tenants = _tenants(p)
+    opening = await p.blocking(p.rag.opening_ids) if tenants else []
+    heads = []
+    for tenant in tenants:
+        head = chunks.rank_window_chunks(_asked(p, tenant), openers)[: p.settings.chunk_warm_max]
+        tokens = await p.blocking(p.rag.chunk_tokens, head, tenant) if head else {}
+        heads.append((tenant, head, tokens))
+    return opening, heads
 
 
 def _asked(p: HandlerDeps, tenant: str, doc_id: str | None = None) -> list[
@@ -128,17 +139,12 @@ async def warm_ready(p: HandlerDeps, worker_id: str) -> None:
     so a first ask opening with one reuses it there too."""
     if not p.settings.chunk_warmup:
         return
-    openers = [op.chunk_refs[0] for op in p.tracker.hot.values() if op.chunk_refs]
-    tenants = _tenants(p)
-    opening = await p.blocking(p.rag.opening_ids) if tenants else []
-    for tenant in tenants:
-        refs = chunks.rank_window_chunks(_asked(p, tenant), openers)
-        refs = refs[: p.settings.chunk_warm_max]
-        tokens = await p.blocking(p.rag.chunk_tokens, refs, tenant) if refs else {}
+    opening, heads = await _window_heads(p)
+    for tenant, head, tokens in heads:
         await _send(p, chunks.plan_ready_chunks(
-            [refs], tokens, tenant=tenant, worker_id=worker_id, opening_ids=opening,
+            [head], tokens, tenant=tenant, worker_id=worker_id, opening_ids=opening,
             ttl_s=p.settings.chunk_ttl_s, token_budget=chunk_tokens_budget(p),
-            command_ids=_ids(len(refs)), pin=p.settings.chunk_pin,
+            command_ids=_ids(len(head)), pin=p.settings.chunk_pin,
         ))
 
 
