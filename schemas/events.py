@@ -214,9 +214,10 @@ class WarmupCommandV3(WarmupCommandV2):
     """Version 3 of `WarmupCommand` (no synthetic questions); still read, upgraded on decode.
 
     v3: op `prefill_chunk`: compute one chunk's KV on its own, right after `opening_ids`
-    (the system prompt, where the canonical prompt places a first chunk), and hold it keyed
-    by its content hash for chunk-level reuse; `token_ids` are the chunk's tokens and
-    `chunk_refs` names exactly that chunk (invalidating it frees the chunk's KV).
+    (the system prompt, where the canonical prompt places a first chunk), and hold it as the
+    prefix `opening_ids + token_ids` (a prompt opening with the chunk reuses it exactly; a
+    worker with chunk reuse on also blends it elsewhere); `token_ids` are the chunk's tokens
+    and `chunk_refs` names exactly that chunk (invalidating it frees the chunk's KV).
     """
 
     VERSION: ClassVar[int] = 3
