@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ragwarm.models import fetch_gguf, llm_dir, load_tokenizer
+from ragwarm.models import fetch_gguf, llm_dir
 from ragwarm.settings import ModelSettings
 from tests.integration.llama_proc import LlamaServer, llama_server_binary
 from tests.integration.worker_proc import WorkerProc
@@ -58,11 +58,6 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
         yield server.start()
     finally:
         server.stop()
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(llm_dir())
 
 
 def connect(llama: LlamaServer, tokenizer, **settings: object) -> RemoteEngine:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from pydantic import SecretStr
 
-from ragwarm.models import llm_dir, load_tokenizer
+from ragwarm.models import llm_dir
 from ragwarm.settings import ModelSettings
 from tests.integration.worker_proc import WorkerProc
 from workers.engines.base import Engine
@@ -33,11 +33,6 @@ def server(worker_factory: Callable[..., WorkerProc]) -> Iterator[WorkerProc]:
     proc = worker_factory(f"srv-{uuid.uuid4().hex[:8]}", api_key=API_KEY)
     yield proc.start().wait_ready()
     proc.stop()
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(llm_dir())
 
 
 @pytest.fixture

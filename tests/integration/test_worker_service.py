@@ -12,7 +12,6 @@ import httpx
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from ragwarm.models import llm_dir, load_tokenizer
 from ragwarm.settings import KafkaSettings, ModelSettings
 from schemas import ChunkRef, WarmupCommand, WorkerEvent, decode, encode
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS, prefixed
@@ -27,11 +26,6 @@ WARM_TEXTS = [
     " ".join(f"Section {i}.{j}: the river keeps the mill turning in season {j}." for j in range(12))
     for i in range(3)
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(llm_dir())
 
 
 def tokens(tokenizer, text: str) -> list[int]:
