@@ -1,21 +1,34 @@
 """After every rebalance, each assigned partition starts at its committed offset, or at its
-beginning when nothing was committed for it yet.
+beginning when nothing was committed for it yet, and no record fetched while Faust brings
+the stream partitions back is dropped.
 
-Why: on revocation Faust drops the records it had fetched but not yet handed to an agent,
-and after the new assignment it seeks every partition to its committed offset, counting on
-that to fetch them again. aiokafka's `seek_to_committed` skips a partition with no committed
-offset (`if offset and offset > 0`), so a partition an instance keeps across a rebalance
-before its first commit stays where the fetcher left it, past the dropped records: they are
-never handled, and its committed offset never passes them. Seen with `bench pipeline
---streams 2`: the first instance fetched all of kb.changes, the second joined while the
-first batch ran, and the instance left with partitions 2-3 sat at offsets 8/12 and 8/16 for
-good (fetch position at the end, nothing queued, no CPU).
+Why, two defects of Faust with aiokafka that each left `kb.changes` partitions behind for
+good with `bench pipeline --streams 2` (issue 14; the committed offset stops short of the
+end, the fetch position sits at the end, nothing is queued, no CPU):
+
+1. Faust drops the records it fetched but had not handed to an agent (at a revocation, or
+   when a fetch returns while the flow is stopped) and counts on seeking every partition
+   to its committed offset to fetch them again. aiokafka's `seek_to_committed` skips a
+   partition with no committed offset (`if offset and offset > 0`), so such a partition
+   stays where the fetcher left it, past the dropped records. So every seek to the
+   committed offsets also seeks the uncommitted partitions to their beginning.
+2. When a rebalance completes with tables, Faust has already resumed the flow (to read the
+   changelogs); it then resumes the stream partitions, seeks them to their committed
+   offsets (one broker round trip per partition) and only then calls
+   `flow_control.resume()`, which empties every stream's queue. Records fetched in that
+   window went into the queues and were emptied out of them, with the fetch position
+   already past them: seen with the partitions at committed 8 (or nothing committed),
+   read offset reset to 8 (None), fetch position at the end, every record of the window
+   logged as delivered (generation of the new assignment) and none handled. So the
+   consumer's flow is stopped when the rebalance completes: nothing is fetched until Faust
+   resumes it after its seek, and a fetch that returns meanwhile is dropped and sought
+   back by Faust (through 1., the uncommitted partitions too).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -35,22 +48,44 @@ def uncommitted(
     )
 
 
+def seeking_uncommitted_too(
+    seek_to_committed: Callable[[], Awaitable[Mapping[Any, int | None]]],
+    assignment: Callable[[], Iterable[Any]],
+    seek: Callable[[Any, int], Awaitable[None]],
+    skip_topics: Callable[[], Collection[str]],
+) -> Callable[[], Awaitable[Mapping[Any, int | None]]]:
+    """`seek_to_committed` that then seeks the uncommitted partitions to their beginning
+    (0: the consumer's reset policy is earliest, so a log start moved past it by retention
+    is reset to the new start). Returns what `seek_to_committed` returned: Faust sets its
+    read offsets from it, None (read from anywhere) for these partitions."""
+
+    async def seek_all() -> Mapping[Any, int | None]:
+        committed = await seek_to_committed()
+        for tp in uncommitted(assignment(), committed, skip_topics()):
+            await seek(tp, 0)
+        return committed
+
+    return seek_all
+
+
 def register_rebalance_seek(app: Any) -> None:
-    """Seek the uncommitted partitions to their beginning when a rebalance completes, before
-    Faust seeks the others to their committed offsets and resumes the flow."""
+    """When a rebalance completes (before Faust resumes the stream partitions, seeks them
+    and resumes the flow): stop the consumer's flow, and make every later seek to the
+    committed offsets cover the uncommitted partitions."""
 
-    async def seek_uncommitted(sender: Any = None, **_: Any) -> None:
+    async def on_rebalance_complete(sender: Any = None, **_: Any) -> None:
         consumer = app.consumer
-        try:
-            assigned = consumer.assignment()
-            if not assigned:  # aiokafka asserts on an empty assignment
-                return
-            committed = await consumer.seek_to_committed()
-            for tp in uncommitted(assigned, committed, app.tables.changelog_topics):
-                # 0 is the beginning (the consumer's reset policy is earliest): a log start
-                # moved past it by retention is reset to the new start.
-                await consumer.seek(tp, 0)
-        except Exception:  # noqa: BLE001 - never fail Faust's recovery; the next one retries
-            log.exception("rebalance: could not seek the uncommitted partitions")
+        # Faust resumes it once its seek is done (`consumer.resume_flow()`).
+        consumer.stop_flow()
+        if not getattr(consumer, "_ragwarm_seeks_uncommitted", False):
+            # On the instance: Faust's `perform_seek` (after a rebalance, and when a fetch
+            # returns while the flow is stopped) calls `self.seek_to_committed()`.
+            consumer.seek_to_committed = seeking_uncommitted_too(
+                consumer.seek_to_committed,
+                consumer.assignment,
+                consumer.seek,
+                lambda: app.tables.changelog_topics,
+            )
+            consumer._ragwarm_seeks_uncommitted = True
 
-    app.on_rebalance_complete.connect(seek_uncommitted)
+    app.on_rebalance_complete.connect(on_rebalance_complete)

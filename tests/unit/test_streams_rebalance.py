@@ -1,11 +1,13 @@
 """Positions after a rebalance: a partition with nothing committed is sought to its beginning,
-so records fetched before the rebalance and dropped by Faust are fetched again."""
+so records fetched before the rebalance and dropped by Faust are fetched again; and every
+seek to the committed offsets does so (Faust also seeks when a fetch returns while the flow
+is stopped)."""
 
 from __future__ import annotations
 
 from collections import namedtuple
 
-from streams.rebalance import uncommitted
+from streams.rebalance import seeking_uncommitted_too, uncommitted
 
 TP = namedtuple("TP", "topic partition")
 
@@ -31,3 +33,26 @@ def test_changelogs_are_left_to_table_recovery():
 
 def test_committed_partitions_are_left_to_faust():
     assert uncommitted({TP("kb.changes", 1)}, {TP("kb.changes", 1): 8}, ()) == []
+
+
+async def test_a_seek_to_the_committed_offsets_also_rewinds_the_uncommitted_partitions():
+    kb2, kb3, log0 = TP("kb.changes", 2), TP("kb.changes", 3), TP("app-docs-changelog", 0)
+    sought: list[tuple[TP, int]] = []
+
+    async def seek_to_committed() -> dict:
+        # aiokafka's: seeks kb.changes 3 to 8 itself, leaves kb.changes 2 where it is.
+        sought.append((kb3, 8))
+        return {kb2: None, kb3: 8, log0: None}
+
+    async def seek(tp: TP, offset: int) -> None:
+        sought.append((tp, offset))
+
+    seek_all = seeking_uncommitted_too(
+        seek_to_committed, lambda: {kb2, kb3, log0}, seek, lambda: {"app-docs-changelog"}
+    )
+    # Faust sets its read offsets from what the seek returns: unchanged.
+    assert await seek_all() == {kb2: None, kb3: 8, log0: None}
+    assert sought == [(kb3, 8), (kb2, 0)]
+    # Every call, not only the first after a rebalance.
+    assert await seek_all() == {kb2: None, kb3: 8, log0: None}
+    assert sought[2:] == [(kb3, 8), (kb2, 0)]
