@@ -235,7 +235,10 @@ def _op_agent(app: faust.App, topic: faust.TopicT, runner: RecordRunner) -> None
                     # Outside Faust's per-event iteration: say which changelog partition
                     # the prefixes table writes go to (that of the op's own record).
                     with writing_to(event.message.partition):
+                        start = time.perf_counter()
                         await runner.process(event)
+                        runner.p.stats["op_ms"] += round((time.perf_counter() - start) * 1000)
+                        runner.p.stats["ops_handled"] += 1
 
     app.agent(topic, name=runner.route.agent)(agent)
 
@@ -281,6 +284,7 @@ def _timers(app: faust.App, p: HandlerDeps) -> None:
 
 LOOP_PROBE_S = 0.05
 LOOP_STALL_MS = 100
+LOOP_WARN_MS = 500
 
 
 async def _watch_loop(p: HandlerDeps) -> None:
@@ -294,6 +298,8 @@ async def _watch_loop(p: HandlerDeps) -> None:
         if late > LOOP_STALL_MS:
             p.stats["loop_stalls"] += 1
             p.stats["loop_stall_ms"] += late
+        if late > LOOP_WARN_MS:
+            log.warning("event loop held for %d ms (every agent and timer waited)", late)
 
 
 async def _hot_tick(p: HandlerDeps) -> None:
