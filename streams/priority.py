@@ -47,8 +47,13 @@ class PriorityExecutor(Executor):
         self._queue: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
         self._seq = itertools.count()  # ties never compare the payloads
         self._shutdown = False
-        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        register = getattr(threading, "_register_atexit", None)
+        self._thread = threading.Thread(target=self._work, name=name, daemon=register is None)
         self._thread.start()
+        if register is not None:
+            # As concurrent.futures' own pools: at interpreter exit the call running (a store
+            # write) and those queued finish before the thread stops; none is cut midway.
+            register(self.shutdown)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         if self._shutdown:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from streams import priority
 from streams.priority import PriorityExecutor
+
+ROOT = Path(__file__).parents[2]
 
 
 def test_an_urgent_call_overtakes_queued_background_ones_and_each_keeps_its_order():
@@ -81,3 +86,15 @@ def test_shutdown_may_cancel_what_is_still_queued():
     gate.set()
     ex.shutdown(wait=True)
     assert running.result() is True and queued.cancelled()
+
+
+def test_at_interpreter_exit_the_running_call_finishes_and_the_process_ends():
+    script = (
+        "import time\n"
+        "from streams.priority import PriorityExecutor\n"
+        "ex = PriorityExecutor()\n"
+        "ex.submit(lambda: (time.sleep(0.2), print('written', flush=True)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=30, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout == "written\n", done.stderr
