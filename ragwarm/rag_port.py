@@ -192,6 +192,13 @@ class RagService:
         hits = self.retriever.retrieve(question, tenant).chunks
         return self._prefix(hits, tenant) if hits else None
 
+    def prefixes_for_questions(
+        self, questions: Sequence[str], tenant: str
+    ) -> list[WarmPrefix | None]:
+        """`prefix_for_question` of each, the questions embedded as one batch."""
+        found = self.retriever.retrieve_many(questions, tenant)
+        return [self._prefix(r.chunks, tenant) if r.chunks else None for r in found]
+
     def prefix_for_refs(self, refs: Sequence[ChunkRef], tenant: str) -> WarmPrefix | None:
         stored = self.store.get_chunks([r.chunk_id for r in refs], tenant)
         chunks = []

@@ -15,7 +15,7 @@ import faust
 
 from schemas import KbChange, QueryEvent, WarmupCommand, deadletter, encode
 from schemas.topics import kb_key
-from streams import batch, catchup, faults, handlers, synthesize
+from streams import batch, catchup, faults, handlers, priority, synthesize
 from streams.handlers import HandlerDeps
 from streams.records import DocLink, PrefixOp, ReadyRewarm
 from streams.routes import ROUTES, Route
@@ -199,6 +199,8 @@ def _batch_agent(app: faust.App, topic: faust.TopicT, runner: KbBatchRunner) -> 
 
     async def agent(stream):
         async for events in stream.take_events(s.kb_batch_max, within=s.kb_batch_within_s):
+            for event in events:
+                _count_lag(runner.p, "kb", event)
             await runner.process(list(events))
 
     app.agent(topic, name=runner.one.route.agent)(agent)
@@ -229,12 +231,27 @@ def _op_agent(app: faust.App, topic: faust.TopicT, runner: RecordRunner) -> None
         async for events in stream.take_events(s.op_batch_max, within=s.op_batch_within_s):
             with catchup.inputs_from(time.monotonic()):
                 for event in events:
+                    _count_lag(runner.p, "op", event)
                     # Outside Faust's per-event iteration: say which changelog partition
                     # the prefixes table writes go to (that of the op's own record).
                     with writing_to(event.message.partition):
+                        start = time.perf_counter()
                         await runner.process(event)
+                        runner.p.stats["op_ms"] += round((time.perf_counter() - start) * 1000)
+                        runner.p.stats["ops_handled"] += 1
 
     app.agent(topic, name=runner.route.agent)(agent)
+
+
+def _count_lag(p: HandlerDeps, name: str, event: faust.EventT) -> None:
+    """How long records waited from being produced to being handled (`<name>_lag_ms`, the
+    sum, and its maximum): the internal topics' round trips in an edit's way to warm."""
+    stamp = event.message.timestamp  # seconds, the producer's clock (this host's)
+    if not stamp:
+        return
+    lag = max(0, round((time.time() - stamp) * 1000))
+    p.stats[f"{name}_lag_ms"] += lag
+    p.stats[f"{name}_lag_max_ms"] = max(p.stats[f"{name}_lag_max_ms"], lag)
 
 
 def _agent(app: faust.App, topic: faust.TopicT, runner: RecordRunner) -> None:
@@ -254,6 +271,7 @@ def _timers(app: faust.App, p: HandlerDeps) -> None:
     def timer(interval: float, name: str, fn) -> None:
         app.timer(interval, name=name)(faults.guarded(name, fn, count))
 
+    app.task(lambda: _watch_loop(p))
     timer(p.settings.hot_tick_s, "ragwarm.hot-tick", lambda: _hot_tick(p))
     timer(p.settings.sweep_s, "ragwarm.prefix-sweep", lambda: _sweep(p))
     timer(p.settings.resend_s, "ragwarm.prefill-resend", lambda: handlers.resend_prefills(p))
@@ -264,7 +282,39 @@ def _timers(app: faust.App, p: HandlerDeps) -> None:
         app.crontab(p.settings.warm_cron)(faults.guarded(name, lambda: _scheduled(p), count))
 
 
+LOOP_PROBE_S = 0.05
+LOOP_STALL_MS = 100
+LOOP_WARN_MS = 500
+
+
+async def _watch_loop(p: HandlerDeps) -> None:
+    """Count how late the event loop wakes a sleeper (`loop_lag_max_ms`, `loop_stalls` over
+    100 ms): every agent and timer shares the loop, so code that holds it delays them all."""
+    while True:
+        start = time.perf_counter()
+        await asyncio.sleep(LOOP_PROBE_S)
+        late = round((time.perf_counter() - start - LOOP_PROBE_S) * 1000)
+        p.stats["loop_lag_max_ms"] = max(p.stats["loop_lag_max_ms"], late)
+        if late > LOOP_STALL_MS:
+            p.stats["loop_stalls"] += 1
+            p.stats["loop_stall_ms"] += late
+        if late > LOOP_WARN_MS:
+            log.warning("event loop held for %d ms (every agent and timer waited)", late)
+
+
 async def _hot_tick(p: HandlerDeps) -> None:
+    start = time.perf_counter()
+    try:
+        # Its retrievals wait for those of edits and ops queued meanwhile (`streams.priority`).
+        with priority.background():
+            await _plan_tick(p)
+    finally:
+        ms = round((time.perf_counter() - start) * 1000)
+        p.stats["hot_tick_ms"] += ms
+        p.stats["hot_tick_max_ms"] = max(p.stats["hot_tick_max_ms"], ms)
+
+
+async def _plan_tick(p: HandlerDeps) -> None:
     # A tick plans from the windows and tables as it starts: one replica catch-up serves
     # all its hot prefixes (it overlapped the next tick under load when each caught up).
     with catchup.inputs_from(time.monotonic()):

@@ -118,7 +118,21 @@ class HandlerDeps:
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:
             return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        queued = time.perf_counter()
+
+        def timed():
+            # Per store call: time queued behind others on the one thread, and time run
+            # (`exec_wait_ms`, `exec_<fn>_ms`): where an edit's way to warm waits.
+            began = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                name = getattr(fn, "__name__", "call")
+                self.stats["exec_wait_ms"] += round((began - queued) * 1000)
+                self.stats[f"exec_{name}_ms"] += round((time.perf_counter() - began) * 1000)
+                self.stats[f"exec_{name}_calls"] += 1
+
+        return await asyncio.get_running_loop().run_in_executor(self.executor, timed)
 
     def live_workers(self) -> list[WorkerState]:
         horizon = self.clock() - self.settings.worker_stale_s

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from schemas import KbChange
-from streams import asks, logic
+from streams import asks, logic, priority, retrieval
 from streams.deps import HandlerDeps
 from streams.ports import WarmPrefix
 from streams.records import PrefixOp
@@ -61,17 +61,28 @@ async def recheck_others(
              if a.tenant == change.tenant]
     if order and p.replica is not None:
         await p.replica.caught_up()  # retrieve over this edit, wherever it was indexed
-    for prefix_hash, asked in order:
-        if asked.tokens > left:
-            continue
-        prefix = await p.blocking(p.rag.prefix_for_question, asked.question, change.tenant)
-        p.stats["edit_rechecks"] += 1
-        if prefix is None or prefix.prefix_hash == prefix_hash or len(prefix.token_ids) > left:
-            continue
-        if asks.entered(prefix.chunk_refs, new_chunks):
-            left -= len(prefix.token_ids)
-            p.stats["edit_recheck_warms"] += 1
-            await p.out.op(_held_warm(prefix, change, asked.question, p.clock()))
+    # Its retrievals (up to edit_recheck_questions) yield to the edit's own re-warms, which
+    # the ops just sent lead to (`streams.priority`).
+    with priority.background():
+        await _recheck(p, change, new_chunks, order, left)
+
+
+async def _recheck(p: HandlerDeps, change: KbChange, new_chunks: Mapping[str, str],
+                   order: Sequence[tuple[str, asks.Asked]], left: int) -> None:
+    # Only those that fit the budget left before any is warmed are retrieved (it shrinks).
+    wanted = [(h, a) for h, a in order if a.tokens <= left]
+    for batch in retrieval.batches(wanted):
+        questions = [a.question for _, a in batch]
+        found = await p.blocking(retrieval.prefixes_for_questions, p.rag, questions,
+                                 change.tenant)
+        p.stats["edit_rechecks"] += len(batch)
+        for (prefix_hash, asked), prefix in zip(batch, found, strict=True):
+            if asked.tokens > left or prefix is None or prefix.prefix_hash == prefix_hash:
+                continue
+            if len(prefix.token_ids) <= left and asks.entered(prefix.chunk_refs, new_chunks):
+                left -= len(prefix.token_ids)
+                p.stats["edit_recheck_warms"] += 1
+                await p.out.op(_held_warm(prefix, change, asked.question, p.clock()))
 
 
 def _held_warm(prefix: WarmPrefix, change: KbChange, question: str, now: float) -> PrefixOp:

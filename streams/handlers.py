@@ -12,7 +12,7 @@ import logging
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
 from schemas.signing import authentic
-from streams import catchup, chunk_warm, edits, logic, progressive, synthesize
+from streams import catchup, chunk_warm, edits, logic, progressive, retrieval, synthesize
 from streams.deps import (  # noqa: F401 - re-exported: the handlers' inputs in one place
     HandlerDeps,
     Outbox,
@@ -161,11 +161,12 @@ async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> No
     questions = plan.rewarm_questions[: p.settings.rewarm_questions]
     if questions:
         await caught_up(p)  # retrieve over the edit that invalidated it, wherever indexed
-    for question in questions:
-        prefix = await p.blocking(p.rag.prefix_for_question, question, op.tenant)
-        if prefix is not None:
-            await p.out.op(warm_op(prefix, op.tenant, question, op, pin=plan.rewarm_pin,
-                                   hold=plan.rewarm_hold))
+    for batch in retrieval.batches(questions):
+        prefixes = await p.blocking(retrieval.prefixes_for_questions, p.rag, batch, op.tenant)
+        for question, prefix in zip(batch, prefixes, strict=True):
+            if prefix is not None:
+                await p.out.op(warm_op(prefix, op.tenant, question, op, pin=plan.rewarm_pin,
+                                       hold=plan.rewarm_hold))
 
 
 # --- ragwarm.doc-links (key tenant + doc_id) ----------------------------------------------
@@ -434,21 +435,23 @@ async def _plan_hot(p: HandlerDeps) -> None:
     )
     payloads = {h: pl for h, _, pl in ranked}
     held = {h for w in ready for h in w.prefixes}
+    # New to the hot set, or still hot but on no worker (a refused or lost prefill, an
+    # eviction): warm what it retrieves now, all of them retrieved together; one whose
+    # prefill is on its way waits (retrieving again each tick takes CPU from it).
+    todo = [h for h in hot if _needs_warm(p, p.tracker.hot.get(h), held)]
+    if todo:  # else a lagging replica names the old prefix of an edited chunk
+        await caught_up(p)
+    prefixes = await retrieval.hot_prefixes(p, {h: payloads[h] for h in todo})
     for prefix_hash in hot:
-        known = p.tracker.hot.get(prefix_hash)
-        # New to the hot set, or still hot but on no worker (a refused or lost prefill, an
-        # eviction): warm what it retrieves now; the prefix op itself waits for a prefill
-        # already on its way.
-        if known is None or known.prefix_hash not in held:
-            if known is not None and _prefill_pending(p, known.prefix_hash):
-                # Its prefill on its way: retrieving again each tick takes CPU from it.
+        if prefix_hash in prefixes:
+            prefix, payload = prefixes[prefix_hash], payloads[prefix_hash]
+            if prefix is None:
                 continue
-            op = await hot_warm_op(p, prefix_hash, payloads[prefix_hash])
-            if op is not None:
-                p.tracker.hot[prefix_hash] = op
-                await p.out.op(op)
-                await warm_per_node(p, op, ready, owner_picks=True)
-        else:
+            warm = warm_op(prefix, payload.tenant, payload.question, pin=True)
+            p.tracker.hot[prefix_hash] = warm
+            await p.out.op(warm)
+            await warm_per_node(p, warm, ready, owner_picks=True)
+        elif (known := p.tracker.hot.get(prefix_hash)) is not None and known.prefix_hash in held:
             await warm_per_node(p, known, ready)
     for prefix_hash in cooled:
         # An invalidation (`tracker.forget`) may have dropped it while this plan awaited.
@@ -457,6 +460,13 @@ async def _plan_hot(p: HandlerDeps) -> None:
             continue
         await p.out.op(PrefixOp(op="cool", prefix_hash=op.prefix_hash, tenant=op.tenant,
                                 reason="cooled down"))
+
+
+def _needs_warm(p: HandlerDeps, known: PrefixOp | None, held: set[str]) -> bool:
+    """Whether a hot prefix is to be retrieved and warmed this tick (`_plan_hot`)."""
+    if known is not None and known.prefix_hash in held:
+        return False
+    return known is None or not _prefill_pending(p, known.prefix_hash)
 
 
 def _prefill_pending(p: HandlerDeps, prefix_hash: str) -> bool:
@@ -479,14 +489,3 @@ async def warm_per_node(
             continue
         p.stats["hot_per_node"] += 1
         await p.out.op(op.model_copy(update={"op": "warm_on", "target_worker": worker}))
-
-
-async def hot_warm_op(p: HandlerDeps, prefix_hash: str, payload: HotPayload) -> PrefixOp | None:
-    await caught_up(p)  # else a lagging replica names the old prefix of an edited chunk
-    prefix = await p.blocking(p.rag.prefix_for_refs, list(payload.chunk_refs), payload.tenant)
-    if prefix is None or prefix.prefix_hash != prefix_hash:
-        # The query's chunks changed since it was asked: warm what it would retrieve now.
-        prefix = await p.blocking(p.rag.prefix_for_question, payload.question, payload.tenant)
-    if prefix is None:
-        return None
-    return warm_op(prefix, payload.tenant, payload.question, pin=True)

@@ -42,7 +42,9 @@ NAMED_COUNTERS: dict[str, tuple[str, str]] = {
                              "First asks served whole from a synthetic prefix."),
 }
 PENDING_MAX = 10_000
-NOT_COUNTERS = frozenset({"kv_bytes_per_token"})  # a figure kept among the counters
+# Figures kept among the counters (a size, maxima), not counts.
+NOT_COUNTERS = frozenset({"kv_bytes_per_token", "loop_lag_max_ms", "hot_tick_max_ms",
+                          "op_lag_max_ms", "kb_lag_max_ms"})
 
 
 class StreamsMetrics:

@@ -83,6 +83,7 @@ class ChunkReplica:
         self.positions: dict[int, int] = {}
         self.caught_up_from: float | None = None  # when the last catch-up that ended began
         self._consumer: Any = None
+        self._offsets: Any = None  # a second client, for end offsets only (`_catch_up`)
         self._moved = asyncio.Condition()
         s = p.settings
         self.backoff = faults.Backoff(s.retry_initial_s, s.retry_max_s, s.retry_attempts)
@@ -120,6 +121,7 @@ class ChunkReplica:
         except TimeoutError:
             self.p.stats["replica_wait_timeouts"] += 1
             return False
+        self.p.stats["replica_catchup_ms"] += round((time.monotonic() - began) * 1000)
         self.p.stats["replica_catchups"] += 1
         self.caught_up_from = max(began, self.caught_up_from or began)
         return True
@@ -128,7 +130,10 @@ class ChunkReplica:
         async with self._moved:
             await self._moved.wait_for(lambda: self._consumer is not None)
         consumer = self._consumer
-        end = await consumer.end_offsets(list(consumer.assignment()))
+        # Asked on a client of its own: on the follower's connection the request would wait
+        # behind its long-polling fetch (a broker answers a connection's requests in order),
+        # up to fetch_max_wait_ms (500 ms) per catch-up, i.e. per op batch and hot tick.
+        end = await self._offsets.end_offsets(list(consumer.assignment()))
         target = {tp.partition: offset for tp, offset in end.items()}
         async with self._moved:
             await self._moved.wait_for(lambda: all(
@@ -155,9 +160,11 @@ class ChunkReplica:
     async def _follow(self) -> None:
         from aiokafka import TopicPartition
 
-        consumer = self.make_consumer()
+        consumer, offsets = self.make_consumer(), self.make_consumer()
         await consumer.start()
         try:
+            await offsets.start()
+            self._offsets = offsets
             # The partitions the publisher sends to (the topic's spec; ensure_topics made it).
             parts = [TopicPartition(self.name, n) for n in range(self.partitions)]
             consumer.assign(parts)
@@ -178,6 +185,7 @@ class ChunkReplica:
         finally:
             self._consumer = None
             await consumer.stop()
+            await offsets.stop()
 
     async def _moved_to(self, consumer: Any, parts: Sequence[Any]) -> None:
         positions = {tp.partition: await consumer.position(tp) for tp in parts}

@@ -52,7 +52,6 @@ def with_events_secret(settings: StreamsSettings) -> StreamsSettings:
 
 def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> StreamsApp:
     """The Faust app with its topics, tables, agents and views around `rag_port`."""
-    from concurrent.futures import ThreadPoolExecutor
 
     from schemas.topics import KB_CHANGES
     from streams.agents import KafkaOutbox, partition_of, register_agents
@@ -62,6 +61,7 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     from streams.hot import HotTracker
     from streams.metrics import MeasuredOutbox, StreamsMetrics
     from streams.metrics_view import register_metrics
+    from streams.priority import PriorityExecutor
     from streams.rebalance import register_rebalance_seek
     from streams.recovery import KbChangesReader, register_recovery
     from streams.replica import register_replica
@@ -88,7 +88,7 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
             rows=tables.hot_windows,
             owns=lambda tenant: partition_of(tenant, streams.partitions) in owned(),
         ),
-        executor=ThreadPoolExecutor(1, thread_name_prefix="ragwarm-store"),
+        executor=PriorityExecutor("ragwarm-store"),
         partition_of=partition_of,
         owned_share=lambda: len(owned()) / streams.partitions,
     )
