@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ragwarm.bench.strategies.cost import CostEngine, CostModel
 from ragwarm.bench.strategies.lanes import SimClock
-from ragwarm.bench.strategies.worker import Measurements, SimWorker, make_cache
+from ragwarm.bench.strategies.worker import MeasurementMemo, Measurements, SimWorker, make_cache
 from workers.memory import Budget
 
 PROMPT = list(range(100))  # 6 full blocks of 16 and 4 tokens
@@ -67,3 +67,31 @@ def test_the_lower_median_of_the_runs_is_reported():
     served = worker(clock, "a").serve(PROMPT, "t", [], Measurements())
     base = CostModel(100.0, 1.0).ttft_ms(100, 0) / 1000
     assert served.ttft_s == base + 2 / 1e6  # runs 1, 2, 3: the median one
+
+
+def test_per_query_memo_measures_every_ask():
+    memo = MeasurementMemo()
+    first = memo.for_query(PROMPT)
+    first.record(0, None, 1.0)  # type: ignore[arg-type]
+    assert memo.for_query(PROMPT) is not first and len(memo.for_query(PROMPT)) == 0
+
+
+def test_run_wide_memo_reuses_an_earlier_query_of_the_same_computation():
+    clock = SimClock()
+    warm, plain = worker(clock, "a"), worker(clock, "none", caching=False)
+    memo = MeasurementMemo(across_queries=True)
+    first_ask = [w.serve(PROMPT, "t", [], memo.for_query(PROMPT)) for w in (warm, plain)]
+    CountingEngine.runs = 0
+    again = memo.for_query(PROMPT)
+    plain_again = plain.serve(PROMPT, "t", [], again)
+    assert CountingEngine.runs == 0  # same prompt, nothing cached: the first ask's figure
+    assert plain_again.ttft_s == first_ask[1].ttft_s
+    warm_again = warm.serve(PROMPT, "t", [], again)
+    # Now 96 tokens cached: another computation, measured (two trials and the request).
+    assert CountingEngine.runs == 3 and warm_again.result.cached_tokens == 96
+    third = memo.for_query(PROMPT)
+    assert warm.serve(PROMPT, "t", [], third).ttft_s == warm_again.ttft_s
+    assert CountingEngine.runs == 4  # run once, as deployed, for its cache; not timed
+    assert len(third) == 2 and third.reused == 3  # none twice, then warm's third ask
+    other = list(range(1, 101))
+    assert len(memo.for_query(other)) == 0  # another prompt measures its own

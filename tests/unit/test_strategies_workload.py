@@ -197,3 +197,8 @@ def test_modes_size_the_workload():
     from rag.settings import RagSettings
 
     assert standard["chunk_tokens"] == RagSettings().chunk_tokens
+    # Only --standard reuses a measurement across queries; quick and full measure each ask.
+    assert standard["share_queries"] and not quick["share_queries"]
+    assert not full["share_queries"]
+    off = StrategySettings(standard_share_queries=False)
+    assert not _plan(off, "standard", None, None)["share_queries"]

@@ -33,7 +33,7 @@ from ragwarm.bench.strategies.records import QueryRow, Span, reuse_check
 from ragwarm.bench.strategies.restart import restart_step
 from ragwarm.bench.strategies.settings import StrategySettings
 from ragwarm.bench.strategies.tiered import open_sim_tier
-from ragwarm.bench.strategies.worker import Measurements, SimAnswer, make_cache
+from ragwarm.bench.strategies.worker import MeasurementMemo, Measurements, SimAnswer, make_cache
 from ragwarm.rag_port import RagService
 from schemas import KbChange, QueryEvent
 from schemas.prefix import PromptChain, prefix_chain
@@ -120,8 +120,10 @@ class Runner:
     """Builds the workload and drives every policy through it."""
 
     def __init__(self, rig: Rig, settings: StrategySettings, names: Sequence[str],
-                 progress: bool | None = None, tier_root: Path | None = None) -> None:
+                 progress: bool | None = None, tier_root: Path | None = None,
+                 share_queries: bool = False) -> None:
         self.rig = rig
+        self.memo = MeasurementMemo(across_queries=share_queries)
         self.tier_root = tier_root  # one folder per policy with a disk tier, kept on restart
         self.budget = Budget(max_bytes=0, max_entries=DEFAULT_MAX_ENTRIES, warm_bytes=0)
         self.boots: dict[str, dict[str, Any]] = {}  # per policy, what its restart did
@@ -281,7 +283,8 @@ class Runner:
         # Rotate who goes first, so no policy always runs right after the same neighbour.
         turn = step.index % len(self.names)
         names = self.names[turn:] + self.names[:turn]
-        shared = Measurements()
+        shared = self.memo.for_query(query.prompt.token_ids)
+        made, reused = len(shared), shared.reused
         spans = [ChunkSpan((r.chunk_id, r.content_hash), a, b) for r, a, b in query.spans]
         answers = []
         for name in names:
@@ -291,8 +294,8 @@ class Runner:
             answers.append((self.row(name, lane, query, served, post_edit, repeat), served))
             lane.policy.served(self.event(query, served, name))
         self.rows.extend(self.judge_blends(query, answers, shared))
-        self.measured["measurements"] += len(shared)
-        self.measured["shared_requests"] += shared.reused
+        self.measured["measurements"] += len(shared) - made
+        self.measured["shared_requests"] += shared.reused - reused
         if self.since_restart is not None:
             self.since_restart += 1
 
@@ -400,12 +403,15 @@ def run_benchmark(
     names: Sequence[str] | None = None,
     progress: bool | None = None,
     tier_root: Path | None = None,
+    share_queries: bool = False,
 ) -> RunResult:
     """Index, build the workload, run every policy; the figures come from `RunResult.rows`.
 
     With `sample`, that many questions are drawn first and the initial state is cut to
     their documents plus distractors up to `docs`, so a large KB indexes a slice only.
-    Policies keeping a disk tier keep it under `tier_root` (one folder each).
+    Policies keeping a disk tier keep it under `tier_root` (one folder each). With
+    `share_queries` a request may reuse an earlier query's measurement of the same
+    computation, not only another policy's for the same query.
     """
     started = time.perf_counter()
     initial, rest = wl.split_trace(events)
@@ -415,7 +421,7 @@ def run_benchmark(
         edited = {e.doc_id for e in wl.content_changes(initial, rest)}
         questions = wl.sample_questions(questions, edited, sample, docs or len(initial), rng)
     initial = wl.kb_slice(initial, questions, docs, rng)
-    runner = Runner(rig, settings, names or policy_names(), progress, tier_root)
+    runner = Runner(rig, settings, names or policy_names(), progress, tier_root, share_queries)
     index_s = runner.index_initial(initial)
     deps, prefix_bytes = runner.survey([q for q in questions if q.live_at(initial_seq)])
     relevant = set().union(*deps.values()) if deps else set()
@@ -434,6 +440,7 @@ def run_benchmark(
         "index_seconds": round(index_s, 1),
         "elapsed_seconds": round(time.perf_counter() - started, 1),
         "duration_sim_s": round(steps[-1].at, 1) if steps else 0.0,
+        "shared_across_queries": share_queries,
     } | runner.measure_counts()
     if runner.restart_at is not None:
         meta["restart"] = {"at_s": round(runner.restart_at, 1), "boots": runner.boots,

@@ -43,6 +43,12 @@ class StrategySettings(BaseSettings):
     standard_edits: int = Field(
         default=30, ge=30, description="Content-changing KB changes with --standard."
     )
+    standard_share_queries: bool = Field(
+        default=True,
+        description="With --standard, a request also reuses an earlier query's measurement of "
+        "the same computation (same prompt ids, same cached tokens), not only another "
+        "policy's for the same query: a repeated prompt is measured once per cached length.",
+    )
     quick_chunk_tokens: int = Field(
         default=64, ge=16, description="Chunk size with --quick (shorter prompts, same shape)."
     )

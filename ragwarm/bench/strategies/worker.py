@@ -72,6 +72,22 @@ class Measurements(dict[int, Measured]):
         self.setdefault(cached, Measured(cached, result, ttft_s))
 
 
+class MeasurementMemo:
+    """Measurements by prompt. Per query (the default) a request shares only with the other
+    policies' requests for that query; run-wide (`across_queries`) it also reuses an earlier
+    query's measurement of the same computation (same prompt ids, same cached tokens): a
+    repeated prompt is measured once per number of cached tokens, not once per ask."""
+
+    def __init__(self, *, across_queries: bool = False) -> None:
+        self.across_queries = across_queries
+        self._by_prompt: dict[tuple[int, ...], Measurements] = {}
+
+    def for_query(self, token_ids: Sequence[int]) -> Measurements:
+        if not self.across_queries:
+            return Measurements()
+        return self._by_prompt.setdefault(tuple(token_ids), Measurements())
+
+
 class SimWorker:
     """A worker as deployed (runtime, commands, reactive caching), on the simulated clock."""
 
