@@ -187,6 +187,17 @@ class StreamsSettings(BaseSettings):
         description="How long the consumer group waits for a silent instance (a crash) "
         "before its partitions move to the others (Kafka's session timeout).",
     )
+    consumer_max_fetch_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=65_536,
+        description="Most bytes one fetch returns per partition. aiokafka sends a node's "
+        "next fetch only once the last is consumed: at Faust's 1 MiB a query-log backlog "
+        "arrived ~3,000 records a round trip and capped the query agent.",
+    )
+    stream_buffer_max: int = Field(
+        default=32_768, ge=1_024,
+        description="Records an agent's queue holds before Faust pauses fetching its "
+        "partitions (Faust's default 4,096 is under two fetches of short records).",
+    )
     query_batch_max: int = Field(
         default=512, ge=1, le=65536,
         description="Most rag.queries records counted together; the hot-token windows are "
