@@ -366,12 +366,16 @@ async def resend_prefills(p: HandlerDeps) -> int:
 
 
 async def on_query(p: HandlerDeps, query: QueryEvent) -> None:
-    payload = HotPayload(
-        tenant=query.tenant,
-        question=query.question,
-        chunk_refs=tuple(query.chunk_refs),
-        prefix_tokens=query.prefix_tokens,
-    )
+    if count_query(p, query):
+        await send_query_op(p, query)
+
+
+def count_query(p: HandlerDeps, query: QueryEvent) -> bool:
+    """A query's bookkeeping (hot-token window, ask log, counters), which cannot fail for
+    a transient reason; True when its prefix is due a warm op (`send_query_op`). Apart, so
+    that a retried op does not count its query twice and the agent awaits only when due."""
+    payload = HotPayload(tenant=query.tenant, question=query.question,
+                         chunk_refs=tuple(query.chunk_refs), prefix_tokens=query.prefix_tokens)
     p.tracker.observe(query.prefix_hash, payload, p.clock())
     if query.prefix_hash and p.settings.edit_watch:
         p.asks.observe(query.prefix_hash, query.tenant, query.question, query.chunk_refs,
@@ -380,10 +384,15 @@ async def on_query(p: HandlerDeps, query: QueryEvent) -> None:
     synthesize.count_query(p, query)
     every = p.settings.query_op_interval_s  # `streams.pacing`: one op per prefix per interval
     key = query.prefix_hash or ""  # none: query_warm_op sends nothing
-    if p.settings.track_queries and p.query_ops.due(key, p.clock(), every):
-        if (op := await query_warm_op(p, query)) is not None:
-            p.query_ops.sent(key, p.clock(), every)
-            await p.out.op(op)
+    return p.settings.track_queries and p.query_ops.due(key, p.clock(), every)
+
+
+async def send_query_op(p: HandlerDeps, query: QueryEvent) -> None:
+    """The warm op of a counted query whose prefix is due one (`count_query`)."""
+    if (op := await query_warm_op(p, query)) is not None:
+        every = p.settings.query_op_interval_s
+        p.query_ops.sent(query.prefix_hash or "", p.clock(), every)
+        await p.out.op(op)
 
 
 async def query_warm_op(p: HandlerDeps, query: QueryEvent) -> PrefixOp | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from streams import handlers
 from streams.pacing import KeyPacing
 from streams.records import PrefixState
@@ -72,3 +74,23 @@ def test_with_a_zero_interval_every_query_of_an_unheld_prefix_sends_its_op():
     asyncio.run(handlers.on_query(p, query()))
     asyncio.run(handlers.on_query(p, query()))
     assert len(out.ops) == 2
+
+
+def test_a_retried_warm_op_does_not_count_its_query_again():
+    """The agent retries only `send_query_op`: counting happened once, before it."""
+    port = Port({("default", "d.md#0"): "1" * 64})
+    p, out = unheld_tracked(port, 100.0)
+    assert handlers.count_query(p, query())  # due: tracked, on no worker
+    sends = out.op
+
+    async def flaky(op) -> None:
+        out.op = sends  # the next attempt goes through
+        raise ConnectionError("broker away")
+
+    out.op = flaky
+    with pytest.raises(ConnectionError):
+        asyncio.run(handlers.send_query_op(p, query()))
+    asyncio.run(handlers.send_query_op(p, query()))  # the runner's retry
+    assert len(out.ops) == 1
+    assert p.stats["queries"] == 1
+    assert not handlers.count_query(p, query())  # paced once sent
