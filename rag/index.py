@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rag.chunking import Chunk, Tokenizer, chunk_document
 from rag.embed import TextEmbedder
-from rag.embed_ahead import AheadVectors
 from rag.settings import RagSettings
 from rag.store import ChunkStore, DocRecord, DocWrite, StoredChunk
 from schemas import ChunkRef, KbChange
@@ -118,35 +116,18 @@ class Indexer:
         tokenizer: Tokenizer,
         chunk_tokens: int = 256,
         overlap: int = 0,
-        embed_batch: int = 32,
-        embed_background: bool = True,
     ) -> None:
         self.store = store
         self.embedder = embedder
         self.tokenizer = tokenizer
         self.chunk_tokens = chunk_tokens
         self.overlap = overlap
-        self.embed_batch = embed_batch
-        # One thread: the embedder is never used by two threads at once (`AheadVectors`).
-        self._pool = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragwarm-embed")
-            if embed_background
-            else None
-        )
 
     @classmethod
     def from_settings(
         cls, store: ChunkStore, embedder: TextEmbedder, tokenizer: Tokenizer, settings: RagSettings
     ) -> Indexer:
-        return cls(
-            store,
-            embedder,
-            tokenizer,
-            settings.chunk_tokens,
-            settings.chunk_overlap,
-            settings.embed_batch_size,
-            settings.embed_background,
-        )
+        return cls(store, embedder, tokenizer, settings.chunk_tokens, settings.chunk_overlap)
 
     def chunk(self, doc_id: str, text: str) -> list[Chunk]:
         return chunk_document(doc_id, text, self.tokenizer, self.chunk_tokens, self.overlap)
@@ -170,28 +151,13 @@ class Indexer:
         return results
 
     def _index_batch(self, changes: list[KbChange]) -> list[IndexResult]:
-        # Each document's new texts are handed to the embedder as it is planned, so the
-        # later documents' chunking and every document's writes overlap the embedding.
-        vectors = AheadVectors(self.store, self.embedder, self._pool, self.embed_batch)
-        try:
-            plans = []
-            for change in changes:
-                plan = self._plan(change)
-                if not plan.stale:
-                    texts = {c.content_hash: c.text for c in plan.new}
-                    fresh = [r.content_hash for r in plan.diff.fresh]
-                    # Each computed embedding is credited to the first change needing it.
-                    plan.embedded = vectors.request(fresh, texts)
-                plans.append(plan)
-            vectors.flush()
-            return [
-                _stale_result(p)
-                if p.stale
-                else self._apply(p, vectors.vectors([r.content_hash for r in p.diff.fresh]))
-                for p in plans
-            ]
-        finally:
-            vectors.close()
+        plans = [self._plan(c) for c in changes]
+        live = [p for p in plans if not p.stale]
+        vectors = self._vectors(live)
+        return [
+            _stale_result(p) if p.stale else self._apply(p, vectors)
+            for p in plans
+        ]
 
     def _plan(self, change: KbChange) -> _Plan:
         record = self.store.doc_record(change.doc_id, change.tenant)
@@ -201,6 +167,25 @@ class Indexer:
         new = self.chunk(change.doc_id, change.text or "") if change.op == "upsert" else []
         diff = diff_refs([s.chunk.ref for s in old], [c.ref for c in new])
         return _Plan(change, record, old, new, diff)
+
+    def _vectors(self, plans: list[_Plan]) -> dict[str, np.ndarray]:
+        """Vectors of every fresh hash: reused from the store, else embedded once each."""
+        texts = {c.content_hash: c.text for p in plans for c in p.new}
+        needed = {r.content_hash for p in plans for r in p.diff.fresh}
+        vectors = self.store.vectors_by_hash(needed)
+        missing = sorted(needed - vectors.keys())
+        if missing:
+            rows = self.embedder.embed([texts[h] for h in missing])
+            computed = dict(zip(missing, rows, strict=True))
+            self.store.save_vectors(computed)
+            vectors.update(computed)
+        # Each computed embedding is credited to the first change that needed it.
+        unclaimed = set(missing)
+        for plan in plans:
+            mine = {r.content_hash for r in plan.diff.fresh} & unclaimed
+            plan.embedded = len(mine)
+            unclaimed -= mine
+        return vectors
 
     def _apply(self, plan: _Plan, vectors: dict[str, np.ndarray]) -> IndexResult:
         change, diff = plan.change, plan.diff

@@ -42,11 +42,6 @@ class RagSettings(BaseSettings):
         ge=0,
         description="Torch threads while embedding (0: torch's default).",
     )
-    embed_background: bool = Field(
-        default=True,
-        description="Embed a KB batch's new chunks in a thread of their own while its other "
-        "documents are chunked and written (off: one after the other).",
-    )
     embed_precision: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto",
         description="Embedding math: auto uses bfloat16 on CPUs with native bf16, else float32.",
