@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 import unicodedata
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,7 +32,46 @@ class Tokenizer(Protocol):
 
 
 def count_tokens(tokenizer: Tokenizer, text: str) -> int:
-    return len(tokenizer.encode(text, add_special_tokens=False))
+    """LLM tokens of `text`, remembered for the last `_COUNTS_KEPT` texts per tokenizer.
+
+    An edit re-chunks its whole document, and nearly all of its blocks and chunk bodies are
+    the same texts as before; encoding them again was most of the time indexing spent
+    outside the embedder (issue 14: `kb_chunks_per_s` against `embed_chunks_per_s`).
+    """
+    counts = _counts_of(tokenizer)
+    if counts is None:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+    with _COUNTS_LOCK:
+        found = counts.get(text)
+    if found is not None:
+        return found
+    found = len(tokenizer.encode(text, add_special_tokens=False))
+    with _COUNTS_LOCK:
+        counts[text] = found
+        while len(counts) > _COUNTS_KEPT:
+            counts.pop(next(iter(counts)))  # the oldest: dicts keep insertion order
+    return found
+
+
+_COUNTS_KEPT = 50_000
+_COUNTS_LOCK = threading.Lock()
+# id(tokenizer) -> (a weak reference to it, its counts); the reference tells a tokenizer
+# from a later one that reuses its id.
+_COUNTS: dict[int, tuple[weakref.ref, dict[str, int]]] = {}
+
+
+def _counts_of(tokenizer: Tokenizer) -> dict[str, int] | None:
+    with _COUNTS_LOCK:
+        entry = _COUNTS.get(id(tokenizer))
+        if entry is not None and entry[0]() is tokenizer:
+            return entry[1]
+        try:
+            ref = weakref.ref(tokenizer)
+        except TypeError:  # not weakly referenceable: counted afresh each time
+            return None
+        counts: dict[str, int] = {}
+        _COUNTS[id(tokenizer)] = (ref, counts)
+        return counts
 
 
 def normalize(text: str) -> str:

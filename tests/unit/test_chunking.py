@@ -162,3 +162,33 @@ def test_chunks_cover_every_line_in_order_within_the_budget(text: str, max_token
 
 def _content(line: str) -> bool:
     return bool(line.strip()) and line.strip() != "```"
+
+
+class CountingTokenizer(WordTokenizer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoded: list[str] = []
+
+    def encode(self, text, add_special_tokens=False):
+        self.encoded.append(text)
+        return super().encode(text, add_special_tokens=add_special_tokens)
+
+
+def test_token_counts_are_remembered_per_tokenizer():
+    tok, other = CountingTokenizer(), CountingTokenizer()
+    assert count_tokens(tok, "one two three") == count_tokens(tok, "one two three") == 3
+    assert tok.encoded == ["one two three"]
+    assert count_tokens(other, "one two three") == 3
+    assert other.encoded == ["one two three"]  # its own counts, not the first one's
+
+
+def test_rechunking_an_edited_document_encodes_only_what_changed():
+    tok = CountingTokenizer()
+    before = _doc("# Title", _para("alpha", 40), _para("beta", 40), _para("gamma", 40))
+    after = before.replace("beta3 ", "BETA3 ")
+    first = chunk_document("d.md", before, tok, max_tokens=64)
+    assert chunk_document("d.md", before, tok, max_tokens=64) == first  # same, from memory
+    encoded = len(tok.encoded)
+    edited = chunk_document("d.md", after, tok, max_tokens=64)
+    assert edited == chunk_document("d.md", after, CountingTokenizer(), max_tokens=64)
+    assert 0 < len(tok.encoded) - encoded < encoded / 2
