@@ -291,7 +291,8 @@ class Prompts:
 @click.option("--edits", type=int, default=12, show_default=True)
 @click.option(
     "--embed-sample", type=int, default=512, show_default=True,
-    help="Chunks the embedder is timed on alone (a sample of those the trace embeds).",
+    help="Chunks the embedder is timed on alone (a sample of those the trace embeds; the "
+    "median of 3 passes).",
 )
 @click.option(
     "--streams", "streams_n", type=click.IntRange(1, 8), default=1, show_default=True,
