@@ -61,13 +61,21 @@ def decode(data: bytes | str, expected: type[E] | None = None) -> E | Event:
         known = sorted({n for n, _ in registry})
         if name in known:
             raise SchemaError("schema_version", f"unsupported version {version} of {name!r}")
-        raise SchemaError("schema_name", f"unknown schema {name!r}; known: {', '.join(known)}")
+        raise SchemaError(
+            "schema_name", f"unknown schema {_clip(name)!r}; known: {', '.join(known)}"
+        )
     if expected is not None and name != expected.SCHEMA:
         raise SchemaError("schema_name", f"expected {expected.SCHEMA!r}, got {name!r}")
     try:
         return upgrade(model.model_validate(obj))
     except ValidationError as exc:
         raise _first_error(exc) from None
+
+
+def _clip(text: str, keep: int = 80) -> str:
+    """Untrusted input quoted in a reason, cut short: a reason is logged, sent back in a
+    `refused` event and kept in a dead letter, each with its own size limit."""
+    return text if len(text) <= keep else text[:keep] + f"... ({len(text)} chars)"
 
 
 def upgrade(event: Event) -> Event:

@@ -8,8 +8,10 @@ part every consumer shares: `schemas.decode` and the worker's command dispatch.
 
 from __future__ import annotations
 
+import json
 from functools import cache
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from schemas import KbChange, QueryEvent, SchemaError, WarmupCommand, WorkerEvent, decode, encode
@@ -84,3 +86,13 @@ def test_the_worker_refuses_bad_commands_without_stopping(record: Drawn) -> None
 def test_valid_records_pass() -> None:
     for model, event in VALID.items():
         assert decode(encode(event), model) == event
+
+
+def test_a_huge_unknown_schema_name_is_quoted_short() -> None:
+    """Seen as a Hypothesis example: a 100 KB schema_name made the refusal and the dead
+    letter's reason (cut to its own size) disagree."""
+    raw = json.dumps({"schema_name": "x" * 100_000, "schema_version": 1}).encode()
+    with pytest.raises(SchemaError) as caught:
+        decode(raw, WarmupCommand)
+    assert len(str(caught.value)) < 500
+    assert "100000 chars" in str(caught.value)
