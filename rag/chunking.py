@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
-import threading
 import unicodedata
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,48 +29,23 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: list[int]) -> str: ...
 
+    def __hash__(self) -> int: ...  # `count_tokens` remembers counts per tokenizer
+
 
 def count_tokens(tokenizer: Tokenizer, text: str) -> int:
-    """LLM tokens of `text`, remembered for the last `_COUNTS_KEPT` texts per tokenizer.
+    """LLM tokens of `text`, remembered for the last 50,000 (tokenizer, text) pairs.
 
     An edit re-chunks its whole document, and nearly all of its blocks and chunk bodies are
     the same texts as before; encoding them again was most of the time indexing spent
     outside the embedder (issue 14: `kb_chunks_per_s` against `embed_chunks_per_s`).
+    Tokenizers are keyed by identity and kept alive by the cache: a process loads one.
     """
-    counts = _counts_of(tokenizer)
-    if counts is None:
-        return len(tokenizer.encode(text, add_special_tokens=False))
-    with _COUNTS_LOCK:
-        found = counts.get(text)
-    if found is not None:
-        return found
-    found = len(tokenizer.encode(text, add_special_tokens=False))
-    with _COUNTS_LOCK:
-        counts[text] = found
-        while len(counts) > _COUNTS_KEPT:
-            counts.pop(next(iter(counts)))  # the oldest: dicts keep insertion order
-    return found
+    return _count_tokens(tokenizer, text)
 
 
-_COUNTS_KEPT = 50_000
-_COUNTS_LOCK = threading.Lock()
-# id(tokenizer) -> (a weak reference to it, its counts); the reference tells a tokenizer
-# from a later one that reuses its id.
-_COUNTS: dict[int, tuple[weakref.ref, dict[str, int]]] = {}
-
-
-def _counts_of(tokenizer: Tokenizer) -> dict[str, int] | None:
-    with _COUNTS_LOCK:
-        entry = _COUNTS.get(id(tokenizer))
-        if entry is not None and entry[0]() is tokenizer:
-            return entry[1]
-        try:
-            ref = weakref.ref(tokenizer)
-        except TypeError:  # not weakly referenceable: counted afresh each time
-            return None
-        counts: dict[str, int] = {}
-        _COUNTS[id(tokenizer)] = (ref, counts)
-        return counts
+@functools.lru_cache(maxsize=50_000)
+def _count_tokens(tokenizer: Tokenizer, text: str) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False))
 
 
 def normalize(text: str) -> str:
