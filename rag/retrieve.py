@@ -54,6 +54,8 @@ class Retriever:
         """One retrieval per question; the questions are embedded in one batch."""
         if not questions:
             return []
+        if not self.store.may_hold(tenant):  # no embedder pass for an empty index
+            return [Retrieval(q, tenant, ()) for q in questions]
         vectors = self.embedder.embed(list(questions), progress=False)
         limit = k or self.top_k
         return [

@@ -69,6 +69,12 @@ class QdrantSettings(BaseSettings):
         "default: $RAGWARM_HOME/qdrant.",
     )
     timeout_s: int = Field(default=30, ge=1, description="Request timeout against a server.")
+    local_sync: Literal["normal", "full"] = Field(
+        default="normal",
+        description="Local mode's disk syncs: normal commits to a write-ahead log without "
+        "waiting for the disk (a process crash loses nothing; after a power cut, remove the "
+        "store's folder and the app rebuilds it from Kafka); full syncs every point written.",
+    )
 
     @property
     def local(self) -> bool:

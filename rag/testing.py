@@ -25,7 +25,10 @@ class WordTokenizer:
         ids = []
         for piece in _PIECES.findall(text):
             token = zlib.crc32(piece.encode("utf-8")) % self.vocab_size
-            self._pieces.setdefault(token, piece)
+            # Two pieces may share a crc: the later one takes the next free id, so that
+            # decode gives the text back (a property test found one such pair).
+            while self._pieces.setdefault(token, piece) != piece:
+                token = (token + 1) % self.vocab_size
             ids.append(token)
         return ids
 

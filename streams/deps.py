@@ -108,6 +108,8 @@ class HandlerDeps:
     owned_share: Callable[[], float] = field(default=lambda: 1.0)
     synthetic: SyntheticState = field(default_factory=SyntheticState)  # this process's
     query_ops: KeyPacing = field(default_factory=KeyPacing)  # when each prefix's last went
+    # When each hot prefix whose question retrieved nothing was last retrieved (`plan_hot`).
+    hot_unfound: KeyPacing = field(default_factory=KeyPacing)
     chunk_warmed: WarmedChunks = field(default_factory=WarmedChunks)  # this process's sends
     # The asks of the last `edit_hold_s` that edits rank by (`edit_watch`), this process's.
     asks: AskLog = field(init=False)

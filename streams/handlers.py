@@ -36,14 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def warm_op(
-    prefix: WarmPrefix,
-    tenant: str,
-    question: str | None,
-    cause: PrefixOp | None = None,
-    *,
-    pin: bool = False,
-    hold: bool = False,
-    reason: str = "hot",
+    prefix: WarmPrefix, tenant: str, question: str | None, cause: PrefixOp | None = None,
+    *, pin: bool = False, hold: bool = False, reason: str = "hot",
 ) -> PrefixOp:
     """A `warm` op for `prefix`; `cause` is the op whose decision led here, if any."""
     return PrefixOp(
@@ -434,7 +428,8 @@ async def plan_hot(p: HandlerDeps) -> None:
 
 
 async def _plan_hot(p: HandlerDeps) -> None:
-    ranked = p.tracker.ranked(p.clock())
+    now, retry = p.clock(), p.settings.hot_unfound_retry_s
+    ranked = p.tracker.ranked(now)
     ready = [w for w in p.live_workers() if w.ready]
     budget = int(p.settings.hot_share * sum(w.mem_total for w in ready) * p.owned_share())
     per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
@@ -446,8 +441,10 @@ async def _plan_hot(p: HandlerDeps) -> None:
     held = {h for w in ready for h in w.prefixes}
     # New to the hot set, or still hot but on no worker (a refused or lost prefill, an
     # eviction): warm what it retrieves now, all of them retrieved together; one whose
-    # prefill is on its way waits (retrieving again each tick takes CPU from it).
-    todo = [h for h in hot if _needs_warm(p, p.tracker.hot.get(h), held)]
+    # prefill is on its way waits (retrieving again each tick takes CPU from it), as does
+    # one whose question retrieved nothing lately (`hot_unfound_retry_s`).
+    todo = [h for h in hot if _needs_warm(p, p.tracker.hot.get(h), held)
+            and p.hot_unfound.due(h, now, retry)]
     if todo:  # else a lagging replica names the old prefix of an edited chunk
         await caught_up(p)
     prefixes = await retrieval.hot_prefixes(p, {h: payloads[h] for h in todo})
@@ -455,6 +452,7 @@ async def _plan_hot(p: HandlerDeps) -> None:
         if prefix_hash in prefixes:
             prefix, payload = prefixes[prefix_hash], payloads[prefix_hash]
             if prefix is None:
+                p.hot_unfound.sent(prefix_hash, now, retry)  # not every tick: same answer
                 continue
             warm = warm_op(prefix, payload.tenant, payload.question, pin=True)
             p.tracker.hot[prefix_hash] = warm

@@ -35,6 +35,12 @@ class StreamsSettings(BaseSettings):
         default=0.18, ge=0.0, le=0.5, description="Share of worker KV memory for hot tokens."
     )
     hot_min_count: float = Field(default=2.0, description="Queries in a window to count as hot.")
+    hot_unfound_retry_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        description="A hot prefix whose question retrieved nothing is retrieved again after "
+        "this long, not every tick (its tenant's index may have been empty).",
+    )
     kv_bytes_per_token: int = Field(
         default=46_080, description="KV bytes per token until workers report (SmolLM2, fp32)."
     )

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from rag.embed import Embedder
@@ -159,7 +160,9 @@ def test_search_get_chunks_and_tenants(
     assert scores == sorted(scores, reverse=True)
     only_t2 = retriever.retrieve("How are sync waves ordered?", tenant="t2")
     assert {h.tenant for h in only_t2.hits} == {"t2"}
+    embedded = embedder.computed
     assert retriever.retrieve("sync waves", tenant="nobody").hits == ()
+    assert embedder.computed == embedded  # a tenant the local store never held: no pass
     assert store.tenants() == {"default", "t2"}
     anywhere = retriever.retrieve("vault secret behaviour", k=1)
     assert anywhere.hits[0].chunk.doc_id == "t2.md"
@@ -207,3 +210,34 @@ def test_real_tokenizer_prefix_is_identical_in_any_score_order(
     # The same chunks read back by id (as warmup does from refs) give the same prefix.
     again = store.get_chunks([r.chunk_id for r in prompt.chunk_refs])
     assert builder.build_prefix([s.chunk for s in again.values()]) == list(prompt.prefix_ids)
+
+
+def _journal_modes(path: Path) -> set[str]:
+    import sqlite3
+
+    modes = set()
+    for db in path.rglob("storage.sqlite"):
+        with sqlite3.connect(db) as conn:
+            modes.add(conn.execute("PRAGMA journal_mode").fetchone()[0])
+    return modes
+
+
+@pytest.mark.parametrize("sync, mode", [("normal", "wal"), ("full", "delete")])
+def test_local_commits_go_to_a_write_ahead_log_unless_told_to_sync(
+    tmp_path: Path, sync: str, mode: str
+) -> None:
+    """The local store's collections commit to a write-ahead log by default (each point is
+    its own transaction; syncing each was half the indexer's time outside embedding), and
+    what was written is there after a reopen."""
+    from rag.chunking import Chunk, content_hash
+    from rag.store import DocRecord, DocWrite
+
+    settings = QdrantSettings(path=tmp_path / "q", local_sync=sync)
+    chunk = Chunk("a.md", 0, "some text", content_hash("some text"), 3)
+    with ChunkStore.open(settings, "walled", 4) as store:
+        store.write_document(DocWrite(DocRecord("a.md", "default", 7, False, 1), [chunk],
+                                      [np.array([1.0, 0.0, 0.0, 0.0])]))
+    assert _journal_modes(tmp_path / "q") == {mode}
+    with ChunkStore.open(settings, "walled", 4) as store:
+        assert store.doc_version("a.md") == 7
+        assert [s.chunk.content_hash for s in store.current_chunks("a.md")] == [chunk.content_hash]

@@ -30,6 +30,7 @@ class Port:
         raise AssertionError("not used here")
 
     def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
+        self.calls.append("prefix_for_question")
         return None
 
     def prefix_for_refs(self, refs: Sequence[ChunkRef], tenant: str) -> WarmPrefix | None:
@@ -238,6 +239,24 @@ def test_a_hot_prefix_whose_prefill_is_on_its_way_is_not_retrieved_again_each_ti
     clock["now"] += logic.PREFILL_WAIT_S + 1  # never confirmed: asked again
     run_sync(handlers.plan_hot(p))
     assert len(out.ops) == 2
+
+
+def test_a_hot_prefix_whose_question_retrieves_nothing_is_not_retrieved_every_tick():
+    port = Port({})  # its tenant's index is empty: its refs are not current, nothing retrieved
+    clock = {"now": 100.0}
+    p, out = pipeline(port, hot_min_count=1.0, track_queries=False, kv_bytes_per_token=1,
+                      hot_unfound_retry_s=30.0, worker_stale_s=3600.0)
+    p.clock = lambda: clock["now"]
+    for _ in range(2):
+        run_sync(handlers.on_query(p, query()))
+    run_sync(handlers.plan_hot(p))
+    assert port.calls.count("prefix_for_question") == 1 and not out.ops
+    clock["now"] += 29.0
+    run_sync(handlers.plan_hot(p))  # same index, same answer: not asked again
+    assert port.calls.count("prefix_for_question") == 1
+    clock["now"] += 2.0
+    run_sync(handlers.plan_hot(p))  # the retry interval is over: asked again
+    assert port.calls.count("prefix_for_question") == 2 and not out.ops
 
 
 def test_the_sweep_forgets_long_expired_prefixes_nobody_holds_and_unlinks_them():
