@@ -101,25 +101,29 @@ def open_client(settings: QdrantSettings) -> QdrantClient:
         ) from exc
 
 
-def write_ahead_commits(client: QdrantClient) -> int:
-    """Let local mode's collections commit to a write-ahead log without syncing the disk;
-    returns how many were switched.
+def relax_local_commits(client: Any) -> int:
+    """Switch a Qdrant local-mode store's SQLite files to WAL with synchronous=NORMAL;
+    returns how many files were switched.
 
-    Why: local mode persists every point in a transaction of its own (sqlite), and each
-    commit waited for the disk: 18 of the 34 s the indexer spent outside embedding over
-    the Argo CD trace (docs/benchmarks.md). A crash of the process loses nothing. A power
-    cut may lose the last commits of each collection's file, each file its own: after one,
-    remove the store's folder, and the app rebuilds it from rag.chunks and kb.changes
-    (`streams.replica`, `streams.recovery`). No public API sets this, so the client's
-    internals are reached with care: anything unexpected leaves the default."""
+    Local mode commits every point in a transaction of its own, with SQLite's defaults
+    (rollback journal, a disk sync per commit): on a busy disk each commit cost about 20 ms,
+    more than embedding the chunk, and on a quiet one 18 of the 34 s the indexer spent
+    outside embedding over the Argo CD trace (docs/benchmarks.md). In WAL with
+    synchronous=NORMAL a commit survives a crash of the process and costs about 0.2 ms; a
+    power cut may lose the last commits of each file, each file its own: remove the
+    store's folder and the app rebuilds it from Kafka (`streams.replica`, `streams.recovery`),
+    or set RAGWARM_QDRANT_LOCAL_SYNC=full. The files are reached through qdrant-client's
+    local internals; a client without them (a server, another version) is left as it is."""
+    collections = getattr(getattr(client, "_client", None), "collections", None)
+    if not isinstance(collections, dict):
+        return 0
     switched = 0
-    for collection in getattr(getattr(client, "_client", None), "collections", {}).values():
+    for collection in collections.values():
         conn = getattr(getattr(collection, "storage", None), "storage", None)
-        if not isinstance(conn, sqlite3.Connection):
-            continue
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        switched += 1
+        if isinstance(conn, sqlite3.Connection):
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            switched += 1
     return switched
 
 
@@ -141,7 +145,7 @@ class ChunkStore:
     def open(cls, settings: QdrantSettings, collection: str, dim: int) -> ChunkStore:
         store = cls(open_client(settings), collection, dim, local=not settings.url)
         if settings.local and settings.local_sync == "normal":
-            write_ahead_commits(store.client)
+            relax_local_commits(store.client)
         return store
 
     def close(self) -> None:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -38,29 +36,6 @@ def stale_refs(
         if found is None or found[0] != ref.content_hash:
             out.append((ref.chunk_id, ref.content_hash, *(found or (None, None))))
     return out
-
-
-def relax_local_commits(client: Any) -> int:
-    """Switch a Qdrant local-mode store's SQLite files to WAL with synchronous=NORMAL.
-
-    Local mode commits every point in a transaction of its own, with SQLite's defaults
-    (rollback journal, full sync): on a busy disk each commit cost about 20 ms, more than
-    embedding the chunk, so the store, not the embedder, set the indexing rate. In WAL
-    with synchronous=NORMAL a commit survives a crash of the process (only an OS crash may
-    lose the last ones, and the index is rebuilt from Kafka) and costs about 0.2 ms. The
-    files are reached through qdrant-client's local internals; a client without them (a
-    server, another version) is left as it is. Returns how many files were switched."""
-    collections = getattr(getattr(client, "_client", None), "collections", None)
-    if not isinstance(collections, dict):
-        return 0
-    switched = 0
-    for collection in collections.values():
-        conn = getattr(getattr(collection, "storage", None), "storage", None)
-        if isinstance(conn, sqlite3.Connection):
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            switched += 1
-    return switched
 
 
 class TimedEmbedder:
@@ -125,7 +100,6 @@ class RagService:
         )
         qdrant = qdrant or qdrant_settings()
         store = ChunkStore.open(qdrant, rag.collection, embedder.dim)
-        relax_local_commits(store.client)
         return cls(
             store,
             Indexer.from_settings(store, embedder, tokenizer, rag),

@@ -1,4 +1,4 @@
-"""Qdrant local mode with the SQLite files in WAL (ragwarm.rag_port.relax_local_commits):
+"""Qdrant local mode with the SQLite files in WAL (rag.store.relax_local_commits):
 points written are there after the client is closed and opened again."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from qdrant_client import QdrantClient
 from qdrant_client import models as qm
 
-from ragwarm.rag_port import relax_local_commits
+from rag.store import relax_local_commits
 
 pytestmark = pytest.mark.integration
 
