@@ -40,6 +40,8 @@ class EditOutcome:
     worker_busy: int = 0
     missed: str | None = None
     commands: dict[str, int] = field(default_factory=dict)
+    # A missed edit only: the commands about its prefix or its edited chunk, in order.
+    trail: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: round(v, 1) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -128,6 +130,19 @@ def commands_between(
     return counts
 
 
+def command_trail(
+    commands: list[tuple[float, WarmupCommand]], start: float, end: float, prefix_hash: str,
+    stale: ChunkRef,
+) -> list[str]:
+    """The commands in [start, end] about `prefix_hash` or naming the `stale` ref, each as
+    'ms after start: op prefix (reason)': where a missed edit's way stopped."""
+    return [
+        f"{(at - start) * 1000:.0f} ms: {c.op} {(c.prefix_hash or '-')[:12]} ({c.reason})"
+        for at, c in commands
+        if start <= at <= end and (c.prefix_hash == prefix_hash or stale in c.chunk_refs)
+    ]
+
+
 def stored_between(
     seen: list[tuple[float, WorkerEvent]], start: float, end: float, other_than: str
 ) -> int:
@@ -213,7 +228,7 @@ class EditRun:
             return None
         i, change, stale = picked
         change = change.model_copy(update={"version": version})
-        question = self.warm[i][0]
+        question, held = self.warm[i]
         t0 = time.time()
         self.b.send(KB_CHANGES, change.doc_id, encode(change))
         self.b.producer.flush()
@@ -234,6 +249,7 @@ class EditRun:
             setattr(outcome, key, None if at is None else (at - t0) * 1000)
         if times["warm"] is None:
             outcome.missed = miss_reason(times, self.b.seen, t0, new_hash)
+            outcome.trail = command_trail(self.b.commands, t0, end, held, stale)
         elif times["sent"] is not None:
             outcome.worker_busy = stored_between(self.b.seen, times["sent"], end, new_hash or "")
         return outcome
@@ -264,7 +280,7 @@ def measure_edits(b, prompts, latest: dict[str, KbChange], questions: list[str],
             b.say(f"edit {n + 1}/{edits}: no warm chunk of any hot question to edit; skipped")
             continue
         outcomes.append(outcome.as_dict())
-        what = (f"missed: {outcome.missed}" if outcome.missed else
+        what = (f"missed: {outcome.missed} (trail: {outcome.trail})" if outcome.missed else
                 f"warm again in {outcome.warm:.0f} ms (indexed {outcome.indexed:.0f}, "
                 f"sent {outcome.sent or 0:.0f}, {outcome.worker_busy} other prefills first)")
         b.say(f"edit {n + 1}/{edits}: {outcome.doc_id} {what}; commands {outcome.commands}")

@@ -141,6 +141,21 @@ def test_a_missed_edit_says_at_which_stage_it_stopped() -> None:
     assert "no stored event" in miss_reason(sent, [], 100.0, NEW)
 
 
+def test_a_missed_edit_keeps_the_commands_about_its_prefix_or_its_chunk() -> None:
+    from ragwarm.bench.pipeline_edits import command_trail
+
+    commands = [
+        (99.0, _cmd("invalidate", OLD, [STALE])),  # before the edit
+        (100.2, _cmd("prefill", OTHER)),  # another prefix, another chunk
+        (100.4, _cmd("invalidate", OLD, reason="stale (found by a hot op)")),  # by hash
+        (100.6, _cmd("invalidate", OTHER, [STALE], reason="edit")),  # names the chunk
+    ]
+    assert command_trail(commands, 100.0, 160.0, OLD, STALE) == [
+        f"400 ms: invalidate {OLD[:12]} (stale (found by a hot op))",
+        f"600 ms: invalidate {OTHER[:12]} (edit)",
+    ]
+
+
 def test_missed_edits_are_counted_and_left_out_of_the_percentiles() -> None:
     outcomes = [{"indexed": 10.0, "sent": 20.0, "warm": 30.0, "missed": None},
                 {"indexed": 10.0, "sent": None, "warm": None, "missed": "no prefill"}]
