@@ -24,6 +24,7 @@ from schemas import KbChange, QueryEvent, WarmupCommand, WorkerEvent, decode, en
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS, prefixed
 
 DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
+QUERY_TENANTS = 8  # of the synthetic queries: more than the topic's 4 partitions
 
 
 class Bench:
@@ -208,14 +209,16 @@ def trace_changes(events: Path, limit: int | None) -> list[KbChange]:
     return changes[:limit] if limit else changes
 
 
-def synthetic_queries(n: int, prefixes: int, seed: int) -> list[QueryEvent]:
-    """Zipf-popular prefix hashes, as a busy gateway would log them."""
+def synthetic_queries(n: int, prefixes: int, seed: int, tenants: int = 1) -> list[QueryEvent]:
+    """Zipf-popular prefix hashes, as a busy gateway would log them; prefix i belongs to
+    tenant `synthetic-<i mod tenants>` (a tenant's records share a partition)."""
     rng = random.Random(seed)
     hashes = [uuid.UUID(int=rng.getrandbits(128)).hex for _ in range(prefixes)]
     weights = [1 / (i + 1) for i in range(prefixes)]
     picks = rng.choices(range(prefixes), weights, k=n)
     return [
         QueryEvent(
+            tenant=f"synthetic-{i % tenants}",
             question=f"synthetic question {i}",
             prefix_hash=hashes[i],
             block_hashes=[hashes[i]],
@@ -403,8 +406,10 @@ def query_backlog_rate(b: Bench, queries: int) -> float:
     otherwise share the machine with the app, and the app can take records no faster than
     they arrive, so the figure was the producer's. A gateway's producers run elsewhere."""
     b.stop_streams()
-    for event in synthetic_queries(queries, 500, seed=1):
-        b.send(RAG_QUERIES, "synthetic", encode(event.model_copy(update={"tenant": "synthetic"})))
+    # Keyed by tenant as the client keys them; several tenants, so that with N instances
+    # each takes its share (one tenant's windows live on one partition, one instance).
+    for event in synthetic_queries(queries, 500, seed=1, tenants=QUERY_TENANTS):
+        b.send(RAG_QUERIES, event.tenant, encode(event))
     b.producer.flush()
     b.say(f"{queries} query events produced; the app takes them from the backlog")
     b.start_streams()  # the counters start again at zero
