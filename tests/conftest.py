@@ -74,7 +74,10 @@ def new_topic(
     made: list[str] = []
 
     def make(prefix: str = "test", partitions: int = 1, config: dict | None = None) -> str:
-        spec = TopicSpec(unique_name(prefix), "test", partitions, config or {})
+        # Tests stamp records with fixed dates in the past; the broker's time retention
+        # (7 days) would delete them at its next check, which can fall mid-test.
+        spec = TopicSpec(unique_name(prefix), "test", partitions,
+                         {"retention.ms": "-1", **(config or {})})
         create_topics(kafka_bootstrap, kafka_settings.client_options(), [spec])
         made.append(spec.name)
         return spec.name

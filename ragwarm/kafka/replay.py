@@ -243,7 +243,10 @@ def _target_notes(
 ) -> list[str]:
     if target is None:
         verb = "would be" if dry_run else "was"
-        return [f"{into} does not exist; it {verb} created with {partitions} partitions"]
+        return [
+            f"{into} does not exist; it {verb} created with {partitions} partitions"
+            " and no time retention"
+        ]
     if len(target) != partitions:
         return [f"{into} has {len(target)} partitions, not {partitions}: records are placed by key"]
     return []
@@ -256,7 +259,10 @@ def _create_topic(settings: KafkaSettings, name: str, partitions: int) -> None:
     create_topics(
         settings.servers,
         settings.client_options(),
-        [TopicSpec(name, "copy", partitions)],
+        # Copies keep their source timestamps. Under the broker's default time retention
+        # (7 days) a copy of older records, such as an edit history, would be deleted at
+        # the broker's next retention check, minutes after the copy.
+        [TopicSpec(name, "copy", partitions, {"retention.ms": "-1"})],
         replicas=settings.topic_replicas,
     )
 

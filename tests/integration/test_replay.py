@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from click.testing import CliRunner, Result
 from kafka import KafkaConsumer, KafkaProducer
+from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.consumer.fetcher import ConsumerRecord
 
 from ragwarm.cli.replay import replay
@@ -237,6 +238,12 @@ def test_copy_writes_the_same_records_into_the_target(
     assert [s for s in copied if s[0] == 0] == [s for s in wanted if s[0] == 0]  # order kept
 
 
+def _topic_config(bootstrap: str, topic: str) -> dict[str, str]:
+    with admin_client(bootstrap, _options()) as admin:
+        found = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    return {k: v["value"] for k, v in found["topic"][topic].items()}
+
+
 def test_copy_by_offsets_into_a_new_topic(
     kafka_bootstrap: str, source: str, absent_topic: str
 ) -> None:
@@ -244,6 +251,7 @@ def test_copy_by_offsets_into_a_new_topic(
 
     assert result.exit_code == 0, result.output
     assert f"{absent_topic} does not exist; it was created with 2 partitions" in result.output
+    assert _topic_config(kafka_bootstrap, absent_topic)["retention.ms"] == "-1"
     copied = _read_range(kafka_bootstrap, absent_topic)
     assert sorted(int(r.value.decode()[1:]) for r in copied) == [6, 7, 8, 9, 10, 11]
 
