@@ -95,6 +95,7 @@ class ChunkReplica:
         self.p.stats["chunks_embedded"] += embedded
         if not records:
             return
+        start = time.perf_counter()
         sent = [
             await self.topic.send(
                 key=r.key, value=r.value, headers=list(r.headers),
@@ -104,6 +105,8 @@ class ChunkReplica:
         ]
         await asyncio.gather(*sent)  # acknowledged before the ops that depend on them go out
         self.p.stats["replica_published"] += len(records)
+        # Part of `kb_index_ms`: the embedder waits meanwhile (bench pipeline: kb_publish_s).
+        self.p.stats["replica_publish_ms"] += round((time.perf_counter() - start) * 1000)
 
     # --- in -----------------------------------------------------------------------------------
     async def caught_up(self, timeout_s: float | None = None, since: float | None = None) -> bool:

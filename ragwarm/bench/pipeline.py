@@ -87,13 +87,16 @@ class Bench:
             },
         )
 
+    def stats(self) -> list[dict]:
+        """The `/ragwarm/stats` body of every streams instance."""
+        return [
+            httpx.get(proc.health_url.removesuffix("health") + "stats", timeout=10).json()
+            for proc in self.streams_all
+        ]
+
     def counters(self) -> dict:
         """The counters of every streams instance, summed."""
-        total: Counter = Counter()
-        for proc in self.streams_all:
-            url = proc.health_url.removesuffix("/ragwarm/health")
-            total.update(httpx.get(f"{url}/ragwarm/stats", timeout=10).json()["counters"])
-        return dict(total)
+        return summed(self.stats())
 
     def start_streams(self) -> None:
         for proc in self.streams_all:
@@ -133,19 +136,26 @@ class Bench:
 
     def rate(
         self, keys: tuple[str, ...], total: int, timeout_s: float, stall_s: float = 300.0,
-        poll_s: float = 0.1,
+        poll_s: float = 0.1, spread: bool = False,
     ) -> float:
         """Events per second between the first and the last processed, from the app's counters
         read every `poll_s` (each read is an HTTP request the app answers: a phase of minutes
         is read less often); no progress for `stall_s` (a stuck partition: issue 14's
-        --streams 2 stall) ends it."""
+        --streams 2 stall) ends it. `spread`: timed from the first read at which every
+        instance holds partitions (`spread_over`), what was processed before not counted."""
         first = last = None
         deadline = time.monotonic() + timeout_s
         moved = (time.monotonic(), -1)
         while time.monotonic() < deadline:
-            done = sum(self.counters().get(k, 0) for k in keys)
+            bodies = self.stats()
+            done = sum(summed(bodies).get(k, 0) for k in keys)
             now = time.monotonic()
-            if done and first is None:
+            if first is None and (spread_over(bodies) if spread else done):
+                if done >= total:
+                    raise TimeoutError(
+                        f"all {total} events were processed before every instance held"
+                        " partitions: nothing left to time (raise --queries)"
+                    )
                 first = (now, done)
             if done >= total:
                 last = (now, done)
@@ -404,31 +414,55 @@ def query_backlog_rate(b: Bench, queries: int) -> float:
     The backlog is produced while the app is stopped, then the app is started on it: this
     bench's own producer (about 5,500 records a second on an idle core, in Python) would
     otherwise share the machine with the app, and the app can take records no faster than
-    they arrive, so the figure was the producer's. A gateway's producers run elsewhere."""
+    they arrive, so the figure was the producer's. A gateway's producers run elsewhere.
+
+    With N instances the first to join the group takes every partition until the others
+    have joined (seconds, then a rebalance): the rate is timed from the moment every
+    instance holds partitions, on a backlog of (N + 1) x `queries` so that most is left."""
+    instances = len(b.streams_all)
+    backlog = queries if instances == 1 else queries * (instances + 1)
     b.stop_streams()
     # Keyed by tenant as the client keys them; several tenants, so that with N instances
     # each takes its share (one tenant's windows live on one partition, one instance).
-    for event in synthetic_queries(queries, 500, seed=1, tenants=QUERY_TENANTS):
+    for event in synthetic_queries(backlog, 500, seed=1, tenants=QUERY_TENANTS):
         b.send(RAG_QUERIES, event.tenant, encode(event))
     b.producer.flush()
-    b.say(f"{queries} query events produced; the app takes them from the backlog")
+    b.say(f"{backlog} query events produced; the app takes them from the backlog")
     b.start_streams()  # the counters start again at zero
-    return b.rate(("queries",), queries, 600)
+    return b.rate(("queries",), backlog, 600, spread=instances > 1)
+
+
+def summed(bodies: list[dict]) -> dict:
+    """The counters of several `/ragwarm/stats` bodies, summed."""
+    total: Counter = Counter()
+    for body in bodies:
+        total.update(body["counters"])
+    return dict(total)
+
+
+def spread_over(bodies: list[dict]) -> bool:
+    """Whether every instance holds a share of the partitions and the shares add up to all
+    of them (a rebalance under way leaves some instance at 0)."""
+    shares = [body.get("owned_share", 0.0) for body in bodies]
+    return all(share > 0 for share in shares) and abs(sum(shares) - 1.0) < 1e-6
 
 
 def kb_split(counters: dict, kb_seconds: float, instances: int) -> dict[str, float | None]:
     """Where the KB phase's time went, in seconds summed over the instances: embedding,
-    the rest of indexing (chunking, store reads and writes), the rest of each batch
+    the rest of indexing (chunking, store reads and writes), publishing the replica records
+    (until acknowledged), the rest of each batch
     (decoding, table writes, ops sent), and the time no batch ran (waiting, Faust); and
     the embedder's own rate inside the app (same chunks, same minutes as the pipeline)."""
     embed = counters.get("embed_ms", 0) / 1000
     embedded = counters.get("chunks_embedded", 0)
     index = counters.get("kb_index_ms", 0) / 1000
     batch = counters.get("kb_batch_ms", 0) / 1000
+    publish = counters.get("replica_publish_ms", 0) / 1000
     return {
         "kb_seconds": round(kb_seconds, 1),
         "kb_embed_s": round(embed, 1),
-        "kb_index_other_s": round(index - embed, 1),
+        "kb_index_other_s": round(index - embed - publish, 1),
+        "kb_publish_s": round(publish, 1),
         "kb_apply_s": round(batch - index, 1),
         "kb_outside_batches_s": round(instances * kb_seconds - batch, 1),
         "app_embed_chunks_per_s": round(embedded / embed, 2) if embed else None,

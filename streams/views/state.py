@@ -19,6 +19,8 @@ def stats_body(p: HandlerDeps) -> dict:
         "prefixes": len(p.tables.prefixes),
         "workers": len(p.tables.workers),
         "hot": len(p.tracker.hot),
+        # This instance's share of the rag.queries partitions (0 before its first assignment).
+        "owned_share": p.owned_share(),
     }
 
 

@@ -65,13 +65,29 @@ def test_the_kb_split_accounts_for_every_second_of_every_instance():
     from ragwarm.bench.pipeline import kb_split
 
     counters = {"embed_ms": 60_000, "kb_index_ms": 70_000, "kb_batch_ms": 75_000,
-                "chunks_embedded": 600}
+                "replica_publish_ms": 3_000, "chunks_embedded": 600}
     split = kb_split(counters, kb_seconds=50.0, instances=2)
-    assert split == {"kb_seconds": 50.0, "kb_embed_s": 60.0, "kb_index_other_s": 10.0,
-                     "kb_apply_s": 5.0, "kb_outside_batches_s": 25.0,
+    assert split == {"kb_seconds": 50.0, "kb_embed_s": 60.0, "kb_index_other_s": 7.0,
+                     "kb_publish_s": 3.0, "kb_apply_s": 5.0, "kb_outside_batches_s": 25.0,
                      "app_embed_chunks_per_s": 10.0}
-    parts = ("kb_embed_s", "kb_index_other_s", "kb_apply_s", "kb_outside_batches_s")
+    parts = ("kb_embed_s", "kb_index_other_s", "kb_publish_s", "kb_apply_s",
+             "kb_outside_batches_s")
     assert sum(split[k] for k in parts) == 2 * split["kb_seconds"]
+
+
+def test_instances_are_timed_together_once_each_holds_its_share_of_the_partitions():
+    from ragwarm.bench.pipeline import spread_over, summed
+
+    def bodies(*shares: float) -> list[dict]:
+        return [{"counters": {"queries": 10}, "owned_share": s} for s in shares]
+
+    assert spread_over(bodies(1.0))
+    assert not spread_over(bodies(1.0, 0.0))  # the second has not joined yet
+    assert not spread_over(bodies(1.0, 0.5))  # a rebalance under way: the first's old share
+    assert spread_over(bodies(0.5, 0.5))
+    assert spread_over(bodies(0.75, 0.25))
+    assert not spread_over([{"counters": {}}])  # an app without the field never counts
+    assert summed(bodies(0.5, 0.5)) == {"queries": 20}
 
 
 def test_the_timed_embedder_counts_its_time():
