@@ -53,6 +53,9 @@ def create_app(settings: StreamsSettings, broker: BrokerOptions, data_dir: Path)
         producer_acks=broker.acks,
         # Dead letters are sized against this (schemas.deadletter.value_limit): keep them equal.
         producer_max_request_size=settings.producer_max_request_bytes,
+        producer_max_batch_size=min(
+            settings.producer_batch_bytes, settings.producer_max_request_bytes
+        ),
         # Throughput of the query log (issue 14): bigger fetches and agent queues.
         consumer_max_fetch_size=settings.consumer_max_fetch_bytes,
         stream_buffer_maxsize=settings.stream_buffer_max,
