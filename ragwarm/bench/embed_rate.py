@@ -37,6 +37,11 @@ def embed_rate(texts: list[str], sample: int, seed: int = 1, passes: int = 3) ->
     """Chunks per second of the app's embedder (same settings) on a sample of `texts`: the
     median of `passes` timed passes (one pass on the shared VM read anywhere from 36 to 49
     chunks/s for the same sample, and the pipeline's target is a fraction of it)."""
+    return statistics.median(embed_rates(texts, sample, seed, passes))
+
+
+def embed_rates(texts: list[str], sample: int, seed: int = 1, passes: int = 3) -> list[float]:
+    """The chunks per second of each of `passes` timed passes (see `embed_rate`)."""
     from rag.settings import RagSettings
     from ragwarm.models import load_embedder
     from ragwarm.settings import ModelSettings
@@ -52,4 +57,4 @@ def embed_rate(texts: list[str], sample: int, seed: int = 1, passes: int = 3) ->
         start = time.perf_counter()
         embedder.embed(picked)
         rates.append(len(picked) / (time.perf_counter() - start))
-    return statistics.median(rates)
+    return rates
