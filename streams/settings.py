@@ -155,9 +155,9 @@ class StreamsSettings(BaseSettings):
     producer_batch_bytes: int = Field(
         default=512 * 1024, ge=16_384,
         description="Most bytes of one partition's batch (capped at the max request size). "
-        "aiokafka holds one batch a partition and the next send waits until it went out: at "
-        "Faust's 16 KiB an indexed batch's rag.chunks records (vectors) took ~130 ms of "
-        "round trips, 10% of the KB phase, with the embedder idle.",
+        "aiokafka holds one batch a partition and a send to a full one waits until it went "
+        "out: at Faust's 16 KiB, 348 rag.chunks-sized records (2.8 KB, vectors) took 25 ms "
+        "to the local broker, at 512 KiB 8 ms.",
     )
     resend_s: float = Field(
         default=10.0, gt=0, description="How often prefills no worker confirmed are re-sent."

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from collections.abc import Iterable
 
@@ -33,15 +32,11 @@ def embedded_chunks(changes: Iterable[KbChange]) -> list[str]:
     return texts
 
 
-def embed_rate(texts: list[str], sample: int, seed: int = 1, passes: int = 3) -> float:
-    """Chunks per second of the app's embedder (same settings) on a sample of `texts`: the
-    median of `passes` timed passes (one pass on the shared VM read anywhere from 36 to 49
-    chunks/s for the same sample, and the pipeline's target is a fraction of it)."""
-    return statistics.median(embed_rates(texts, sample, seed, passes))
-
-
 def embed_rates(texts: list[str], sample: int, seed: int = 1, passes: int = 3) -> list[float]:
-    """The chunks per second of each of `passes` timed passes (see `embed_rate`)."""
+    """Chunks per second of the app's embedder (same settings) on a sample of `texts`, one
+    figure per timed pass: the caller takes a median (one pass on the shared VM read
+    anywhere from 36 to 49 chunks/s for the same sample, and the pipeline's target is a
+    fraction of it)."""
     from rag.settings import RagSettings
     from ragwarm.models import load_embedder
     from ragwarm.settings import ModelSettings
