@@ -214,13 +214,24 @@ class EditRun:
         """The edit `n`: the first warm question, from the n-th on, with an editable chunk."""
         for k in range(len(self.warm)):
             i = (n + k) % len(self.warm)
-            question, held_hash = self.warm[i]
-            _, rows = self.prompts.query_event(question)
-            held = self.b.stored_refs(held_hash)
+            rows = self.refresh(i)
+            held = self.b.stored_refs(self.warm[i][1])
             edit = warm_chunk_edit(self.prompts, self.latest, held, rows, n, self.edited)
             if edit is not None:
                 return i, edit[0], edit[1]
         return None
+
+    def refresh(self, i: int) -> list:
+        """Question i's retrieval now (its rows); its record becomes the prefix this
+        retrieval builds when the worker stored that one. An edit re-prefills every prefix
+        it invalidated, so two questions sharing the edited chunk both moved, and the
+        record of the one not edited was left on a prefix no longer held."""
+        question, held_hash = self.warm[i]
+        event, rows = self.prompts.query_event(question)
+        if event.chunk_refs and event.prefix_hash != held_hash:
+            if self.b.stored_refs(event.prefix_hash):
+                self.warm[i] = (question, event.prefix_hash)
+        return rows
 
     def edit(self, n: int, version: int) -> EditOutcome | None:
         picked = self.pick(n)

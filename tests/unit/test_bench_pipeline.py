@@ -203,3 +203,26 @@ def test_an_edit_whose_question_now_retrieves_a_prefix_already_held_is_warm_at_o
             (101.2, _event("heartbeat", None, held=[NEW]))]
     times = stage_times(commands, seen, 100.0, STALE, NEW)
     assert times == {"indexed": 100.5, "sent": None, "warm": 101.2}
+
+
+def test_a_question_re_prefilled_by_another_edit_is_followed_to_its_new_prefix() -> None:
+    from types import SimpleNamespace
+
+    from ragwarm.bench.pipeline_edits import EditRun
+
+    stored = {"new-q1": [STALE]}  # the worker's `stored` events, by prefix hash
+    now = {"q1": "new-q1", "q2": "new-q2"}  # what each question retrieves now
+
+    class Prompts:
+        def query_event(self, question: str):
+            event = SimpleNamespace(prefix_hash=now[question], chunk_refs=[STALE])
+            return event, [f"rows of {question}"]
+
+    b = SimpleNamespace(stored_refs=lambda h: stored.get(h, []))
+    run = EditRun(b, Prompts(), {})
+    run.warm = [("q1", "old-q1"), ("q2", "old-q2")]
+
+    assert run.refresh(0) == ["rows of q1"]
+    assert run.warm[0] == ("q1", "new-q1")  # the worker stored it: that is what it holds
+    run.refresh(1)
+    assert run.warm[1] == ("q2", "old-q2")  # never stored: the record stays
