@@ -284,11 +284,23 @@ class CommandConsumer:
             # sent after `ready` is never skipped by a late offset reset.
             for tp in partitions:
                 consumer.position(tp)
+            self._commit_positions(consumer)
             log.info(
                 "consuming %s as %s (%d partitions)", self._topic, self.group_id, len(partitions)
             )
             self._ends = dict(consumer.end_offsets(list(partitions)))
             self._assigned.set()
+
+    def _commit_positions(self, consumer: Any) -> None:
+        """Commit the positions just resolved, before `ready`. A new group has no committed
+        offsets and starts at the end ("latest"); auto-commit first runs a second or more
+        after the join, so a worker killed before it restarted at the end again and skipped
+        every command sent while it was down (an invalidation among them). A failed commit
+        is left to auto-commit."""
+        try:
+            consumer.commit()
+        except Exception as exc:  # noqa: BLE001 - a rebalance under way; auto-commit follows
+            log.warning("could not commit the starting positions of %s: %s", self._topic, exc)
 
     def wait_caught_up(self, timeout_s: float) -> bool:
         """Wait until the commands sent before this consumer started (those a restarted
