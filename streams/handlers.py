@@ -398,12 +398,14 @@ async def query_warm_op(p: HandlerDeps, query: QueryEvent) -> PrefixOp | None:
     if raw is None:
         prefix = await p.blocking(p.rag.prefix_for_refs, query.chunk_refs, query.tenant)
         if prefix is None or prefix.prefix_hash != query.prefix_hash:
-            return None  # its chunks changed since it was asked: the KB change handles that
+            # Chunks changed since, or a client's own prompt template: not asked per query.
+            p.query_ops.sent(query.prefix_hash, p.clock(), p.settings.query_op_interval_s)
+            p.stats["query_prefix_unmatched"] += 1
+            return None
         return warm_op(prefix, query.tenant, query.question, reason="query")
     state = PrefixState.model_validate(raw)
     fresh = state.expires_at - p.clock() > p.settings.prefix_ttl_s / 2
-    # Cheap checks first: this runs for every query, the worker rows only when needed.
-    # A held prefix's ask ends its hold (`logic._warm`), so it is always sent.
+    # Cheap checks first (every query runs this); a held prefix's ask ends its hold: sent.
     if fresh and query.question in state.questions and state.held_at is None:
         if logic.holders_of(query.prefix_hash, p.live_workers()):
             return None

@@ -138,6 +138,20 @@ def test_a_query_whose_chunks_changed_since_is_not_registered():
     assert out.ops == []
 
 
+def test_an_unmatched_prefix_asks_the_store_once_per_interval_not_per_query():
+    # The client reports a prefix the app does not build from these chunks (here: they
+    # changed since); every query of it used to retrieve the chunks again.
+    now = [100.0]
+    p, out = pipeline(Port({("default", "d.md#0"): "2" * 64}), query_op_interval_s=2.0)
+    p.clock = lambda: now[0]
+    for _ in range(5):
+        run_sync(handlers.on_query(p, query()))
+    assert p.rag.calls == ["prefix_for_refs"] and p.stats["query_prefix_unmatched"] == 1
+    now[0] += 2.0
+    run_sync(handlers.on_query(p, query()))
+    assert p.rag.calls == ["prefix_for_refs"] * 2 and out.ops == [] and p.stats["queries"] == 6
+
+
 def test_freshness_is_checked_in_the_ops_tenant():
     # The chunk is current for tenant "acme" only: a warm op of "acme" prefills.
     port = Port({("acme", "d.md#0"): "1" * 64})
