@@ -144,6 +144,10 @@ class PromptBuilder:
         """The prefix token ids a worker prefills for this chunk set."""
         return [t for part in self.prefix_parts(chunks) for t in self._encode(part)]
 
+    def question_ids(self, question: str) -> list[int]:
+        """The tokens after the prefix for `question`: they depend on it alone."""
+        return self._encode(question.strip() + self.layout.tail)
+
     def build(self, chunks: Sequence[ChunkLike], question: str) -> Prompt:
         """The full prompt; its first `prefix_len` ids equal `build_prefix(chunks)`."""
         parts = self.prefix_parts(chunks)
@@ -156,7 +160,7 @@ class PromptBuilder:
             spans.append((start, start + len(ids)))
             start += len(ids)
         return Prompt(
-            token_ids=tuple(prefix + self._encode(asked)),
+            token_ids=tuple(prefix + self.question_ids(question)),
             prefix_len=len(prefix),
             text=prefix_text + asked,
             prefix_text=prefix_text,

@@ -224,6 +224,9 @@ class RagService:
     def opening_ids(self) -> list[int]:
         return self.prompts.opening_ids()
 
+    def question_ids(self, question: str) -> list[int]:
+        return self.prompts.question_ids(question)
+
     def search(self, question: str, tenant: str, k: int) -> list[dict]:
         hits = self.retriever.retrieve(question, tenant, k).hits
         return [

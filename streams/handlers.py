@@ -12,7 +12,7 @@ import logging
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
 from schemas.signing import authentic
-from streams import catchup, chunk_warm, edits, logic, progressive, retrieval, synthesize
+from streams import catchup, chunk_warm, edits, logic, progressive, retrieval, synthesize, tails
 from streams.deps import (  # noqa: F401 - re-exported: the handlers' inputs in one place
     HandlerDeps,
     Outbox,
@@ -141,7 +141,7 @@ async def on_prefix_op(p: HandlerDeps, op: PrefixOp) -> None:
 
 
 async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> None:
-    for cmd in plan.commands:
+    for cmd in await tails.with_question_tails(p, plan):
         await p.out.command(logic.with_expiry(cmd, p.clock(), p.settings.command_expiry_s))
     if plan.state is None:
         p.tables.prefixes.pop(op.prefix_hash, None)

@@ -53,6 +53,9 @@ class RagPort(Protocol):
     def opening_ids(self) -> list[int]:
         """The canonical prompt's tokens before its first chunk (the system prompt)."""
 
+    def question_ids(self, question: str) -> list[int]:
+        """The canonical prompt's tokens after its prefix for `question` (its last ones)."""
+
     def synthesis_prompt(
         self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
     ) -> SynthesisPrompt | None:

@@ -64,6 +64,12 @@ class StreamsSettings(BaseSettings):
         "(0.7). 1: everything that fits at once.",
     )
     rewarm_questions: int = Field(default=4, description="Hot questions re-warmed per prefix.")
+    warm_question_tails: int = Field(
+        default=2, ge=0,
+        description="A prefill of a tracked prefix also warms the whole prompt of its last "
+        "asked questions, this many (unpinned, same TTL and chunks): a repeat then reuses "
+        "its question's tokens as request caching would, not the prefix alone. 0: prefixes.",
+    )
     # 0.5: with the hot set's 0.18 it stays under the 0.7 of memory a worker lets warmup
     # pin (workers.memory.MEMORY_THRESHOLD), so the worker refuses neither.
     edit_rewarm_share: float = Field(

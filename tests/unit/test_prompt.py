@@ -83,6 +83,8 @@ def test_prefix_matches_build_prefix_and_the_boundary_is_exact() -> None:
     prompt = builder.build(CHUNKS, "  How do sync waves work?  ")
     assert list(prompt.prefix_ids) == builder.build_prefix(CHUNKS)
     assert list(prompt.question_ids) == tok.encode("How do sync waves work?" + builder.layout.tail)
+    # What the streams app appends to a warm prefix for a question it knows.
+    assert builder.question_ids("  How do sync waves work?  ") == list(prompt.question_ids)
     assert prompt.text == prompt.prefix_text + "How do sync waves work?" + builder.layout.tail
     assert tok.decode(list(prompt.token_ids)) == prompt.text
     assert [r.chunk_id for r in prompt.chunk_refs] == ["docs/a.md#9", "docs/a.md#10", "docs/b.md#2"]

@@ -25,6 +25,7 @@ class Port:
     def __init__(self, current: dict[tuple[str, str], str]) -> None:
         self.current = current  # (tenant, chunk id) -> content hash
         self.calls: list[str] = []
+        self.tails: dict[str, list[int]] = {}  # question -> its tokens after the prefix
 
     def index(self, change):
         raise AssertionError("not used here")
@@ -41,6 +42,9 @@ class Port:
 
     def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
         return all(self.current.get((tenant, r.chunk_id)) == r.content_hash for r in refs)
+
+    def question_ids(self, question: str) -> list[int]:
+        return self.tails.get(question, [])
 
     def search(self, question, tenant, k):
         return []
@@ -136,6 +140,30 @@ def test_a_query_whose_chunks_changed_since_is_not_registered():
     p, out = pipeline(Port({("default", "d.md#0"): "2" * 64}))
     run_sync(handlers.on_query(p, query()))
     assert out.ops == []
+
+
+def test_a_prefill_also_warms_the_prompts_of_its_last_asked_questions():
+    port = Port({("default", "d.md#0"): "1" * 64})
+    port.tails = {"why?": [5] * 20, "how?": [6] * 18, "old?": [4] * 16}
+    p, out = pipeline(port, warm_question_tails=2)
+    state = PrefixState(tenant="default", chunk_refs=REFS, token_ids=[7] * 32,
+                        questions=["how?", "old?"], expires_at=0.0)
+    p.tables.prefixes[P1] = state.model_dump(mode="json")
+    run_sync(handlers.on_query(p, query("why?")))
+    [op] = out.ops
+    run_sync(handlers.on_prefix_op(p, op))  # on no worker: prefilled
+    prefix, *tails = out.commands
+    assert prefix.token_ids == [7] * 32 and prefix.op == "prefill"
+    # The question just asked first, then the one asked before it; "old?" is past the limit.
+    assert [c.token_ids for c in tails] == [[7] * 32 + [5] * 20, [7] * 32 + [6] * 18]
+    for tail in tails:
+        assert (tail.op, tail.worker_id, tail.ttl_s, tail.chunk_refs, tail.pin) == (
+            "prefill", prefix.worker_id, prefix.ttl_s, prefix.chunk_refs, False)
+        assert tail.command_id != prefix.command_id and tail.prefix_hash == P1
+    p2, out2 = pipeline(port, warm_question_tails=0)
+    p2.tables.prefixes[P1] = state.model_dump(mode="json")
+    run_sync(handlers.on_prefix_op(p2, op))
+    assert [c.token_ids for c in out2.commands] == [[7] * 32]
 
 
 def test_an_unmatched_prefix_asks_the_store_once_per_interval_not_per_query():

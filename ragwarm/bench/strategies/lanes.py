@@ -71,6 +71,9 @@ class StoreRag:
     def opening_ids(self) -> list[int]:
         return self.rag.opening_ids()
 
+    def question_ids(self, question: str) -> list[int]:
+        return self.rag.question_ids(question)
+
     def search(self, question: str, tenant: str, k: int) -> list[dict]:
         return self.rag.search(question, tenant, k)
 

@@ -155,6 +155,9 @@ class LogRag:
     def opening_ids(self) -> list[int]:
         return []
 
+    def question_ids(self, question: str) -> list[int]:
+        return []  # no prompt text in a query log: prefixes are warmed without questions
+
     def search(self, question: str, tenant: str, k: int) -> list[dict]:
         return []  # no text in a query log
 
