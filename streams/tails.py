@@ -10,48 +10,46 @@ is invalidated with the prefix, since it has the same chunk refs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from schemas import WarmupCommand
 from streams.deps import HandlerDeps
 from streams.logic import PrefixPlan, command_id
-from streams.records import PrefixState
 
 
 def question_prefills(
     commands: Sequence[WarmupCommand],
-    state: PrefixState | None,
-    tails: Callable[[str], list[int]],
-    limit: int,
+    tails: Mapping[str, Sequence[int]],
     new_id: Callable[[], str],
 ) -> list[WarmupCommand]:
-    """`commands`, each prefill of the prefix followed by one per question of `state` (the
-    last asked first, `limit` at most): its tokens and then the question's (`tails`)."""
-    questions = state.questions[:limit] if state is not None else []
+    """`commands`, each prefill followed by one per question of `tails` (question -> its
+    tokens after the prefix, in the order given): the prefill's tokens, then the question's."""
     out: list[WarmupCommand] = []
     for cmd in commands:
         out.append(cmd)
         if cmd.op != "prefill" or not cmd.token_ids:
             continue
-        for question in questions:
-            if ids := tails(question):
+        why = f"{cmd.reason}: an asked question" if cmd.reason else "an asked question"
+        for ids in tails.values():
+            if ids:
                 out.append(cmd.model_copy(update={
                     "command_id": new_id(), "token_ids": [*cmd.token_ids, *ids], "pin": False,
-                    "reason": f"{cmd.reason}: an asked question".lstrip(": "),
+                    "reason": why,
                 }))
     return out
 
 
 async def with_question_tails(p: HandlerDeps, plan: PrefixPlan) -> list[WarmupCommand]:
-    """The plan's commands with their question tails (`RAGWARM_STREAMS_WARM_QUESTION_TAILS`)."""
+    """The plan's commands with the tails of the plan's prefix's last asked questions
+    (`RAGWARM_STREAMS_WARM_QUESTION_TAILS` of them)."""
     limit = p.settings.warm_question_tails
-    if not limit or not any(c.op == "prefill" for c in plan.commands):
+    prefilled = any(c.op == "prefill" for c in plan.commands)
+    if not limit or not prefilled or plan.state is None or not plan.state.questions:
         return list(plan.commands)
-    questions = plan.state.questions[:limit] if plan.state is not None else []
+    questions = plan.state.questions[:limit]  # the last asked first
 
     def question_ids() -> dict[str, list[int]]:
         return {q: p.rag.question_ids(q) for q in questions}
 
     # On the store thread: the tokenizer is the indexer's, which runs there.
-    ids = await p.blocking(question_ids)
-    return question_prefills(plan.commands, plan.state, ids.__getitem__, limit, command_id)
+    return question_prefills(plan.commands, await p.blocking(question_ids), command_id)
