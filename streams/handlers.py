@@ -141,8 +141,9 @@ async def on_prefix_op(p: HandlerDeps, op: PrefixOp) -> None:
 
 
 async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> None:
-    for cmd in await tails.with_question_tails(p, plan):
+    for cmd in plan.commands:
         await p.out.command(logic.with_expiry(cmd, p.clock(), p.settings.command_expiry_s))
+    await tails.send_question_tails(p, plan)
     if plan.state is None:
         p.tables.prefixes.pop(op.prefix_hash, None)
     else:
@@ -230,8 +231,7 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     reserve = min(hot, int(p.settings.hot_share * event.mem_total_bytes))
     budget = event.mem_total_bytes - event.mem_used_bytes - reserve
     sent = hot_sent(p)
-    # The tracked prefixes live in every partition of the prefixes table: each owner warms
-    # its own, within its share of the budget.
+    # Tracked prefixes are in every partition of the prefixes table: each owner warms its own.
     steps = p.settings.warmup_steps
     req = ReadyRewarm(
         worker_id=event.worker_id, budget_bytes=max(0, budget), skip=sent, steps=steps

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from schemas import WarmupCommand
 from streams.deps import HandlerDeps
-from streams.logic import PrefixPlan, command_id
+from streams.logic import PrefixPlan, command_id, with_expiry
 
 
 def question_prefills(
@@ -22,11 +22,10 @@ def question_prefills(
     tails: Mapping[str, Sequence[int]],
     new_id: Callable[[], str],
 ) -> list[WarmupCommand]:
-    """`commands`, each prefill followed by one per question of `tails` (question -> its
-    tokens after the prefix, in the order given): the prefill's tokens, then the question's."""
+    """For each prefill of `commands`, one per question of `tails` (question -> its tokens
+    after the prefix, in the order given): the prefill's tokens, then the question's."""
     out: list[WarmupCommand] = []
     for cmd in commands:
-        out.append(cmd)
         if cmd.op != "prefill" or not cmd.token_ids:
             continue
         why = f"{cmd.reason}: an asked question" if cmd.reason else "an asked question"
@@ -39,17 +38,19 @@ def question_prefills(
     return out
 
 
-async def with_question_tails(p: HandlerDeps, plan: PrefixPlan) -> list[WarmupCommand]:
-    """The plan's commands with the tails of the plan's prefix's last asked questions
+async def send_question_tails(p: HandlerDeps, plan: PrefixPlan) -> None:
+    """After the plan's commands: the tails of its prefix's last asked questions
     (`RAGWARM_STREAMS_WARM_QUESTION_TAILS` of them)."""
     limit = p.settings.warm_question_tails
     prefilled = any(c.op == "prefill" for c in plan.commands)
     if not limit or not prefilled or plan.state is None or not plan.state.questions:
-        return list(plan.commands)
+        return
     questions = plan.state.questions[:limit]  # the last asked first
 
     def question_ids() -> dict[str, list[int]]:
         return {q: p.rag.question_ids(q) for q in questions}
 
-    # On the store thread: the tokenizer is the indexer's, which runs there.
-    return question_prefills(plan.commands, await p.blocking(question_ids), command_id)
+    # On the store thread, where the tokenizer's other user (the indexer) runs; after the
+    # prefix's own commands went, so that a busy store thread never delays those.
+    for cmd in question_prefills(plan.commands, await p.blocking(question_ids), command_id):
+        await p.out.command(with_expiry(cmd, p.clock(), p.settings.command_expiry_s))
