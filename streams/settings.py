@@ -67,8 +67,7 @@ class StreamsSettings(BaseSettings):
     warm_question_tails: int = Field(
         default=2, ge=0,
         description="A prefill of a tracked prefix also warms the whole prompt of its last "
-        "asked questions, this many (same TTL and chunks; unpinned unless an edit holds the "
-        "prefix, then unpinned with it): a repeat then reuses "
+        "asked questions, this many (unpinned, same TTL and chunks): a repeat then reuses "
         "its question's tokens as request caching would, not the prefix alone. 0: prefixes.",
     )
     # 0.5: with the hot set's 0.18 it stays under the 0.7 of memory a worker lets warmup

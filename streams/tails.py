@@ -4,11 +4,8 @@ A repeat of a question reuses, with request caching, its whole prompt; a prefix 
 without its question leaves the question's tokens to compute at every ask (tens of
 milliseconds on a CPU), so a policy that re-warms prefixes after edits, evictions or a
 restart lost its median to plain request caching. The tails ride on the prefix's own
-blocks: each costs the KV of a few blocks and is invalidated with the prefix, since it has
-the same chunk refs. They are unpinned (evicted before the prefix), except those of a
-prefix an edit holds for its next ask: that ask is the repeat they are for, and an
-unpinned tail was often evicted before it came, leaving the held prefix to serve without
-its question's tokens. A worker's `release` of the prefix unpins them with it.
+blocks: each costs the KV of a few blocks, is unpinned (evicted before the prefix) and
+is invalidated with the prefix, since it has the same chunk refs.
 """
 
 from __future__ import annotations
@@ -24,13 +21,9 @@ def question_prefills(
     commands: Sequence[WarmupCommand],
     tails: Mapping[str, Sequence[int]],
     new_id: Callable[[], str],
-    held: bool = False,
 ) -> list[WarmupCommand]:
     """For each prefill of `commands`, one per question of `tails` (question -> its tokens
-    after the prefix, in the order given): the prefill's tokens, then the question's.
-    Pinned where the prefill is pinned for an edit's hold (`held`), not for the hot set:
-    a hot prefix stays pinned for as long as it is asked, and its tails with it took the
-    room request caching needed (model-free replays, docs/benchmarks.md)."""
+    after the prefix, in the order given): the prefill's tokens, then the question's."""
     out: list[WarmupCommand] = []
     for cmd in commands:
         if cmd.op != "prefill" or not cmd.token_ids:
@@ -39,8 +32,7 @@ def question_prefills(
         for ids in tails.values():
             if ids:
                 out.append(cmd.model_copy(update={
-                    "command_id": new_id(), "token_ids": [*cmd.token_ids, *ids],
-                    "pin": cmd.pin and held,
+                    "command_id": new_id(), "token_ids": [*cmd.token_ids, *ids], "pin": False,
                     "reason": why,
                 }))
     return out
@@ -60,7 +52,5 @@ async def send_question_tails(p: HandlerDeps, plan: PrefixPlan) -> None:
 
     # On the store thread, where the tokenizer's other user (the indexer) runs; after the
     # prefix's own commands went, so that a busy store thread never delays those.
-    held = plan.state.held_at is not None
-    for cmd in question_prefills(plan.commands, await p.blocking(question_ids), command_id,
-                                 held):
+    for cmd in question_prefills(plan.commands, await p.blocking(question_ids), command_id):
         await p.out.command(with_expiry(cmd, p.clock(), p.settings.command_expiry_s))

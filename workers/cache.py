@@ -259,15 +259,12 @@ class PrefixCache:
         return entry
 
     def release(self, prefix_hash: str, *, command_id: str | None = None) -> CacheEntry | None:
-        """Unpin an entry and its question tails (pinned entries through it with its chunk
-        refs; a prefix over a warm chunk has others) for the policy; None when it is absent."""
+        """Unpin an entry so the policy may evict it; None when it is not here."""
         entry = self._entries.get(prefix_hash)
         if entry is None:
             return None
-        for key in list(self.pool[entry.block_hashes[-1]].holders):  # itself included
-            held = self._entries[key]
-            if held.pinned and held.chunk_refs == entry.chunk_refs:
-                self._rehold(held, False, held.kind, held.expires_at)
+        if entry.pinned:
+            self._rehold(entry, False, entry.kind, entry.expires_at)
         self._record("released", entry, command_id, "", self._clock())
         return entry
 

@@ -334,25 +334,6 @@ def test_release_unpins_and_makes_evictable() -> None:
     assert evicted == [entry]
 
 
-def test_release_unpins_the_question_tails_pinned_with_a_prefix_and_no_other_pin() -> None:
-    ref, other = ("d.md#0", "1" * 64), ("d.md#1", "2" * 64)
-    cache, _ = make_cache()
-    chunk, _ = cache.admit(tenant="t1", hashes=chain(1), nbytes=10, chunk_refs=[ref], pin=True)
-    prefix, _ = cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=20, chunk_refs=[ref, other],
-                            pin=True)
-    tail, _ = cache.admit(tenant="t1", hashes=chain(1, 2, 3), nbytes=30,
-                          chunk_refs=[ref, other], pin=True)
-    # A pinned prompt through the prefix with other refs is another warmup's.
-    foreign, _ = cache.admit(tenant="t1", hashes=chain(1, 2, 4), nbytes=30, chunk_refs=[other],
-                             pin=True)
-    assert cache.release(chain(1, 2)[-1]) is prefix
-    assert (prefix.pinned, tail.pinned, foreign.pinned, chunk.pinned) == (False, False, True, True)
-    assert cache.pinned_bytes == 30  # blocks 1, 2 and 4: the foreign entry's (the tail's 3 is not)
-    # Releasing the chunk's `system + chunk` entry unpins no prefix over it.
-    cache.release(chain(1)[-1])
-    assert (chunk.pinned, foreign.pinned) == (False, True)
-
-
 def test_evict_is_explicit_and_reaches_pinned() -> None:
     cache, _ = make_cache()
     pinned, _ = cache.admit(tenant="t1", hashes=chain(1), nbytes=10, pin=True)

@@ -164,12 +164,6 @@ def test_a_prefill_also_warms_the_prompts_of_its_last_asked_questions():
     p2.tables.prefixes[P1] = state.model_dump(mode="json")
     run_sync(handlers.on_prefix_op(p2, op))
     assert [c.token_ids for c in out2.commands] == [[7] * 32]
-    # An edit's hold pins the prefix for its next ask, and the tails that ask would use.
-    p3, out3 = pipeline(port, warm_question_tails=2)
-    p3.tables.prefixes[P1] = state.model_dump(mode="json")
-    run_sync(handlers.on_prefix_op(p3, op.model_copy(update={"hold": True, "reason": "edit"})))
-    assert [(c.pin, len(c.token_ids)) for c in out3.commands] == [(True, 32), (True, 52),
-                                                                  (True, 50)]
 
 
 def test_an_unmatched_prefix_asks_the_store_once_per_interval_not_per_query():

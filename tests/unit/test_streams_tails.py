@@ -34,15 +34,3 @@ def test_each_prefill_gets_one_tail_per_question_in_order_and_nothing_else_does(
 def test_no_questions_no_tails():
     prefill = command("prefill")
     assert question_prefills([prefill], {}, lambda: "x") == []
-
-
-def test_a_held_prefixs_tails_are_pinned_with_it_and_no_other_pins_its_tails():
-    ids = (f"c{i}" for i in itertools.count(1))
-    tails = {"q1": [1] * 17, "q2": [2] * 3}
-    held = question_prefills([command("prefill")], tails, lambda: next(ids), held=True)
-    assert [c.pin for c in held] == [True, True]
-    # A pinned prefill that no edit holds (the hot set's), and an unpinned held one.
-    hot = question_prefills([command("prefill")], tails, lambda: next(ids))
-    unpinned = question_prefills([command("prefill", pin=False)], tails, lambda: next(ids),
-                                 held=True)
-    assert [c.pin for c in hot + unpinned] == [False] * 4
