@@ -10,6 +10,9 @@ the tracked prefixes live in the `prefixes` table, keyed by prefix hash, which t
 partition handling a KB change cannot read; losing the log (a restart, a moved partition)
 only makes the next edits re-check less until the asks come back. Bounded by `capacity`
 prefixes; the least recently asked go first.
+
+It also counts every prefix's asks however long ago (`seen`, same bound): an edit brings
+back dependents asked more than once before the hot window (`often_asked`).
 """
 
 from __future__ import annotations
@@ -36,12 +39,23 @@ class Asked:
 
 
 @dataclass
+class Seen:
+    """One prefix's asks since this process first saw it: how many, the last, its size."""
+
+    tokens: int
+    count: int = 0
+    last: float = float("-inf")
+
+
+@dataclass
 class AskLog:
-    """Asks per prefix hash within `window_s` of the newest clock reading."""
+    """Asks per prefix hash within `window_s` of the newest clock reading, and how often
+    each was asked at all (`seen`)."""
 
     window_s: float
     capacity: int = 4096
     entries: dict[str, Asked] = field(default_factory=dict)
+    seen: dict[str, Seen] = field(default_factory=dict)
 
     def observe(self, prefix_hash: str, tenant: str, question: str,
                 chunk_refs: Sequence[ChunkRef], tokens: int, now: float) -> None:
@@ -53,6 +67,11 @@ class AskLog:
         self.entries[prefix_hash] = entry
         while len(self.entries) > self.capacity:
             del self.entries[next(iter(self.entries))]
+        seen = self.seen.pop(prefix_hash, None) or Seen(tokens)
+        seen.tokens, seen.count, seen.last = tokens, seen.count + 1, now
+        self.seen[prefix_hash] = seen  # LRU-ordered like `entries`
+        while len(self.seen) > self.capacity:
+            del self.seen[next(iter(self.seen))]
 
     def recent(self, now: float) -> dict[str, Asked]:
         """The prefixes asked within the window ending at `now` (older asks dropped)."""
@@ -73,6 +92,16 @@ def recheck_order(recent: dict[str, Asked], skip: Collection[str],
     ranked = sorted(((h, a) for h, a in recent.items() if h not in skip),
                     key=lambda ha: (-len(ha[1].times), -ha[1].last, ha[0]))
     return ranked[:limit]
+
+
+def often_asked(seen: dict[str, Seen], dependents: Collection[str],
+                skip: Collection[str]) -> list[tuple[str, Seen]]:
+    """The dependents (not in `skip`) asked more than once, whenever: most asked first, then
+    most recently asked. Once is not enough: an edit that held prefixes asked once long ago
+    filled the pinned share with KV nobody asked for again."""
+    found = [(h, seen[h]) for h in dependents if h in seen and h not in skip
+             and seen[h].count > 1]
+    return sorted(found, key=lambda hs: (-hs[1].count, -hs[1].last, hs[0]))
 
 
 def entered(new_refs: Sequence[ChunkRef], doc_chunks: Collection[str]) -> bool:

@@ -25,6 +25,20 @@ def rewarm_tokens(p: HandlerDeps) -> int:
     return int(p.settings.edit_rewarm_share * memory) // max(1, per_token)
 
 
+def older(p: HandlerDeps, dependents: Collection[str], recent: Sequence[logic.HotCandidate]
+          ) -> tuple[list[logic.HotCandidate], int]:
+    """The dependents asked more than once before the hot window (`recent`), most asked
+    first, not the hot set's (pinned already); and the tokens they may take: the edit share
+    of the ready workers' memory that no pin holds yet (the hot set's, earlier holds)."""
+    skip = {c.prefix_hash for c in recent} | {op.prefix_hash for op in p.tracker.hot.values()}
+    found = [logic.HotCandidate(h, s.count, s.tokens)
+             for h, s in asks.often_asked(p.asks.seen, dependents, skip)]
+    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    live = [w for w in p.live_workers() if w.ready]
+    room = p.settings.edit_rewarm_share * sum(w.mem_total for w in live)
+    return found, max(0, int(room - sum(w.pinned for w in live))) // max(1, per_token)
+
+
 def candidates(p: HandlerDeps, dependents: Collection[str],
                now: float) -> list[logic.HotCandidate]:
     """The dependents an edit may re-warm, with their asks in the hot window; the hot

@@ -107,9 +107,9 @@ async def apply_indexed(
     links = p.tables.doc_prefixes.get(key) or {}
     dependents = {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
     now = p.clock()
-    # The asks this process saw (rag.queries) rank the dependents' re-warms.
     recent, budget = edits.candidates(p, dependents, now), edits.rewarm_tokens(p)
-    plan = logic.plan_kb_change(change, prior, new_chunks, dependents, now, recent, budget)
+    plan = logic.plan_kb_change(change, prior, new_chunks, dependents, now, recent, budget,
+                                *edits.older(p, dependents, recent))
     assert plan.state is not None  # not stale, so the plan carries the new state
     p.tables.docs[key] = plan.state.model_dump(mode="json")
     p.stats["kb_events"] += 1

@@ -24,6 +24,7 @@ from streams.fleet import (  # noqa: F401 - re-exported: the app's decisions in 
 from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState
 from streams.warmsets import (  # noqa: F401 - re-exported: the app's decisions in one place
     HotCandidate,
+    edit_rewarm,
     plan_hot_set,
     plan_rewarm,
 )
@@ -57,6 +58,7 @@ def plan_kb_change(
     now: float,
     recent: Sequence[HotCandidate] = (),
     rewarm_tokens: int = 0,
+    older: Sequence[HotCandidate] = (), older_tokens: int = 0,
 ) -> KbPlan:
     """Compare the document's new chunk hashes with what each dependent prefix was built from.
 
@@ -65,7 +67,8 @@ def plan_kb_change(
     A prefix with any ref no longer current is invalidated; the others get a longer TTL.
     `recent` are the prefixes asked in the hot window (count, size): the dependents among
     them, most asked first, within `rewarm_tokens` (`edit_rewarm`), are re-warmed and held
-    (pinned until their next ask) whether a worker still holds them or not. Ops go least
+    (pinned until their next ask) whether a worker still holds them or not; then `older`,
+    dependents asked more than once before that window, within `older_tokens` too. Ops go least
     asked first: each may re-warm its questions, and the worker's LRU then keeps the most
     asked of them longest.
     """
@@ -83,7 +86,8 @@ def plan_kb_change(
         h for h, refs in dependents.items()
         if any(new_chunks.get(r.chunk_id) != r.content_hash for r in refs)
     }
-    rewarm = edit_rewarm(dependents if doc_changed else stale, recent, rewarm_tokens)
+    rewarm = edit_rewarm(dependents if doc_changed else stale, recent, rewarm_tokens,
+                         older, older_tokens)
     rank = {c.prefix_hash: c.count for c in recent}
     order = sorted(dependents, key=lambda h: (rank.get(h, 0.0), h))
     for prefix_hash, refs in ((h, dependents[h]) for h in order):
@@ -106,29 +110,6 @@ def plan_kb_change(
             )
         )
     return KbPlan(stale=False, state=state, ops=ops)
-
-
-def edit_rewarm(
-    dependents: Iterable[str], recent: Sequence[HotCandidate], budget_tokens: int
-) -> set[str]:
-    """The dependents an edit re-warms wherever they are (held or evicted) and holds.
-
-    Their questions come back after an edit to their documents (to see what changed), and
-    by then the worker's LRU has often evicted them: an invalidated prefix's KV is wrong
-    everywhere and request caching cannot rebuild it before that ask, and an unchanged one
-    (or its re-retrieval's new top-3) is an unpinned entry among many. Those asked in the
-    hot window qualify, most asked first, while their tokens fit `budget_tokens`:
-    unbounded, an edit to a hub document re-prefilled a dozen rarely asked prefixes into a
-    budget of about as many and pushed out the KV in use. A prefix too large for what is
-    left is skipped, smaller ones after it may still fit.
-    """
-    wanted = set(dependents)
-    chosen, used = set(), 0
-    for cand in sorted(recent, key=lambda c: (-c.count, c.prefix_hash)):
-        if cand.prefix_hash in wanted and used + cand.tokens <= budget_tokens:
-            chosen.add(cand.prefix_hash)
-            used += cand.tokens
-    return chosen
 
 
 def _reason(change: KbChange, changed: Sequence[ChunkRef]) -> str:

@@ -88,7 +88,9 @@ class StreamsSettings(BaseSettings):
         description="A KB change also re-retrieves the questions of prefixes asked in the "
         "last edit_hold_s (a process-local log) that use none of the document's chunks; where "
         "its chunks enter their top-3, the new prefix is warmed and held like a re-warmed "
-        "dependent, within what the change's edit_rewarm_share left. Off: event-rag's rule.",
+        "dependent, within what the change's edit_rewarm_share left. It also re-warms and "
+        "holds the dependents asked more than once before the hot window, within that share "
+        "less what pins hold already. Off: event-rag's rule.",
     )
     edit_recheck_questions: int = Field(
         default=32, ge=0,

@@ -384,6 +384,32 @@ def test_an_edit_rewarms_evicted_dependents_asked_recently_within_its_budget():
         ("warm", "popular?", False, True)]
 
 
+@pytest.mark.parametrize("pinned", [0, 90])
+def test_an_edit_holds_dependents_asked_twice_before_the_hot_window_in_unpinned_room(pinned):
+    port = RetrievingPort({("default", "d.md#0"): "2" * 64})
+    # 1,000 bytes, 1 byte a token: 100 tokens for one edit; `pinned` of them held already.
+    p, out = pipeline(port, now=5000.0, hot_tokens=False, kv_bytes_per_token=1,
+                      edit_rewarm_share=0.1, edit_recheck_questions=0)
+    worker = WorkerState.model_validate(p.tables.workers["w1"])
+    p.tables.workers["w1"] = worker.model_copy(update={"pinned": pinned}).model_dump(mode="json")
+    twice, once = "1" * 64, "2" * 64
+    for name, times in ((twice, (100.0, 900.0)), (once, (1000.0,))):
+        p.tables.prefixes[name] = PrefixState(  # tracked, held by no worker
+            tenant="default", chunk_refs=REFS, token_ids=[7] * 32, questions=[name],
+            expires_at=150.0,
+        ).model_dump(mode="json")
+        for at in times:  # long before the hot window (600 s) ending at 5,000 s
+            p.asks.observe(name, "default", name, REFS, 32, at)
+    key = doc_key("default", "d.md")
+    p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": "1" * 64}).model_dump(mode="json")
+    p.tables.doc_prefixes[key] = {h: [r.model_dump(mode="json") for r in REFS]
+                                  for h in (twice, once)}
+    change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
+    run_sync(handlers.apply_indexed(p, change, {"d.md#0": "2" * 64}))
+    # Asked once: never; asked twice: held while 32 tokens fit what no pin holds (100 - 90).
+    assert {o.prefix_hash for o in out.ops if o.hold} == ({twice} if pinned == 0 else set())
+
+
 def test_the_hot_sets_dependents_take_no_edit_budget():
     port = RetrievingPort({("default", "d.md#0"): "2" * 64})
     p, out = pipeline(port, prefix_ttl_s=60.0, kv_bytes_per_token=1, edit_rewarm_share=0.04,

@@ -86,6 +86,24 @@ class TestKbChange:
         plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent[1:], 10_000)
         assert {op.prefix_hash for op in plan.ops if op.rewarm} == {P2, p3, p4}
 
+    def test_dependents_asked_long_ago_come_after_recent_ones_within_both_bounds(self):
+        prior = DocState(version=1, chunks={"d.md#0": H1})
+        p3, p4 = "3" * 32, "4" * 32
+        deps = {h: [ref("d.md#0", H1)] for h in (P1, P2, p3, p4)}
+        recent = [HotCandidate(P1, 1.0, 10)]
+        older = [HotCandidate(P2, 9.0, 20), HotCandidate(p3, 5.0, 10),
+                 HotCandidate(p4, 2.0, 10), HotCandidate("9" * 32, 7.0, 1)]  # no dependent
+        new = {"d.md#0": H3}
+        # 10 recent + 20 older: p3 would fit the edit's 45 tokens, not the 25 for older.
+        plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent, 45, older, 25)
+        assert {op.prefix_hash for op in plan.ops if op.hold} == {P1, P2}
+        # The edit's budget bounds them too: after P1, 15 tokens are left: P2 is skipped.
+        plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent, 25, older, 100)
+        assert {op.prefix_hash for op in plan.ops if op.rewarm} == {P1, p3}
+        # No room left unpinned: only the recent ones.
+        plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent, 100, older, 0)
+        assert {op.prefix_hash for op in plan.ops if op.rewarm} == {P1}
+
     def test_a_reingest_that_changed_nothing_holds_nothing(self):
         prior = DocState(version=1, chunks={"d.md#0": H1})
         deps = {P1: [ref("d.md#0", H1)]}
