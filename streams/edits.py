@@ -34,9 +34,8 @@ def older(p: HandlerDeps, dependents: Collection[str], recent: Sequence[logic.Ho
     found = [logic.HotCandidate(h, s.count, s.tokens)
              for h, s in asks.often_asked(p.asks.seen, dependents, skip)]
     per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
-    live = [w for w in p.live_workers() if w.ready]
-    room = p.settings.edit_rewarm_share * sum(w.mem_total for w in live)
-    return found, max(0, int(room - sum(w.pinned for w in live))) // max(1, per_token)
+    pinned = sum(w.pinned for w in p.live_workers() if w.ready)
+    return found, max(0, rewarm_tokens(p) - pinned // max(1, per_token))
 
 
 def candidates(p: HandlerDeps, dependents: Collection[str],

@@ -351,6 +351,16 @@ class RetrievingPort(Port):
         return WarmPrefix(prefix_hash="f" * 64, token_ids=[8] * 32, chunk_refs=refs)
 
 
+def _edit_d_md(p: handlers.HandlerDeps, dependents: tuple[str, ...]) -> None:
+    """Index v2 of `d.md` (its one chunk changed) with `dependents` linked to v1's chunk."""
+    key = doc_key("default", "d.md")
+    p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": "1" * 64}).model_dump(mode="json")
+    p.tables.doc_prefixes[key] = {h: [r.model_dump(mode="json") for r in REFS]
+                                  for h in dependents}
+    change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
+    run_sync(handlers.apply_indexed(p, change, {"d.md#0": "2" * 64}))
+
+
 def test_an_edit_rewarms_evicted_dependents_asked_recently_within_its_budget():
     port = RetrievingPort({("default", "d.md#0"): "2" * 64})
     # 1,000 bytes of worker memory, 1 byte a token: 40 tokens for one edit's re-warms.
@@ -366,12 +376,7 @@ def test_an_edit_rewarms_evicted_dependents_asked_recently_within_its_budget():
         asks = 3 if name == popular else 1
         for _ in range(asks):
             p.tracker.observe(name, HotPayload("default", question, tuple(REFS), 32), 100.0)
-    key = doc_key("default", "d.md")
-    p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": "1" * 64}).model_dump(mode="json")
-    p.tables.doc_prefixes[key] = {h: [r.model_dump(mode="json") for r in REFS]
-                                  for h in (popular, rare)}
-    change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
-    run_sync(handlers.apply_indexed(p, change, {"d.md#0": "2" * 64}))
+    _edit_d_md(p, (popular, rare))
     invalidations = list(out.ops)
     # Least asked first; only the most asked fits the budget (32 of 40 tokens).
     assert [(o.op, o.prefix_hash, o.rewarm) for o in invalidations] == [
@@ -400,12 +405,7 @@ def test_an_edit_holds_dependents_asked_twice_before_the_hot_window_in_unpinned_
         ).model_dump(mode="json")
         for at in times:  # long before the hot window (600 s) ending at 5,000 s
             p.asks.observe(name, "default", name, REFS, 32, at)
-    key = doc_key("default", "d.md")
-    p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": "1" * 64}).model_dump(mode="json")
-    p.tables.doc_prefixes[key] = {h: [r.model_dump(mode="json") for r in REFS]
-                                  for h in (twice, once)}
-    change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
-    run_sync(handlers.apply_indexed(p, change, {"d.md#0": "2" * 64}))
+    _edit_d_md(p, (twice, once))
     # Asked once: never; asked twice: held while 32 tokens fit what no pin holds (100 - 90).
     assert {o.prefix_hash for o in out.ops if o.hold} == ({twice} if pinned == 0 else set())
 
@@ -420,12 +420,7 @@ def test_the_hot_sets_dependents_take_no_edit_budget():
             p.tracker.observe(name, HotPayload("default", name, tuple(REFS), 32), 100.0)
     # The hot set pins the popular one already (re-warmed pinned as hot, not held).
     p.tracker.hot["k"] = PrefixOp(op="warm", prefix_hash=popular, pin=True)
-    key = doc_key("default", "d.md")
-    p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": "1" * 64}).model_dump(mode="json")
-    p.tables.doc_prefixes[key] = {h: [r.model_dump(mode="json") for r in REFS]
-                                  for h in (popular, rare)}
-    change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
-    run_sync(handlers.apply_indexed(p, change, {"d.md#0": "2" * 64}))
+    _edit_d_md(p, (popular, rare))
     assert {o.prefix_hash for o in out.ops if o.hold} == {rare}
 
 
