@@ -10,7 +10,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from workers.blocks import BLOCK_SIZE
-from workers.eviction import make_policy
+from workers.eviction import DEFAULT_POLICY, make_policy
 from workers.memory import DEFAULT_MAX_ENTRIES, GiB
 from workers.synthesis import DEFAULT_PER_MINUTE
 
@@ -53,7 +53,9 @@ class WorkerSettings(BaseSettings):
         default=DEFAULT_MAX_ENTRIES, ge=0, description="Cap on the number of cached prefixes."
     )
     eviction_policy: str = Field(
-        default="lru", description="Which unpinned prefix goes first: lru, lfu-aged or gdsf."
+        default=DEFAULT_POLICY,
+        description="Which unpinned prefix goes first: slru (those never hit again first, "
+        "then least recently used), lru, lfu-aged or gdsf.",
     )
     ttl_s: float = Field(
         default=3600.0, gt=0, description="Lifetime of a cached prefix unless a command sets one."

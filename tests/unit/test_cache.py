@@ -374,7 +374,7 @@ def test_unknown_policy_lists_valid_names() -> None:
     assert "gdsf" in str(info.value) and "lfu-aged" in str(info.value)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu-aged", "gdsf"])
+@pytest.mark.parametrize("policy", ["lru", "slru", "lfu-aged", "gdsf"])
 def test_every_policy_works_in_the_cache(policy: str) -> None:
     cache, clock = make_cache(max_entries=2, policy=policy)
     assert cache.policy_name == policy

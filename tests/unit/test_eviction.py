@@ -11,16 +11,17 @@ from workers.eviction import (
     GdsfPolicy,
     LfuAgedPolicy,
     LruPolicy,
+    SlruPolicy,
     make_policy,
 )
 
 
 def test_registry_and_error() -> None:
-    assert set(POLICIES) == {"lru", "lfu-aged", "gdsf"}
+    assert set(POLICIES) == {"lru", "slru", "lfu-aged", "gdsf"}
     for name, cls in POLICIES.items():
         policy = make_policy(name)
         assert isinstance(policy, cls) and policy.name == name
-    with pytest.raises(ValueError, match="valid names: gdsf, lfu-aged, lru"):
+    with pytest.raises(ValueError, match="valid names: gdsf, lfu-aged, lru, slru"):
         make_policy("fifo")
 
 
@@ -34,6 +35,46 @@ def test_lru_order() -> None:
     policy.discard("c")
     policy.discard("missing")
     assert list(policy.order()) == ["b", "a"] and len(policy) == 2 and "a" in policy
+
+
+def test_slru_evicts_entries_never_hit_again_first() -> None:
+    policy = SlruPolicy()
+    for key in "abc":
+        policy.add(key, nbytes=1, n_tokens=16)
+    policy.add("warm", nbytes=1, n_tokens=16, hits=2)  # a warmup that says it is used
+    policy.touch("a")  # hit again: goes after every entry never hit
+    policy.touch("zz")
+    assert list(policy.order()) == ["b", "c", "warm", "a"]
+    policy.touch("warm")  # among those hit again: least recently used first
+    policy.add("b", nbytes=1, n_tokens=16)  # re-tracked: newest of its segment
+    assert list(policy.order()) == ["c", "b", "a", "warm"]
+    policy.discard("a")
+    policy.discard("missing")
+    assert list(policy.order()) == ["c", "b", "warm"] and len(policy) == 3
+    assert "warm" in policy and "a" not in policy
+
+
+@pytest.mark.parametrize("name", ["lru", "slru"])
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "touch", "discard"]), st.integers(0, 7)),
+                    max_size=100))
+def test_recency_policies_match_a_plain_model(name: str, ops: list[tuple[str, int]]) -> None:
+    """LRU is SLRU with every entry in one segment: order by (hit again, last use)."""
+    policy = make_policy(name)
+    model: dict[str, tuple[bool, int]] = {}  # key -> (hit since stored, last use)
+    for t, (op, i) in enumerate(ops):
+        key = f"k{i}"
+        if op == "add":
+            policy.add(key, nbytes=1, n_tokens=16)
+            model[key] = (False, t)
+        elif op == "touch":
+            policy.touch(key)
+            if key in model:
+                model[key] = (name == "slru", t)
+        else:
+            policy.discard(key)
+            model.pop(key, None)
+        assert list(policy.order()) == sorted(model, key=model.__getitem__)
+        assert len(policy) == len(model) and all(k in policy for k in model)
 
 
 def test_lfu_aged_prefers_frequent_then_ages() -> None:

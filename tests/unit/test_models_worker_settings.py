@@ -11,7 +11,7 @@ from workers.settings import WorkerSettings
 def test_defaults() -> None:
     settings = WorkerSettings()
     assert (settings.device, settings.dtype, settings.block_size) == ("auto", "auto", 16)
-    assert settings.eviction_policy == "lru" and settings.threads is None
+    assert settings.eviction_policy == "slru" and settings.threads is None
 
 
 def test_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -72,6 +72,18 @@ def test_event_rag_rewarms_a_question_whose_chunk_changed():
     assert hit_rates(changed, "event-rag")[3] is True  # re-warmed when the chunk changed
 
 
+def test_ragwarms_policies_evict_as_its_worker_does_the_others_lru():
+    events = [query(0, "a?", "a")]
+    expected = {"reactive": "lru", "history": "lru", "event-rag": "slru", "hybrid": "slru"}
+    for policy, eviction in expected.items():
+        _, _, lane = evaluate(events, policy, settings(), 10**9)
+        assert lane.worker.cache.policy_name == eviction
+    _, _, lane = evaluate(events, "hybrid", settings(), 10**9, eviction="gdsf")
+    assert lane.worker.cache.policy_name == "gdsf"
+    _, _, lane = evaluate(events, "reactive", settings(), 10**9, eviction="gdsf")
+    assert lane.worker.cache.policy_name == "lru"  # vLLM's, whatever ragwarm's worker does
+
+
 def test_history_starts_with_the_most_asked_prefixes():
     events = [query(0, "a?", "a"), query(1, "b?", "a"), query(2, "a?", "a")]
     assert hit_rates(events, "history")[0] is True

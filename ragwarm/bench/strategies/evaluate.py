@@ -89,7 +89,7 @@ def run_evaluate(topic: str, start: Position, end: Position, policy: str,
     worker = WorkerSettings()
     kv_bytes = worker.kv_bytes
     outcomes, cost, _ = evaluate(events, policy, StrategySettings(), kv_bytes,
-                                 block_size=worker.block_size)
+                                 block_size=worker.block_size, eviction=worker.eviction_policy)
     report = {"topic": topic, "from": str(start), "to": str(end), "policy": policy,
               "kv_bytes": kv_bytes, "rejected": rejected} | summary(outcomes, cost)
     if as_json:

@@ -22,6 +22,7 @@ from ragwarm.bench.strategies.settings import StrategySettings
 from ragwarm.bench.strategies.worker import make_cache
 from schemas import QueryEvent
 from workers.blocks import BLOCK_SIZE
+from workers.eviction import DEFAULT_POLICY
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
 
 
@@ -42,9 +43,11 @@ def evaluate(
     kv_bytes: int,
     cost: CostModel | None = None,
     block_size: int = BLOCK_SIZE,
+    eviction: str = DEFAULT_POLICY,
 ) -> tuple[list[Outcome], CostModel, Lane]:
     """Replay `events` (in timestamp order) against `policy` with a KV budget of `kv_bytes`;
-    raises ValueError naming the valid policies for an unknown one."""
+    `eviction` is ragwarm's worker's (the streams app's policies; the others evict LRU).
+    Raises ValueError naming the valid policies for an unknown one."""
     cls = policy_class(policy)
     if cls.disk_tier:
         # The cost engine holds no tensors, so there is nothing a disk tier could read back.
@@ -54,7 +57,8 @@ def evaluate(
     cost = cost or fit_cost(ordered)
     clock = SimClock()
     budget = Budget(kv_bytes, DEFAULT_MAX_ENTRIES, kv_bytes)
-    engine = CostEngine(cost, make_cache(budget, clock, block_size), model_id="offline",
+    cache = make_cache(budget, clock, block_size, cls.eviction or eviction)
+    engine = CostEngine(cost, cache, model_id="offline",
                         kv_bytes_per_token=settings.streams.kv_bytes_per_token)
     rag = LogRag(ordered, tenant=settings.tenant, block_size=block_size, model=engine.model_id,
                  hasher=lambda ids, tenant: engine.block_hashes(ids, tenant=tenant))

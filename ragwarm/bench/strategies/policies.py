@@ -86,8 +86,8 @@ class Policy:
     """A warmup policy: reacts to the run's start, time, KB changes and answered queries.
 
     Subclasses set `name`, `cache_requests` (whether the worker caches each served prompt,
-    like vLLM's automatic prefix caching) and `disk_tier` (whether the worker keeps the disk
-    KV tier below device memory) and override the hooks they need.
+    like vLLM's automatic prefix caching), `disk_tier` (whether the worker keeps the disk
+    KV tier below device memory) and `eviction` and override the hooks they need.
     """
 
     name: ClassVar[str]
@@ -98,6 +98,10 @@ class Policy:
     # Whether its decisions read the model's output (sampled questions): such a policy, like
     # one with a disk tier or chunk blending, cannot run on the model-free cost engine.
     needs_model: ClassVar[bool] = False
+    # Its worker's eviction policy: LRU for the systems the seeds compare with (vLLM's
+    # automatic prefix caching evicts least recently used blocks); None: ragwarm's worker,
+    # `RAGWARM_WORKER_EVICTION_POLICY` (the streams app's policies).
+    eviction: ClassVar[str | None] = "lru"
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx

@@ -188,8 +188,10 @@ class Runner:
         """A booting worker's engine for policy `name`: an empty cache on the shared weights,
         and the disk tier the policy keeps (its folder scanned, as at a worker's boot); in a
         model-free run, an empty cache on the cost engine."""
-        cache = make_cache(self.budget, self.clock, self.rig.worker_settings.block_size)
         base, tier, cls = self.rig.base, None, policy_class(name)
+        eviction = cls.eviction or self.rig.worker_settings.eviction_policy
+        cache = make_cache(self.budget, self.clock, self.rig.worker_settings.block_size,
+                           eviction)
         if self.rig.cost is not None:
             return CostEngine(self.rig.cost, cache, model_id=base.model_id,
                               kv_bytes_per_token=base.kv_bytes_per_token)

@@ -120,6 +120,7 @@ class StreamsPolicy(Policy):
     chunk_warmup: ClassVar[bool] = False
     # The product's edit rules beyond event-rag's (`RAGWARM_STREAMS_EDIT_WATCH`).
     edit_watch: ClassVar[bool] = False
+    eviction: ClassVar[str | None] = None  # ragwarm's worker, with its eviction policy
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
@@ -217,7 +218,8 @@ class HotTokens(StreamsPolicy):
 
 class Hybrid(StreamsPolicy):
     """`hybrid`: event-rag plus hot-tokens (the streams app with every input) on top of the
-    worker's request caching, so it serves every hit `reactive` does; a ready worker gets
+    worker's request caching (ragwarm's worker: SLRU where `reactive` has vLLM's LRU, so a
+    prompt asked again outlives those asked once); a ready worker gets
     the hot set, then the tracked prefixes most used, expired or not (what `history` warms);
     an edit also re-checks recently asked questions its chunks may now serve (`edit_watch`)."""
 

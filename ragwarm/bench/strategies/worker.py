@@ -274,8 +274,10 @@ class SimWorker:
                 )
 
 
-def make_cache(budget: Budget, clock: Callable[[], float], block_size: int) -> PrefixCache:
-    """An LRU prefix cache on the simulated clock; entries live until evicted unless a TTL
-    is given (request caching, like vLLM's, has no TTL)."""
-    return PrefixCache(budget, policy="lru", clock=clock, default_ttl_s=None,
+def make_cache(budget: Budget, clock: Callable[[], float], block_size: int,
+               policy: str = "lru") -> PrefixCache:
+    """A prefix cache on the simulated clock, evicting by `policy` (the policy's worker:
+    `Policy.eviction`); entries live until evicted unless a TTL is given (request caching,
+    like vLLM's, has no TTL)."""
+    return PrefixCache(budget, policy=policy, clock=clock, default_ttl_s=None,
                        block_size=block_size)
