@@ -219,9 +219,9 @@ class HotTokens(StreamsPolicy):
 class Hybrid(StreamsPolicy):
     """`hybrid`: event-rag plus hot-tokens (the streams app with every input) on top of the
     worker's request caching (ragwarm's worker: SLRU where `reactive` has vLLM's LRU, so a
-    prompt asked again outlives those asked once); a ready worker gets
-    the hot set, then the tracked prefixes most used, expired or not (what `history` warms);
-    an edit also re-checks recently asked questions its chunks may now serve (`edit_watch`)."""
+    prompt asked again outlives those asked once); a ready worker gets the hot set, then
+    the tracked prefixes most used, expired or not (what `history` warms); an edit also
+    re-checks recently asked questions its chunks may now serve (`edit_watch`)."""
 
     name: ClassVar[str] = "hybrid"
     kb_events: ClassVar[bool] = True
