@@ -54,29 +54,6 @@ def test_slru_evicts_entries_never_hit_again_first() -> None:
     assert "warm" in policy and "a" not in policy
 
 
-@pytest.mark.parametrize("name", ["lru", "slru"])
-@given(ops=st.lists(st.tuples(st.sampled_from(["add", "touch", "discard"]), st.integers(0, 7)),
-                    max_size=100))
-def test_recency_policies_match_a_plain_model(name: str, ops: list[tuple[str, int]]) -> None:
-    """LRU is SLRU with every entry in one segment: order by (hit again, last use)."""
-    policy = make_policy(name)
-    model: dict[str, tuple[bool, int]] = {}  # key -> (hit since stored, last use)
-    for t, (op, i) in enumerate(ops):
-        key = f"k{i}"
-        if op == "add":
-            policy.add(key, nbytes=1, n_tokens=16)
-            model[key] = (False, t)
-        elif op == "touch":
-            policy.touch(key)
-            if key in model:
-                model[key] = (name == "slru", t)
-        else:
-            policy.discard(key)
-            model.pop(key, None)
-        assert list(policy.order()) == sorted(model, key=model.__getitem__)
-        assert len(policy) == len(model) and all(k in policy for k in model)
-
-
 def test_lfu_aged_prefers_frequent_then_ages() -> None:
     policy = LfuAgedPolicy()
     policy.add("hot", nbytes=1, n_tokens=16, hits=5)
@@ -122,6 +99,28 @@ ops = st.lists(
     st.tuples(st.sampled_from(["add", "touch", "discard", "evict"]), st.integers(0, 7)),
     max_size=150,
 )
+
+
+@pytest.mark.parametrize("name", ["lru", "slru"])
+@given(ops=ops)
+def test_recency_policies_match_a_plain_model(name: str, ops: list[tuple[str, int]]) -> None:
+    """LRU is SLRU with every entry in one segment: order by (hit again, last use)."""
+    policy = make_policy(name)
+    model: dict[str, tuple[bool, int]] = {}  # key -> (hit since stored, last use)
+    for t, (op, i) in enumerate(ops):
+        key = f"k{i}"
+        if op == "add":
+            policy.add(key, nbytes=1, n_tokens=16)
+            model[key] = (False, t)
+        elif op == "touch":
+            policy.touch(key)
+            if key in model:
+                model[key] = (name == "slru", t)
+        else:  # discard, evict: the same to a recency policy
+            policy.discard(key, evicted=op == "evict")
+            model.pop(key, None)
+        assert list(policy.order()) == sorted(model, key=model.__getitem__)
+        assert len(policy) == len(model) and all(k in policy for k in model)
 
 
 @pytest.mark.parametrize("name", ["lfu-aged", "gdsf"])

@@ -87,7 +87,8 @@ class Policy:
 
     Subclasses set `name`, `cache_requests` (whether the worker caches each served prompt,
     like vLLM's automatic prefix caching), `disk_tier` (whether the worker keeps the disk
-    KV tier below device memory) and `eviction` and override the hooks they need.
+    KV tier below device memory) and `eviction` (its worker's eviction policy), and override
+    the hooks they need.
     """
 
     name: ClassVar[str]
