@@ -73,6 +73,7 @@ class PrefixCache:
         self._expiry: list[tuple[float, str]] = []
         self._events: list[CacheEvent] = []
         self.tier: TierJournal | None = None  # set by an engine keeping a disk tier
+        self.touching = True  # False: lookups are dry runs that touch nothing (timing trials)
 
     # -- read side -------------------------------------------------------------------
 
@@ -121,12 +122,12 @@ class PrefixCache:
 
         Returns an entry holding its last block (the one ending there, else the latest
         stored) and the run's length in blocks. TTLs due are applied first; the entry is
-        touched: `last_used`, `hits` and the eviction policy.
+        touched (`last_used`, `hits` and the eviction policy) unless `touching` is off.
         """
         t = self._now(now)
         self.expire(t)
         entry, matched = self._match(hashes)
-        if entry is not None:
+        if entry is not None and self.touching:
             entry.last_used = t
             entry.hits += 1
             self._policy.touch(entry.prefix_hash)

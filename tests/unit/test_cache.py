@@ -247,6 +247,22 @@ def test_lookup_touches_and_peek_does_not() -> None:
     assert entry.hits == 1 and entry.last_used == 1005.0
 
 
+def test_lookup_with_touching_off_is_a_dry_run() -> None:
+    cache, clock = make_cache(max_bytes=20, policy="slru")
+    entry, _ = cache.admit(tenant="t1", hashes=chain(1), nbytes=10)
+    other, _ = cache.admit(tenant="t1", hashes=chain(2), nbytes=10)
+    clock.t += 5
+    cache.touching = False
+    assert cache.lookup(chain(1)) == (entry, 1)
+    assert entry.hits == 0 and entry.last_used == 1000.0
+    _, evicted = cache.admit(tenant="t1", hashes=chain(3), nbytes=10)
+    assert evicted == [entry]  # still never hit: the first victim
+    cache.touching = True
+    cache.lookup(chain(2))
+    _, evicted = cache.admit(tenant="t1", hashes=chain(4), nbytes=10)
+    assert other.hits == 1 and [e.prefix_hash for e in evicted] == [chain(3)[-1]]
+
+
 def test_lookup_demotes_expired_entries_and_still_serves_them() -> None:
     cache, clock = make_cache()
     long, _ = cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=10, ttl_s=10.0, pin=True)

@@ -49,6 +49,20 @@ def test_same_cached_tokens_share_one_measurement_and_others_measure_their_own()
     assert len(shared) == 2 and shared.reused == 1 and warm_b.reruns == 1
 
 
+def test_trials_touch_nothing_so_a_measured_request_counts_one_hit_like_a_shared_one():
+    clock = SimClock()
+    measured, sharing = worker(clock, "a"), worker(clock, "b")
+    for w in (measured, sharing):
+        w.serve(PROMPT, "t", [])  # the prompt's entry, stored by its first ask
+    (entry_a,), (entry_b,) = measured.cache.entries(), sharing.cache.entries()
+    hits = entry_a.hits, entry_b.hits
+    shared = Measurements()
+    measured.serve(PROMPT, "t", [], shared)  # two trials, then the request
+    sharing.serve(PROMPT, "t", [], shared)  # the request alone
+    assert (entry_a.hits, entry_b.hits) == (hits[0] + 1, hits[1] + 1)
+    assert measured.cache.touching and sharing.cache.touching
+
+
 def test_a_request_with_no_effect_reuses_without_running():
     clock = SimClock()
     caching, plain = worker(clock, "a"), worker(clock, "none", caching=False)

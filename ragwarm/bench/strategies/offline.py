@@ -57,7 +57,7 @@ def evaluate(
     cost = cost or fit_cost(ordered)
     clock = SimClock()
     budget = Budget(kv_bytes, DEFAULT_MAX_ENTRIES, kv_bytes)
-    cache = make_cache(budget, clock, block_size, cls.eviction or eviction)
+    cache = make_cache(budget, clock, block_size, cls.eviction_on(eviction))
     engine = CostEngine(cost, cache, model_id="offline",
                         kv_bytes_per_token=settings.streams.kv_bytes_per_token)
     rag = LogRag(ordered, tenant=settings.tenant, block_size=block_size, model=engine.model_id,

@@ -107,6 +107,12 @@ class Policy:
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
 
+    @classmethod
+    def eviction_on(cls, worker_policy: str) -> str:
+        """The eviction policy of its worker, where ragwarm's worker evicts by
+        `worker_policy` (its `RAGWARM_WORKER_EVICTION_POLICY`)."""
+        return cls.eviction or worker_policy
+
     def logged(self, query: QueryEvent) -> None:
         """A query of yesterday's log (before the run, no worker up): replayed so a policy
         that keeps state over the query stream can rebuild it."""

@@ -189,7 +189,7 @@ class Runner:
         and the disk tier the policy keeps (its folder scanned, as at a worker's boot); in a
         model-free run, an empty cache on the cost engine."""
         base, tier, cls = self.rig.base, None, policy_class(name)
-        eviction = cls.eviction or self.rig.worker_settings.eviction_policy
+        eviction = cls.eviction_on(self.rig.worker_settings.eviction_policy)
         cache = make_cache(self.budget, self.clock, self.rig.worker_settings.block_size,
                            eviction)
         if self.rig.cost is not None:

@@ -150,14 +150,13 @@ class SimWorker:
         engine also stores the prompt's blocks from the request's own KV.
 
         The request runs `ttft_runs` times on the same cache state: trials first, which store
-        nothing (their lookups only touch the entry the request touches next), then the
-        request as deployed. Its TTFT is the lower median of the runs. A request that is the
-        same computation as one another policy's worker measured for this query (same prompt
-        ids, same cached tokens) reuses that measurement: it runs once, as deployed, for its
-        effect on this cache (not at all when it has none), and no trial runs. A worker that
-        blends chunk KV (`spans`: where the chunks stand) never shares measurements. A
-        request that reads blocks back from a disk tier runs once, as deployed, and shares
-        nothing.
+        and touch nothing (`PrefixCache.touching` off), then the request as deployed. Its
+        TTFT is the lower median of the runs. A request that is the same computation as one
+        another policy's worker measured for this query (same prompt ids, same cached
+        tokens) reuses that measurement: it runs once, as deployed, for its effect on this
+        cache (not at all when it has none), and no trial runs. A worker that blends chunk
+        KV (`spans`: where the chunks stand) never shares measurements. A request that reads
+        blocks back from a disk tier runs once, as deployed, and shares nothing.
         """
         keys = [(r.chunk_id, r.content_hash) for r in refs]
         spans = tuple(spans) if self.chunk_reuse else ()
@@ -240,9 +239,18 @@ class SimWorker:
 
     def _trial_ttft(self, token_ids: Sequence[int], tenant: str,
                     spans: Sequence[ChunkSpan] = ()) -> float:
-        for step in self.engine.generate(token_ids, max_tokens=1, tenant=tenant, chunks=spans):
-            if step.result is not None:
-                return step.result.ttft_s
+        # A trial stores nothing and touches nothing: the request that follows is the one
+        # use. Touched, an entry counted `ttft_runs` hits a request in the lane that measured
+        # it and one in a lane that shared the measurement, so a frequency-counting eviction
+        # (lfu-aged, gdsf) decided by which other policies ran beside it.
+        self.cache.touching = False
+        try:
+            for step in self.engine.generate(token_ids, max_tokens=1, tenant=tenant,
+                                             chunks=spans):
+                if step.result is not None:
+                    return step.result.ttft_s
+        finally:
+            self.cache.touching = True
         raise RuntimeError("the engine returned no result")
 
     def apply(self, command: WarmupCommand) -> str:
