@@ -239,10 +239,10 @@ class SimWorker:
 
     def _trial_ttft(self, token_ids: Sequence[int], tenant: str,
                     spans: Sequence[ChunkSpan] = ()) -> float:
-        # A trial stores nothing and touches nothing: the request that follows is the one
-        # use. Touched, an entry counted `ttft_runs` hits a request in the lane that measured
-        # it and one in a lane that shared the measurement, so a frequency-counting eviction
-        # (lfu-aged, gdsf) decided by which other policies ran beside it.
+        # A trial stores and touches nothing: the request that follows is the one use. With
+        # touching trials an entry counted `ttft_runs` hits for a request in the lane that
+        # measured it and one for the same request in a lane that reused the measurement, so
+        # a frequency-counting eviction (lfu-aged, gdsf) depended on which policies ran.
         self.cache.touching = False
         try:
             for step in self.engine.generate(token_ids, max_tokens=1, tenant=tenant,
