@@ -37,6 +37,10 @@ from ragwarm.stack.procs import Proc, operator_headers
 
 DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
 COLD_ASKS = 2  # asks that make a question hot (the streams app's hot_min_count)
+# A pause before each measured ask, so that neither worker's request runs while the stack
+# still handles the one before it (the client's query event, the streams app's reaction):
+# on a 2-core host that work took the cores of whichever request came next.
+SETTLE_S = 0.5
 Say = Callable[[str], None]
 
 
@@ -230,13 +234,15 @@ class Scenario:
         return list(picked.values())
 
     def ask(self, client: Any, questions: Sequence[str], after_edit: bool = False) -> None:
-        """Ask through the pipeline's worker, then the same prompt on the plain-caching one;
-        a row's phase is what the cache held (or `after_edit`)."""
+        """Ask through the pipeline's worker, then the same prompt on the plain-caching one,
+        each after `SETTLE_S`; a row's phase is what the cache held (or `after_edit`)."""
         for question in questions:
             prepared = client.prepare(question)
+            time.sleep(SETTLE_S)
             answer = client.ask(prepared, max_tokens=self.max_tokens)
+            time.sleep(SETTLE_S)
             plain = client.ask_on(self.stack.baseline_ref, prepared, self.max_tokens)
-            asked_at = time.monotonic() - (answer.total_ms + plain.total_ms) / 1000
+            asked_at = time.monotonic() - (answer.total_ms + plain.total_ms + SETTLE_S) / 1000
             self.t0 = self.t0 or asked_at
             phase = "after_edit" if after_edit else held(answer.cached_tokens,
                                                          answer.prefix_tokens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -11,6 +12,14 @@ import httpx
 from ragwarm.settings import HomeSettings, KafkaSettings, StackSettings
 from ragwarm.stack.procs import Proc, operator_headers
 from streams.settings import StreamsSettings
+
+# The streams app's math on one thread. Its embedder runs one torch thread already
+# (RAGWARM_RAG_EMBED_THREADS), but its BLAS/OpenMP pools still start a thread per core, and
+# idle pool threads spin for a while after each call: on a host it shares with the workers
+# they took the cores of the request that follows a retrieval (the demo's routed warm asks
+# ran 126-190 ms against 43-85 ms for the same prompt on the same worker a second later;
+# 45-70 ms with these caps; docs/benchmarks.md). A value set in the environment is kept.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 class Stack:
@@ -48,7 +57,7 @@ class Stack:
         s = self.streams_settings
         port = s.web_port + i
         base = f"http://{s.web_host}:{port}"
-        env = dict(self.env)
+        env = self.env | {k: v for k, v in ONE_THREAD.items() if k not in os.environ}
         if i:
             own = self.home.home / f"streams-{i + 1}"
             env |= {"RAGWARM_STREAMS_WEB_PORT": str(port),

@@ -38,3 +38,16 @@ def test_down_reaches_every_instance_up_started(tmp_path):
         (run / f"{name}.pid").write_text("1")
     s = stack(tmp_path)
     assert len(s.streams_all) == 4 and len(s.workers) == 3
+
+
+def test_the_streams_app_runs_its_math_on_one_thread_unless_the_environment_says(
+    tmp_path, monkeypatch
+):
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "4")
+    s = stack(tmp_path, streams=2, workers=1)
+    for proc in s.streams_all:
+        assert proc.env["OMP_NUM_THREADS"] == proc.env["OPENBLAS_NUM_THREADS"] == "1"
+        assert "MKL_NUM_THREADS" not in proc.env  # the environment's 4 reaches it unchanged
+    assert "OMP_NUM_THREADS" not in s.workers[0].env  # a worker's torch uses every core
