@@ -39,7 +39,7 @@ DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
 COLD_ASKS = 2  # asks that make a question hot (the streams app's hot_min_count)
 # A pause before each measured ask, so that neither worker's request runs while the stack
 # still handles the one before it (the client's query event, the streams app's reaction):
-# on a 2-core host that work took the cores of whichever request came next.
+# on a 2-core host that work can take the cores of whichever request comes next.
 SETTLE_S = 0.5
 Say = Callable[[str], None]
 
