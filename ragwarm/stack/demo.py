@@ -242,7 +242,7 @@ class Scenario:
             answer = client.ask(prepared, max_tokens=self.max_tokens)
             time.sleep(SETTLE_S)
             plain = client.ask_on(self.stack.baseline_ref, prepared, self.max_tokens)
-            asked_at = time.monotonic() - (answer.total_ms + plain.total_ms + SETTLE_S) / 1000
+            asked_at = time.monotonic() - (answer.total_ms + plain.total_ms) / 1000 - SETTLE_S
             self.t0 = self.t0 or asked_at
             phase = "after_edit" if after_edit else held(answer.cached_tokens,
                                                          answer.prefix_tokens)
