@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from ragwarm.cli.openapi import streams_routes
+from ragwarm.stack.local import ONE_THREAD
 from schemas.topics import TOPICS
 
 pytestmark = pytest.mark.integration
@@ -109,6 +110,8 @@ def test_rendered_probes_hit_routes_and_ports_the_code_serves(helm: str) -> None
     streams = container(deployments["r-ragwarm-streams"])
     check_probes(streams, routes["streams"], ("readinessProbe", "livenessProbe"))
     assert streams["readinessProbe"]["httpGet"]["path"] == "/ragwarm/health/ready"
+    env = {e["name"]: e.get("value") for e in streams["env"]}
+    assert ONE_THREAD.items() <= env.items()  # as `ragwarm up` runs it
     check_probes(container(deployments["r-ragwarm-gateway"]), routes["gateway"],
                  ("readinessProbe", "livenessProbe"))
     cron = container(by_kind(docs, "CronJob")[0])

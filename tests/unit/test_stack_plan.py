@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from ragwarm.settings import HomeSettings, KafkaSettings, StackSettings
-from ragwarm.stack.local import Stack
+from ragwarm.stack.local import ONE_THREAD, Stack
 from streams.settings import StreamsSettings
 
 
@@ -51,3 +55,13 @@ def test_the_streams_app_runs_its_math_on_one_thread_unless_the_environment_says
         assert proc.env["OMP_NUM_THREADS"] == proc.env["OPENBLAS_NUM_THREADS"] == "1"
         assert "MKL_NUM_THREADS" not in proc.env  # the environment's 4 reaches it unchanged
     assert "OMP_NUM_THREADS" not in s.workers[0].env  # a worker's torch uses every core
+
+
+def test_the_shipped_deployments_cap_the_streams_threads_as_the_local_stack_does():
+    """compose and the chart's defaults set what `ragwarm up` sets for the streams process."""
+    infra = Path(__file__).resolve().parents[2] / "infra"
+    compose = yaml.safe_load((infra / "compose.yaml").read_text())
+    values = yaml.safe_load((infra / "helm" / "ragwarm" / "values.yaml").read_text())
+    assert ONE_THREAD.items() <= compose["services"]["streams"]["environment"].items()
+    assert ONE_THREAD.items() <= values["streams"]["env"].items()
+    assert not ONE_THREAD.keys() & compose["services"]["worker"]["environment"].keys()
