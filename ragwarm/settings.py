@@ -17,6 +17,9 @@ from rag.settings import QdrantSettings
 from schemas.auth import KeyRing
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The Argo CD trace (shared/data/README.md's format) beside the checkout: the default input
+# of the demo, the benchmarks and the integration tests.
+TRACE_DIR = REPO_ROOT.parent / "shared" / "data" / "argocd"
 
 
 def infra_dir(*parts: str) -> Path:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from ragwarm.settings import HomeSettings, KafkaSettings
+from ragwarm.settings import TRACE_DIR, HomeSettings, KafkaSettings
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -30,6 +30,19 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
     quiet = config.get_verbosity() < 0
     uses_kafka = any("kafka_bootstrap" in getattr(i, "fixturenames", ()) for i in items)
     return [_kafka_version_line()] if quiet and uses_kafka else []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The integration tier replays the Argo CD trace, found beside the checkout: say so once,
+    # before any broker starts, rather than fail test by test with FileNotFoundError.
+    trace = TRACE_DIR / "events.jsonl"
+    if not trace.is_file() and any(i.get_closest_marker("integration") for i in items):
+        pytest.exit(
+            f"the integration tests read the Argo CD trace at {TRACE_DIR}, which is missing: "
+            "clone this repository beside shared/ (shared/data/argocd), or run the unit tier "
+            "alone (pytest -m 'not integration')",
+            returncode=4,
+        )
 
 
 # --- Kafka ---------------------------------------------------------------------------------

@@ -15,10 +15,10 @@ from typing import Any
 
 import click
 
-from ragwarm.settings import REPO_ROOT
+from ragwarm.settings import TRACE_DIR
 from workers.tier_index import RestoreCosts
 
-DEFAULT_EVENTS = REPO_ROOT.parent / "shared" / "data" / "argocd" / "events.jsonl"
+DEFAULT_EVENTS = TRACE_DIR / "events.jsonl"
 SYNTHETIC_TEXT = (
     "Argo CD is a declarative, GitOps continuous delivery tool for Kubernetes. It watches "
     "Git repositories and keeps the live state of applications in sync with the desired state. "

@@ -25,10 +25,10 @@ import httpx
 
 from ragwarm.bench import faults_plan as plan
 from ragwarm.bench.faults_stack import FaultStack, Rewarm, Say, own_broker
-from ragwarm.settings import REPO_ROOT
+from ragwarm.settings import TRACE_DIR
 from schemas.topics import split_kb_key
 
-DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
+DATA = TRACE_DIR
 START_S = 600.0  # each start or recovery may take this long on a loaded 2-core machine
 
 

@@ -19,12 +19,12 @@ from pathlib import Path
 import click
 import httpx
 
-from ragwarm.settings import REPO_ROOT, HomeSettings, KafkaSettings, ModelSettings
+from ragwarm.settings import TRACE_DIR, HomeSettings, KafkaSettings, ModelSettings
 from ragwarm.stack.procs import Proc
 from schemas import KbChange, QueryEvent, WarmupCommand, WorkerEvent, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS, prefixed
 
-DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
+DATA = TRACE_DIR
 QUERY_TENANTS = 8  # of the synthetic queries: more than the topic's 4 partitions
 
 

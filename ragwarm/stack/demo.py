@@ -19,7 +19,7 @@ import click
 import httpx
 
 from rag.trace import TraceError, TraceEvent, read_events, read_questions
-from ragwarm.settings import REPO_ROOT, HomeSettings, KafkaSettings
+from ragwarm.settings import TRACE_DIR, HomeSettings, KafkaSettings
 from ragwarm.stack.demo_plan import (
     DemoPlan,
     Row,
@@ -35,7 +35,7 @@ from ragwarm.stack.demo_plan import (
 )
 from ragwarm.stack.procs import Proc, operator_headers
 
-DATA = REPO_ROOT.parent / "shared" / "data" / "argocd"
+DATA = TRACE_DIR
 COLD_ASKS = 2  # asks that make a question hot (the streams app's hot_min_count)
 # A pause before each measured ask, so that neither worker's request runs while the stack
 # still handles the one before it (the client's query event, the streams app's reaction):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,11 +17,12 @@ from ragwarm.client.rag import QdrantRetrieval, RagClient
 from ragwarm.client.settings import ClientSettings
 from ragwarm.models import llm_dir, load_embedder, load_tokenizer
 from ragwarm.rag_port import RagService
+from ragwarm.settings import TRACE_DIR
 from schemas import KbChange
 
 pytestmark = pytest.mark.integration
 
-EVENTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "argocd" / "events.jsonl"
+EVENTS = TRACE_DIR / "events.jsonl"
 DOCS = ("docs/faq.md", "docs/user-guide/sync-waves.md")
 QUESTIONS = ("I forgot the admin password, how do I reset it?", "How Do I Configure Waves?")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import httpx
 import pytest
@@ -13,14 +12,14 @@ from kafka import KafkaConsumer
 
 from ragwarm.client.rag import RagClient
 from ragwarm.client.settings import ClientSettings
-from ragwarm.settings import KafkaSettings
+from ragwarm.settings import TRACE_DIR, KafkaSettings
 from schemas import KbChange, QueryEvent, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-EVENTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "argocd" / "events.jsonl"
+EVENTS = TRACE_DIR / "events.jsonl"
 DOCS = ("docs/faq.md", "docs/developer-guide/ci.md")
 QUESTION = "I forgot the admin password, how do I reset it?"
 

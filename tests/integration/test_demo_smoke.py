@@ -12,11 +12,12 @@ import pytest
 
 from ragwarm.kafka.admin import list_topics
 from ragwarm.models import llm_dir
+from ragwarm.settings import TRACE_DIR
 from tests.integration.worker_proc import free_port
 
 pytestmark = pytest.mark.integration
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "argocd"
+DATA = TRACE_DIR
 DOCS = {"docs/faq.md", "docs/user-guide/sync-waves.md", "docs/developer-guide/ci.md",
         "docs/index.md"}
 RAGWARM = Path(sys.executable).with_name("ragwarm")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,13 +19,13 @@ from rag.settings import QdrantSettings
 from rag.store import ChunkStore
 from rag.trace import TraceEvent, final_state, read_events, read_questions, split_initial
 from ragwarm.models import fetch_llm, load_embedder, load_tokenizer
+from ragwarm.settings import TRACE_DIR
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "argocd"
+DATA = TRACE_DIR
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(3600),
-    pytest.mark.skipif(not (DATA / "events.jsonl").is_file(), reason=f"no trace at {DATA}"),
 ]
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer
 
+from ragwarm.settings import TRACE_DIR
 from schemas import DeadLetter, KbChange, decode, encode
 from schemas.topics import DEADLETTER, KB_CHANGES
 from tests.integration.streams_proc import StreamsApp
@@ -16,7 +16,7 @@ from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-EVENTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "argocd" / "events.jsonl"
+EVENTS = TRACE_DIR / "events.jsonl"
 
 
 def trace_changes(limit_docs: int) -> list[KbChange]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ragwarm.models import fetch_llm
+from ragwarm.settings import TRACE_DIR
 from workers.cache import PrefixCache
 from workers.engines.base import Engine, GenerationStep
 from workers.engines.torch_engine import KV, TorchEngine, load_torch_engine
@@ -18,7 +19,7 @@ from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
 
-EVENTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "argocd" / "events.jsonl"
+EVENTS = TRACE_DIR / "events.jsonl"
 FALLBACK_TEXT = (
     "Argo CD is a declarative, GitOps continuous delivery tool for Kubernetes. "
     "Applications are defined as Kubernetes manifests kept in a Git repository. "
