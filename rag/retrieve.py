@@ -6,8 +6,12 @@ processes ask it over HTTP and get the same `Retrieval` fields back.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from rag.chunking import Chunk
 from rag.embed import Embedder
@@ -37,13 +41,26 @@ class Retrieval:
         return list(dict.fromkeys(h.chunk.doc_id for h in self.hits))
 
 
+# Question vectors kept (384 float32 each: 1.5 KiB, so 6 MiB at most). The streams app
+# retrieves the same questions again and again: a KB change re-checks up to
+# `edit_recheck_questions` recently asked ones, an invalidated prefix's questions are
+# retrieved again, and the hot set's every tick. A question's vector never changes.
+QUESTION_VECTORS = 4096
+
+
 class Retriever:
-    """Embeds questions and searches the store; `top_k` is 3 unless told otherwise."""
+    """Embeds questions and searches the store; `top_k` is 3 unless told otherwise.
+
+    The vectors of the last `QUESTION_VECTORS` distinct questions are kept, least recently
+    used dropped first; `reused` counts the embeddings that saved."""
 
     def __init__(self, store: ChunkStore, embedder: Embedder, top_k: int = 3) -> None:
         self.store = store
         self.embedder = embedder
         self.top_k = top_k
+        self.reused = 0
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()  # the store's thread and the web views may both ask
 
     def retrieve(self, question: str, tenant: str | None = None, k: int | None = None) -> Retrieval:
         return self.retrieve_many([question], tenant, k)[0]
@@ -56,9 +73,25 @@ class Retriever:
             return []
         if not self.store.may_hold(tenant):  # no embedder pass for an empty index
             return [Retrieval(q, tenant, ()) for q in questions]
-        vectors = self.embedder.embed(list(questions), progress=False)
+        vectors = self._embed(questions)
         limit = k or self.top_k
         return [
             Retrieval(q, tenant, tuple(self.store.search(v, limit, tenant)))
             for q, v in zip(questions, vectors, strict=True)
         ]
+
+    def _embed(self, questions: Sequence[str]) -> list[np.ndarray]:
+        """One vector per question: those kept, the others embedded in one batch."""
+        with self._lock:
+            kept = {q: self._vectors[q] for q in questions if q in self._vectors}
+        missing = [q for q in dict.fromkeys(questions) if q not in kept]
+        if missing:  # outside the lock: an embedding takes milliseconds per question
+            kept.update(zip(missing, self.embedder.embed(missing, progress=False), strict=True))
+        with self._lock:
+            self.reused += len(questions) - len(missing)
+            for q in questions:
+                self._vectors[q] = kept[q]
+                self._vectors.move_to_end(q)
+            while len(self._vectors) > QUESTION_VECTORS:
+                self._vectors.popitem(last=False)
+        return [kept[q] for q in questions]
