@@ -52,7 +52,7 @@ class Retriever:
     """Embeds questions and searches the store; `top_k` is 3 unless told otherwise.
 
     The vectors of the last `QUESTION_VECTORS` distinct questions are kept, least recently
-    used dropped first; `reused` counts the embeddings that saved."""
+    used dropped first; `reused` counts the embeddings they saved."""
 
     def __init__(self, store: ChunkStore, embedder: Embedder, top_k: int = 3) -> None:
         self.store = store
@@ -86,7 +86,10 @@ class Retriever:
             kept = {q: self._vectors[q] for q in questions if q in self._vectors}
         missing = [q for q in dict.fromkeys(questions) if q not in kept]
         if missing:  # outside the lock: an embedding takes milliseconds per question
-            kept.update(zip(missing, self.embedder.embed(missing, progress=False), strict=True))
+            for q, row in zip(missing, self.embedder.embed(missing, progress=False), strict=True):
+                row = row.copy()  # not a view that keeps its whole batch alive
+                row.flags.writeable = False  # shared by every later retrieval of q
+                kept[q] = row
         with self._lock:
             self.reused += len(questions) - len(missing)
             for q in questions:

@@ -54,6 +54,7 @@ def test_a_question_is_embedded_once_however_often_it_is_retrieved():
     expected = [embedder.embed([q])[0] for q in ["alpha", "beta", "alpha", "alpha", "gamma",
                                                  "beta"]]
     assert all(np.array_equal(a, b) for a, b in zip(store.searched, expected, strict=True))
+    assert not store.searched[0].flags.writeable  # a kept vector cannot be changed in place
 
 
 def test_the_least_recently_retrieved_question_is_dropped_first(monkeypatch: pytest.MonkeyPatch):
