@@ -28,7 +28,6 @@ from ragwarm.bench.faults_stack import FaultStack, Rewarm, Say, own_broker
 from ragwarm.settings import TRACE_DIR
 from schemas.topics import split_kb_key
 
-DATA = TRACE_DIR
 START_S = 600.0  # each start or recovery may take this long on a loaded 2-core machine
 
 
@@ -347,9 +346,9 @@ ORDER = ("faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalida
 
 @click.command()
 @click.option("--events", type=click.Path(exists=True, path_type=Path),
-              default=DATA / "events.jsonl", show_default=True, help="Trace events (JSONL).")
+              default=TRACE_DIR / "events.jsonl", show_default=True, help="Trace events (JSONL).")
 @click.option("--questions", type=click.Path(exists=True, path_type=Path),
-              default=DATA / "questions.jsonl", show_default=True, help="Trace questions.")
+              default=TRACE_DIR / "questions.jsonl", show_default=True, help="Trace questions.")
 @click.option("--kills", type=int, default=5, show_default=True,
               help="SIGKILLs of the streams app (one restarts on an empty disk).")
 @click.option("--seed", type=int, default=1, show_default=True, help="Where faults fall.")

@@ -24,7 +24,6 @@ from ragwarm.stack.procs import Proc
 from schemas import KbChange, QueryEvent, WarmupCommand, WorkerEvent, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS, prefixed
 
-DATA = TRACE_DIR
 QUERY_TENANTS = 8  # of the synthetic queries: more than the topic's 4 partitions
 
 
@@ -291,14 +290,14 @@ class Prompts:
 @click.option(
     "--events",
     type=click.Path(exists=True, path_type=Path),
-    default=DATA / "events.jsonl",
+    default=TRACE_DIR / "events.jsonl",
     show_default=True,
     help="Trace events (JSONL).",
 )
 @click.option(
     "--questions",
     type=click.Path(exists=True, path_type=Path),
-    default=DATA / "questions.jsonl",
+    default=TRACE_DIR / "questions.jsonl",
     show_default=True,
     help="Trace questions.",
 )

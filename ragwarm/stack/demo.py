@@ -35,7 +35,6 @@ from ragwarm.stack.demo_plan import (
 )
 from ragwarm.stack.procs import Proc, operator_headers
 
-DATA = TRACE_DIR
 COLD_ASKS = 2  # asks that make a question hot (the streams app's hot_min_count)
 # A pause before each measured ask, so that neither worker's request runs while the stack
 # still handles the one before it (the client's query event, the streams app's reaction):
@@ -384,8 +383,8 @@ def print_report(result: dict[str, Any], summaries: Sequence[Summary]) -> None:
 
 @click.command()
 @click.option("--events", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=DATA / "events.jsonl", show_default=True, help="Trace events JSONL.")
-@click.option("--questions", "questions_path", default=DATA / "questions.jsonl",
+              default=TRACE_DIR / "events.jsonl", show_default=True, help="Trace events JSONL.")
+@click.option("--questions", "questions_path", default=TRACE_DIR / "questions.jsonl",
               type=click.Path(exists=True, dir_okay=False, path_type=Path), show_default=True,
               help="Trace questions JSONL.")
 @click.option("--edits", type=click.IntRange(1, 200), default=2, show_default=True,

@@ -17,7 +17,6 @@ from tests.integration.worker_proc import free_port
 
 pytestmark = pytest.mark.integration
 
-DATA = TRACE_DIR
 DOCS = {"docs/faq.md", "docs/user-guide/sync-waves.md", "docs/developer-guide/ci.md",
         "docs/index.md"}
 RAGWARM = Path(sys.executable).with_name("ragwarm")
@@ -26,9 +25,9 @@ RAGWARM = Path(sys.executable).with_name("ragwarm")
 def small_trace(tmp_path: Path) -> tuple[Path, Path]:
     """The initial state of four documents and their edits, with their questions."""
     events, questions = tmp_path / "events.jsonl", tmp_path / "questions.jsonl"
-    with (DATA / "events.jsonl").open() as src, events.open("w") as out:
+    with (TRACE_DIR / "events.jsonl").open() as src, events.open("w") as out:
         out.writelines(line for line in src if json.loads(line)["doc_id"] in DOCS)
-    with (DATA / "questions.jsonl").open() as src, questions.open("w") as out:
+    with (TRACE_DIR / "questions.jsonl").open() as src, questions.open("w") as out:
         out.writelines(line for line in src if json.loads(line)["doc_id"] in DOCS)
     return events, questions
 

@@ -21,8 +21,6 @@ from rag.trace import TraceEvent, final_state, read_events, read_questions, spli
 from ragwarm.models import fetch_llm, load_embedder, load_tokenizer
 from ragwarm.settings import TRACE_DIR
 
-DATA = TRACE_DIR
-
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(3600),
@@ -43,7 +41,7 @@ class Replayed:
 def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replayed]:
     tokenizer: Any = load_tokenizer(fetch_llm())
     embedder = load_embedder()
-    events = list(read_events(DATA / "events.jsonl"))
+    events = list(read_events(TRACE_DIR / "events.jsonl"))
     split = split_initial(events)
     path = tmp_path_factory.mktemp("replay") / "qdrant"
     with ChunkStore.open(QdrantSettings(path=path), "replay", embedder.dim) as store:
@@ -118,7 +116,7 @@ def test_replaying_the_trace_again_changes_nothing(replayed: Replayed) -> None:
 
 def test_retrieval_finds_the_answering_document_for_most_questions(replayed: Replayed) -> None:
     last = replayed.events[-1].seq
-    questions = [q for q in read_questions(DATA / "questions.jsonl") if q.live_at(last)]
+    questions = [q for q in read_questions(TRACE_DIR / "questions.jsonl") if q.live_at(last)]
     retriever = Retriever(replayed.store, replayed.indexer.embedder)
     found = retriever.retrieve_many([q.question for q in questions], tenant="replay")
     hits = sum(bool(q.answer_docs & set(r.doc_ids)) for q, r in zip(questions, found, strict=True))

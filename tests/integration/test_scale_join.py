@@ -18,7 +18,8 @@ import time
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from ragwarm.bench.pipeline import DATA, trace_changes
+from ragwarm.bench.pipeline import trace_changes
+from ragwarm.settings import TRACE_DIR
 from schemas import encode
 from schemas.topics import KB_CHANGES, kb_key
 from tests.integration.streams_proc import STARTED, StreamsApp
@@ -73,7 +74,7 @@ def test_an_instance_joining_mid_batch_leaves_no_partition_behind(
         STARTED.append(app)
     for app in apps:
         app.proc.wait_healthy(240)
-    changes = trace_changes(DATA / "events.jsonl", CHANGES)
+    changes = trace_changes(TRACE_DIR / "events.jsonl", CHANGES)
     for change in changes:
         kafka_producer.send(namespace + KB_CHANGES, key=kb_key(change.tenant, change.doc_id),
                             value=encode(change))

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import yaml
 
-from ragwarm.settings import HomeSettings, KafkaSettings, StackSettings
+from ragwarm.settings import HomeSettings, KafkaSettings, StackSettings, infra_dir
 from ragwarm.stack.local import ONE_THREAD, Stack
 from streams.settings import StreamsSettings
 
@@ -47,7 +45,7 @@ def test_down_reaches_every_instance_up_started(tmp_path):
 def test_the_streams_app_runs_its_math_on_one_thread_unless_the_environment_says(
     tmp_path, monkeypatch
 ):
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    for name in ONE_THREAD:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MKL_NUM_THREADS", "4")
     s = stack(tmp_path, streams=2, workers=1)
@@ -59,7 +57,7 @@ def test_the_streams_app_runs_its_math_on_one_thread_unless_the_environment_says
 
 def test_the_shipped_deployments_cap_the_streams_threads_as_the_local_stack_does():
     """compose and the chart's defaults set what `ragwarm up` sets for the streams process."""
-    infra = Path(__file__).resolve().parents[2] / "infra"
+    infra = infra_dir()
     compose = yaml.safe_load((infra / "compose.yaml").read_text())
     values = yaml.safe_load((infra / "helm" / "ragwarm" / "values.yaml").read_text())
     assert ONE_THREAD.items() <= compose["services"]["streams"]["environment"].items()
