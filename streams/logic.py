@@ -209,7 +209,9 @@ def _invalidate(op, state, workers, now, ttl_s) -> PrefixPlan:
         if op.rewarm or _warm_now(op.prefix_hash, state, workers):
             plan.rewarm_questions = list(state.questions)
             plan.rewarm_pin = state.hot
-            plan.rewarm_hold = op.hold
+            # A hold waits for its question's next ask: when an edit replaces the held
+            # prefix before that ask, the question's new prefix is held in its place.
+            plan.rewarm_hold = op.hold or state.held_at is not None
     return plan
 
 

@@ -293,6 +293,15 @@ class TestEditHold:
         plan = plan_prefix_op(recheck, state(), [worker("w1")], 0.0, 60.0)
         assert plan.rewarm_questions == ["why?"] and plan.rewarm_hold
 
+    def test_an_invalidated_held_prefix_passes_its_hold_to_the_new_prefix(self):
+        # An earlier edit held it for its question's next ask; this edit did not choose it.
+        op = PrefixOp(op="invalidate", prefix_hash=P1, reason="edit")
+        held = [worker("w1", prefixes=[P1])]
+        plan = plan_prefix_op(op, state(held_at=5.0), held, 10.0, 60.0)
+        assert plan.rewarm_questions == ["why?"] and plan.rewarm_hold
+        unheld = plan_prefix_op(op, state(), held, 10.0, 60.0)
+        assert unheld.rewarm_questions == ["why?"] and not unheld.rewarm_hold
+
 
 class TestPlacement:
     def test_longest_shared_prefix_wins(self):
