@@ -92,10 +92,7 @@ class WorkerMetrics:
             registry=r,
         ).labels(**self._labels)
         self._cache_gauges(r)
-        self.prefills = Counter("worker_prefills", "Prefixes prefilled.", ["source"], registry=r)
-        self.commands = Counter(
-            "worker_commands", "Warmup commands handled.", ["op", "result"], registry=r
-        )
+        self._work_metrics(r)
         self.malformed = Counter(
             "worker_commands_malformed",
             "Records on warmup.commands that were not valid commands (refused, dead-lettered).",
@@ -111,6 +108,22 @@ class WorkerMetrics:
         self._n_requests = 0
         self._n_hits = 0
         self._by_outcome = {"hit": self.hits, "miss": self.misses, "cold": self.cold_starts}
+
+    def _work_metrics(self, r: CollectorRegistry) -> None:
+        """What the engine did: prefills, commands, and what each kind of work waited."""
+        self.prefills = Counter("worker_prefills", "Prefixes prefilled.", ["source"], registry=r)
+        # Requests go first (`workers.engine_lock`): their wait is the pass running when they
+        # came; a warmup's is every request before it.
+        self.engine_wait = Histogram(
+            "ragwarm_engine_wait_seconds",
+            "Seconds a request or a warmup prefill waited for the engine (held by other work).",
+            ["work"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.commands = Counter(
+            "worker_commands", "Warmup commands handled.", ["op", "result"], registry=r
+        )
 
     def _cache_gauges(self, r: CollectorRegistry) -> None:
         """What the KV cache holds: entries, bytes and blocks by kind."""

@@ -1,4 +1,5 @@
-"""A running worker: one engine behind one lock, commands applied, cache events published."""
+"""A running worker: one engine behind one lock (requests first), commands applied, cache
+events published."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from workers.api import ApiError, Limits, check_prompt
 from workers.cache import CacheEvent, ChunkKey, WarmupRefused
 from workers.chunk_kv import ChunkSpan
 from workers.commands import EventSink
+from workers.engine_lock import EngineLock
 from workers.engines.base import (
     Engine,
     GenerationResult,
@@ -103,11 +105,13 @@ class WorkerRuntime:
         self.limits = limits
         self.cache_requests = cache_requests
         self.warmup_threshold = warmup_threshold
-        self.lock = threading.Lock()
+        self.lock = EngineLock()
+        if hasattr(engine, "between_passes"):  # engines that run a prompt in passes
+            engine.between_passes = lambda: self.lock.yield_to_requests()
         self._flush_lock = threading.Lock()
         self.snapshot = EMPTY
         self._pending: list[tuple[CacheEvent, Snapshot]] = []
-        with self.lock:
+        with self.lock.background():
             self._refresh()
 
     # -- engine work -----------------------------------------------------------------
@@ -117,7 +121,8 @@ class WorkerRuntime:
     ) -> PrefillResult:
         """`Engine.prefill` under the lock; raises `WarmupRefused` when it cannot fit."""
         try:
-            with self.lock:
+            with self.lock.background() as waited:
+                self.metrics.engine_wait.labels(work="warmup").observe(waited)
                 try:
                     result = self.engine.prefill(token_ids, **options)
                 finally:
@@ -147,7 +152,8 @@ class WorkerRuntime:
         With `cache_requests`, the engine also stores the prompt's full blocks unpinned from
         the request's own KV (reactive, like vLLM's automatic prefix caching).
         """
-        with self.lock:
+        with self.lock.serving() as waited:
+            self.metrics.engine_wait.labels(work="request").observe(waited)
             was_empty = len(self.engine.cache) == 0
             steps = self.engine.generate(
                 token_ids,
@@ -237,7 +243,8 @@ class WorkerRuntime:
         self._check_warmup([*cmd.opening_ids, *cmd.token_ids])
         (ref,) = chunk_keys(cmd.chunk_refs)  # the schema requires exactly one
         try:
-            with self.lock:
+            with self.lock.background() as waited:
+                self.metrics.engine_wait.labels(work="warmup").observe(waited)
                 try:
                     result = self.engine.prefill_chunk(
                         list(cmd.opening_ids), list(cmd.token_ids), tenant=cmd.tenant, ref=ref,
@@ -255,7 +262,7 @@ class WorkerRuntime:
         return "stored"
 
     def _cmd_invalidate(self, cmd: WarmupCommand) -> str:
-        with self.lock:
+        with self.lock.background():
             cache = self.engine.cache
             cid = cmd.command_id
             # Only the command's tenant's prefixes: another tenant's identical chunks are not
@@ -274,7 +281,7 @@ class WorkerRuntime:
 
     def _cmd_extend_ttl(self, cmd: WarmupCommand) -> str:
         assert cmd.prefix_hash is not None  # the schema requires it for this op
-        with self.lock:
+        with self.lock.background():
             cache = self.engine.cache
             ttl = cmd.ttl_s or cache.default_ttl_s
             entry = None
@@ -286,7 +293,7 @@ class WorkerRuntime:
 
     def _cmd_release(self, cmd: WarmupCommand) -> str:
         assert cmd.prefix_hash is not None
-        with self.lock:
+        with self.lock.background():
             entry = self.engine.cache.release(cmd.prefix_hash, command_id=cmd.command_id)
             self._refresh()
         return "released" if entry is not None else "not_found"
@@ -308,7 +315,7 @@ class WorkerRuntime:
         if not limit.rate.allow(limit.clock()):
             raise WarmupRefused(f"synthesis over {limit.rate.per_minute:g} per minute")
         texts = []
-        with self.lock:
+        with self.lock.background():
             primer = self.engine.detokenize(cmd.token_ids[len(cmd.token_ids) - cmd.primer_tokens:])
             for i in range(cmd.samples):
                 steps = self.engine.generate(
@@ -350,7 +357,7 @@ class WorkerRuntime:
 
     def tick(self, lock_timeout_s: float = 1.0) -> None:
         """Expire entries past their TTL (skipped while the engine is busy) and publish."""
-        if self.lock.acquire(timeout=lock_timeout_s):
+        if self.lock.try_background(lock_timeout_s):
             try:
                 self.engine.cache.expire()
                 self.engine.sync()

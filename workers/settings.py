@@ -64,7 +64,8 @@ class WorkerSettings(BaseSettings):
         default=None,
         ge=1,
         description="Tokens per forward pass when prefilling a long prompt (chunked prefill: "
-        "bounded activation memory). Unset, by device class (seed 000): A10G-class cards "
+        "bounded activation memory; a request waiting for the engine goes between a "
+        "warmup's passes). Unset, by device class (seed 000): A10G-class cards "
         "(<= 24 GiB) 768, 24-40 GiB 1,024, A100-80G-class 1,536, CPU 512.",
     )
     boot_warmup: bool = Field(

@@ -13,6 +13,7 @@ BENCHES: dict[str, str] = {
     "strategies": "ragwarm.bench.strategies.command:strategies",
     "blend": "ragwarm.bench.blend:blend",
     "faults": "ragwarm.bench.faults:faults",
+    "contention": "ragwarm.bench.contention:contention",
 }
 
 

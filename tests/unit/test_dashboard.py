@@ -23,6 +23,7 @@ def exported() -> set[str]:
     worker.observe(Served(prompt_tokens=32, cached_tokens=16, full_blocks=2, ttft_s=0.1,
                           cache_was_empty=True))
     worker.cache_state(used=1, capacity=2, entries=1, pinned=0)
+    worker.engine_wait.labels(work="request").observe(0.01)
     streams = StreamsMetrics()
     streams.event_to_warm.observe(1.0)
     streams.commands.labels(op="prefill").inc()
@@ -68,7 +69,7 @@ def test_the_dashboard_shows_the_metrics_operators_look_for() -> None:
                    "ragwarm_gateway_requests_total", "ragwarm_gateway_cached_tokens_total",
                    "ragwarm_gateway_request_duration_seconds_bucket",
                    "ragwarm_gateway_retrieval_duration_seconds_bucket",
-                   "ragwarm_gateway_failovers_total"):
+                   "ragwarm_gateway_failovers_total", "ragwarm_engine_wait_seconds_bucket"):
         assert wanted in names
 
 

@@ -200,6 +200,10 @@ async def test_prefill_then_hit_then_reactive_extension(booted) -> None:
     assert metrics.get_sample_value("vllm:prefix_cache_hits_total", {"model_name": "toy"}) == 8
     assert metrics.get_sample_value("cold_start_count_total") == 0
     assert metrics.get_sample_value("worker_prefills_total", {"source": "request"}) == 1
+    # Each took the engine once: the prefill as background work, the answer as a request.
+    waits = "ragwarm_engine_wait_seconds_count"
+    assert metrics.get_sample_value(waits, {"work": "warmup"}) == 1
+    assert metrics.get_sample_value(waits, {"work": "request"}) == 1
     await complete(client, list(range(14)))  # every full block is cached now: nothing stored
     assert metrics.get_sample_value("worker_prefills_total", {"source": "request"}) == 1
 

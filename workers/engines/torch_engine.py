@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -93,8 +93,8 @@ def load_torch_engine(
 
 @dataclass(frozen=True)
 class Pending:
-    """A chain's KV waiting for the cache's admission: `kv` covers at least its blocks
-    from `first` on (the blocks before it are stored already)."""
+    """A chain's KV waiting for the cache's admission: `kv` covers the whole chain; its
+    blocks from `first` on were computed (the ones before it were stored when it began)."""
 
     kv: KV | None
     first: int
@@ -137,6 +137,9 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         if self.cache.block_size != self.block_size:
             raise ValueError(f"cache block_size {self.cache.block_size} != {self.block_size}")
         self._held: dict[str, Pending] = {}  # unused: KV is kept per block
+        # Called between a prompt's forward passes (`workers.engine_lock`: a warmup lets a
+        # waiting request go first), returns the seconds it gave away; None: back to back.
+        self.between_passes: Callable[[], float] | None = None
         self._blocks: dict[str, BlockKV] = {}
         self.cache.watch_freed()
         self.tier = tier
@@ -216,7 +219,9 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
     def _keep(self, entry: CacheEntry, held: Pending) -> None:
         """Store the tensors of the entry's blocks that are not stored yet."""
         chain = entry.block_hashes
-        missing = [i for i in range(held.first, len(chain)) if chain[i] not in self._blocks]
+        # From the first block, not `held.first`: a prefill that let requests run between its
+        # passes may find blocks it started from evicted meanwhile; its KV still has them.
+        missing = [i for i in range(len(chain)) if chain[i] not in self._blocks]
         if not missing or held.kv is None:
             return
         first = missing[0]
@@ -339,6 +344,8 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         began = time.perf_counter()
         with torch.inference_mode():
             for start, end in chunk_spans(len(tokens), self.prefill_chunk_tokens):
+                if start and self.between_passes is not None:
+                    began += self.between_passes()  # the compute-cost sample excludes it
                 ids = torch.tensor([tokens[start:end]], dtype=torch.long, device=self.device)
                 out = self.model(
                     input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1

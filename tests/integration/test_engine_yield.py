@@ -1,0 +1,139 @@
+"""A warmup prefill lets a waiting request go between its forward passes (real model,
+torch engine, a worker runtime in-process; `workers.engine_lock`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from ragwarm.models import fetch_llm
+from workers.api import Limits
+from workers.commands import NullSink
+from workers.engines.torch_engine import TorchEngine, load_torch_engine
+from workers.metrics import WorkerMetrics
+from workers.runtime import WorkerRuntime
+from workers.settings import WorkerSettings
+
+pytestmark = pytest.mark.integration
+
+PASS = 32  # tokens a forward pass: a 300-token warmup runs in ~10 passes
+TEXT = ("The mill by the river grinds wheat in spring and barley in autumn; its wheel turns "
+        "as long as the water runs, and the miller keeps a ledger of every sack. ") * 12
+
+
+@pytest.fixture(scope="module")
+def engine() -> TorchEngine:
+    settings = WorkerSettings(device="cpu", threads=1, prefill_chunk_tokens=PASS)
+    return load_torch_engine(fetch_llm(), settings)
+
+
+@pytest.fixture
+def runtime(engine: TorchEngine) -> Iterator[WorkerRuntime]:
+    engine.cache.clear()
+    engine.sync()
+    yield WorkerRuntime(
+        engine, worker_id="w-yield", url="inproc://w-yield", sink=NullSink(),
+        metrics=WorkerMetrics(worker_id="w-yield", model_name=engine.model_id),
+        limits=Limits(4096, 8, 8192, engine.vocab_size), cache_requests=False,
+    )
+
+
+def _answer(runtime: WorkerRuntime, prompt: list[int]) -> int:
+    """The request's cached tokens."""
+    result = runtime.generate(prompt, tenant="t", max_tokens=1, temperature=0.0,
+                              arrived=time.perf_counter(), emit=lambda step: True)
+    assert result is not None
+    return result.cached_tokens
+
+
+def test_a_request_goes_between_the_passes_of_a_warmup(runtime: WorkerRuntime,
+                                                       engine: TorchEngine) -> None:
+    warm = engine.tokenize(TEXT)[:320]
+    asked = engine.tokenize("Question: what does the mill grind in spring?")
+    order: list[str] = []
+    given: list[float] = []
+    original = engine.between_passes
+    assert original is not None  # the runtime installed its hook
+
+    def asker() -> None:
+        _answer(runtime, asked)
+        order.append("request")
+
+    thread = threading.Thread(target=asker)
+
+    def hook() -> float:
+        if not thread.is_alive() and not order:  # at the warmup's first pass boundary
+            thread.start()
+            deadline = time.monotonic() + 10
+            while runtime.lock.waiting_requests == 0:
+                assert time.monotonic() < deadline, "the request never waited"
+                time.sleep(0.001)
+        assert original is not None
+        given.append(original())
+        return given[-1]
+
+    engine.between_passes = hook
+    try:
+        result = runtime.prefill(warm, tenant="t", source="command")
+        order.append("warmup")
+    finally:
+        engine.between_passes = original
+        thread.join(30)
+    assert order == ["request", "warmup"]  # it did not wait for the whole prefill
+    assert len(given) == len(warm) // PASS - 1 and given[0] > 0  # it yielded once, at first
+    assert sum(g > 0 for g in given) == 1
+    assert result.computed_tokens == result.n_tokens == 320
+    assert _answer(runtime, warm + asked) == 320  # the warm prefix is whole
+
+
+def test_blocks_evicted_while_a_warmup_yielded_are_stored_again(runtime: WorkerRuntime,
+                                                                engine: TorchEngine) -> None:
+    tokens = engine.tokenize(TEXT)
+    first = runtime.prefill(tokens[:128], tenant="t", source="command")
+    assert first.computed_tokens == 128
+    original = engine.between_passes
+    cleared: list[int] = []
+
+    def hook() -> float:
+        if not cleared:  # what a request's admission may do while the warmup waits
+            cleared.append(len(engine.cache.clear()))
+            engine.sync()
+        return 0.0
+
+    engine.between_passes = hook
+    try:
+        longer = runtime.prefill(tokens[:320], tenant="t", source="command")
+    finally:
+        engine.between_passes = original
+    assert cleared == [1]
+    # It reused the first 128 tokens' blocks, which were gone before it stored: its own KV
+    # covers them, so the whole chain is held again and served.
+    assert longer.computed_tokens == 320 - 128 and longer.n_tokens == 320
+    hashes = engine.block_hashes(tokens[:320], tenant="t")
+    assert len(engine.held_run(hashes, hit=False)) == len(hashes)
+    assert _answer(runtime, tokens[:320] + engine.tokenize("Question: why?")) == 320
+
+
+def test_bench_contention_reports_both_locks() -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from ragwarm.bench.contention import LOCKS, contention
+
+    fetch_llm()
+    args = ["--runs", "1", "--burst", "2", "--prefix", "64", "--question", "8", "--json",
+            "--device", "cpu"]
+    done = CliRunner().invoke(contention, args)
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (report["burst"], report["prefix_tokens"], report["question_tokens"]) == (2, 64, 8)
+    assert [r["lock"] for r in report["results"]] == list(LOCKS)
+    for row in report["results"]:
+        assert row["runs"] == 1 and 0 < row["alone_ms"] and 0 < row["ttft_ms"] <= row["ttft_max_ms"]
+        assert row["burst_ms"] > 0
+    refused = CliRunner().invoke(contention, ["--burst", "0"])
+    assert refused.exit_code == 2 and "must be >= 1" in refused.output

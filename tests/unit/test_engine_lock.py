@@ -1,0 +1,107 @@
+"""The worker's engine lock: a request waits for the pass running when it came, never for
+the warmups queued behind it (`workers.engine_lock`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from workers.engine_lock import EngineLock
+
+
+def _until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never met"
+        time.sleep(0.001)
+
+
+def test_a_request_goes_before_the_rest_of_a_warmup_burst() -> None:
+    lock, order = EngineLock(), []
+    running, finish_first = threading.Event(), threading.Event()
+
+    def burst() -> None:  # the command thread: prefills back to back
+        for i in range(3):
+            with lock.background():
+                order.append(f"warmup{i}")
+                if i == 0:
+                    running.set()
+                    finish_first.wait(5)
+
+    def request() -> None:
+        with lock.serving():
+            order.append("request")
+
+    warmups = threading.Thread(target=burst)
+    warmups.start()
+    running.wait(5)
+    asker = threading.Thread(target=request)
+    asker.start()
+    _until(lambda: lock.waiting_requests == 1)
+    finish_first.set()  # the running prefill ends; a plain Lock gave the burst the engine
+    for t in (warmups, asker):
+        t.join(5)
+    assert order == ["warmup0", "request", "warmup1", "warmup2"]
+
+
+def test_background_work_waits_while_a_request_holds_the_engine() -> None:
+    lock = EngineLock()
+    with lock.serving() as waited:
+        assert waited >= 0.0
+        assert not lock.try_background(0.01)  # TTL expiry skips a busy engine
+    assert lock.try_background(0.01)
+    held = lock.serving()  # entered in another thread, left here
+    got: list[float] = []
+    asker = threading.Thread(target=lambda: got.append(held.__enter__()))
+    asker.start()
+    _until(lambda: lock.waiting_requests == 1)
+    lock.release()
+    asker.join(5)
+    assert len(got) == 1 and got[0] > 0.0  # it waited for the background work, then held it
+    assert not lock.try_background(0.01)
+    held.__exit__(None, None, None)
+    assert lock.try_background(0.01)
+    lock.release()
+
+
+def test_requests_exclude_each_other() -> None:
+    lock, inside, most = EngineLock(), [0], [0]
+
+    def request() -> None:
+        for _ in range(50):
+            with lock.serving():
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                time.sleep(0.0001)
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=request) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert most[0] == 1
+
+
+def test_a_warmup_yields_between_passes_only_to_a_waiting_request() -> None:
+    lock, order = EngineLock(), []
+    with lock.serving():
+        assert lock.yield_to_requests() == 0.0  # a request's own passes never yield
+    with lock.background():
+        assert lock.yield_to_requests() == 0.0  # nobody waits: the next pass runs at once
+
+        def request() -> None:
+            with lock.serving():
+                order.append("request")
+
+        asker = threading.Thread(target=request)
+        asker.start()
+        _until(lambda: lock.waiting_requests == 1)
+        order.append("pass 1")
+        given = lock.yield_to_requests()
+        order.append("pass 2")  # the engine is the warmup's again
+        assert not lock.try_background(0.01)
+        asker.join(5)
+    assert order == ["pass 1", "request", "pass 2"] and given > 0.0
+    assert lock.try_background(0.01)
