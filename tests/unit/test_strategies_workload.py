@@ -202,3 +202,19 @@ def test_modes_size_the_workload():
     assert not full["share_queries"]
     off = StrategySettings(standard_share_queries=False)
     assert not _plan(off, "standard", None, None)["share_queries"]
+
+
+def test_the_default_full_mode_says_what_it_costs_before_it_starts():
+    from ragwarm.bench.strategies.command import _plan, full_mode_notice
+    from ragwarm.bench.strategies.settings import StrategySettings
+
+    s = StrategySettings()
+    full = _plan(s, "full", None, None)
+    notice = full_mode_notice(full, 11)
+    assert notice is not None
+    assert "600 queries" in notice and "11 policies" in notice and "hours" in notice
+    assert "--standard" in notice and "--model-free" in notice
+    assert "40 KB changes" in (full_mode_notice(_plan(s, "full", None, 40), 3) or "")
+    assert full_mode_notice(full | {"model_free": True}, 11) is None
+    for mode in ("quick", "standard"):
+        assert full_mode_notice(_plan(s, mode, None, None), 11) is None

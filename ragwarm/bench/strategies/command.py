@@ -71,6 +71,8 @@ def strategies(
         raise click.ClickException(str(exc)) from None
     plan = _plan(settings, "quick" if quick else "standard" if standard else "full", queries,
                  edits) | {"model_free": model_free}
+    if (notice := full_mode_notice(plan, len(names))) is not None:
+        click.echo(notice, err=True)
     # Commands are counted per outcome in run.json; one log line each would drown the bars.
     logging.getLogger("workers").setLevel(logging.ERROR)
     load_before = os.getloadavg()
@@ -94,6 +96,19 @@ def _names(policies: str | None, model_free: bool = False) -> list[str]:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--policies") from None
     return names
+
+
+def full_mode_notice(plan: dict[str, Any], n_policies: int) -> str | None:
+    """What the default (full) mode costs with the model, said before the hours start: it
+    is what a user runs first. None for the other modes and model-free runs."""
+    if plan["mode"] != "full" or plan.get("model_free"):
+        return None
+    edits = "every relevant KB change" if plan["edits"] is None else f"{plan['edits']} KB changes"
+    return (f"full mode: {plan['queries']} queries and {edits} of the trace under "
+            f"{n_policies} policies, each request measured on the model; on a few CPU cores "
+            "this takes hours. --standard (240 queries, a repeated computation measured once) "
+            "and --quick are shorter; --model-free replays this workload in minutes, TTFT "
+            "estimated.")
 
 
 def _plan(settings: Any, mode: str, queries: int | None, edits: int | None) -> dict[str, Any]:
