@@ -31,7 +31,8 @@ _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
               "10 relevant edits, 72 short queries (under 15 min).")
 @click.option("--standard", is_flag=True,
               help="The whole initial state, default chunks, 240 queries, 30 content-changing "
-              "edits; a repeated computation is measured once (about 35 min on 2 CPU cores).")
+              "edits; a repeated computation is measured once (13-15 min for seven "
+              "policies on 2 CPU cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (figures only).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/strategies"), show_default=True,
