@@ -27,8 +27,10 @@ from contextlib import contextmanager
 
 class EngineLock:
     """Mutual exclusion over the engine with two classes of work: requests (`serving`)
-    and background work (`background`). Requests wait in arrival order among themselves
-    (as the OS wakes them); background work yields to every waiting request."""
+    and background work (`background`). Requests take turns among themselves in no set
+    order; background work yields to every waiting request. So under back-to-back requests
+    background work waits for a gap: a saturated worker has no time for warmups, and TTL
+    expiry (`try_background`) skips its turn."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
