@@ -23,6 +23,9 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Literal
+
+Work = Literal["request", "background"]
 
 
 class EngineLock:
@@ -34,8 +37,7 @@ class EngineLock:
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._held = False
-        self._background = False  # whether the holder is background work
+        self._holder: Work | None = None
         self._requests_waiting = 0
 
     @contextmanager
@@ -45,33 +47,39 @@ class EngineLock:
         with self._cond:
             self._requests_waiting += 1
             try:
-                while self._held:
-                    self._cond.wait()
+                self._cond.wait_for(lambda: self._holder is None)
             finally:
                 self._requests_waiting -= 1
-            self._held = True
+            self._holder = "request"
         try:
             yield time.perf_counter() - started
         finally:
-            self._release()
+            self.release()
 
     @contextmanager
     def background(self) -> Iterator[float]:
         """Hold the engine for background work once no request waits; yields the wait."""
         started = time.perf_counter()
-        self._acquire_background(None)
+        self.try_background(None)
         try:
             yield time.perf_counter() - started
         finally:
-            self._release()
+            self.release()
 
-    def try_background(self, timeout_s: float) -> bool:
-        """Take the engine for background work within `timeout_s` (False: still busy);
-        the caller releases it with `release`."""
-        return self._acquire_background(timeout_s)
+    def try_background(self, timeout_s: float | None) -> bool:
+        """Take the engine for background work within `timeout_s` (None: however long it
+        takes; False: still busy); the caller releases it with `release`."""
+        with self._cond:
+            if not self._cond.wait_for(self._free_for_background, timeout_s):
+                return False
+            self._holder = "background"
+            return True
 
     def release(self) -> None:
-        self._release()
+        with self._cond:
+            self._holder = None
+            # Every waiter re-checks: a request takes it, background waiters keep waiting.
+            self._cond.notify_all()
 
     @property
     def waiting_requests(self) -> int:
@@ -85,27 +93,14 @@ class EngineLock:
         A no-op for a request's own passes. So a request waits for one pass of a warmup
         (`prefill_chunk_tokens`), not for the whole prompt."""
         with self._cond:
-            if not (self._held and self._background and self._requests_waiting):
+            if self._holder != "background" or not self._requests_waiting:
                 return 0.0
             started = time.perf_counter()
-            self._held = self._background = False
+            self._holder = None
             self._cond.notify_all()
             self._cond.wait_for(self._free_for_background)
-            self._held = self._background = True
+            self._holder = "background"
             return time.perf_counter() - started
 
-    def _acquire_background(self, timeout_s: float | None) -> bool:
-        with self._cond:
-            if not self._cond.wait_for(self._free_for_background, timeout_s):
-                return False
-            self._held = self._background = True
-            return True
-
     def _free_for_background(self) -> bool:
-        return not self._held and not self._requests_waiting
-
-    def _release(self) -> None:
-        with self._cond:
-            self._held = self._background = False
-            # Every waiter re-checks: a request takes it, background waiters keep waiting.
-            self._cond.notify_all()
+        return self._holder is None and not self._requests_waiting

@@ -107,6 +107,7 @@ class WorkerRuntime:
         self.warmup_threshold = warmup_threshold
         self.lock = EngineLock()
         if hasattr(engine, "between_passes"):  # engines that run a prompt in passes
+            # Through `self.lock` at each call: whichever lock the runtime holds then.
             engine.between_passes = lambda: self.lock.yield_to_requests()
         self._flush_lock = threading.Lock()
         self.snapshot = EMPTY
