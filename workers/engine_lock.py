@@ -15,30 +15,50 @@ prompt's chunks. A pass already running is not cut short.
 `ragwarm bench contention` (docs/benchmarks.md): a 190 ms request arriving during four
 1,024-token warmups on 2 CPU cores took 2.0 s (median; 3.6 s at most) under a plain lock
 and 0.8 s (0.9 s at most) under this one.
+
+Requests first, but not forever: background work that has waited `max_background_wait_s`
+takes the engine ahead of the requests waiting then, for one turn (one pass of a prefill,
+or one command). Without that bound a worker under back-to-back requests ran no warmup,
+invalidation or TTL expiry at all, and its command consumer stalled with everything
+queued behind the one waiting command.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Literal
 
 Work = Literal["request", "background"]
 
+# Long enough that a request rarely waits for more than the pass running when it came
+# (a CPU pass of 512 tokens is ~0.3 s here), short enough that warmups under a steady
+# stream of requests still move: at most one background turn per this many seconds.
+DEFAULT_BACKGROUND_MAX_WAIT_S = 2.0
+
 
 class EngineLock:
     """Mutual exclusion over the engine with two classes of work: requests (`serving`)
     and background work (`background`). Requests take turns among themselves in no set
-    order; background work yields to every waiting request. So under back-to-back requests
-    background work waits for a gap: a saturated worker has no time for warmups, and TTL
-    expiry (`try_background`) skips its turn."""
+    order; background work yields to every waiting request until it has waited
+    `max_background_wait_s` (None: without bound), then goes first for one turn
+    (`on_overdue` gets the number of requests it went ahead of)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        max_background_wait_s: float | None = DEFAULT_BACKGROUND_MAX_WAIT_S,
+        on_overdue: Callable[[int], None] | None = None,
+    ) -> None:
+        if max_background_wait_s is not None and max_background_wait_s <= 0:
+            raise ValueError(f"max_background_wait_s must be > 0, got {max_background_wait_s}")
         self._cond = threading.Condition(threading.Lock())
         self._holder: Work | None = None
         self._requests_waiting = 0
+        self._overdue = 0  # background waiters past the bound: requests let them go first
+        self.max_background_wait_s = max_background_wait_s
+        self._on_overdue = on_overdue
 
     @contextmanager
     def serving(self) -> Iterator[float]:
@@ -47,7 +67,7 @@ class EngineLock:
         with self._cond:
             self._requests_waiting += 1
             try:
-                self._cond.wait_for(lambda: self._holder is None)
+                self._cond.wait_for(lambda: self._holder is None and not self._overdue)
             finally:
                 self._requests_waiting -= 1
             self._holder = "request"
@@ -70,15 +90,13 @@ class EngineLock:
         """Take the engine for background work within `timeout_s` (None: however long it
         takes; False: still busy); the caller releases it with `release`."""
         with self._cond:
-            if not self._cond.wait_for(self._free_for_background, timeout_s):
-                return False
-            self._holder = "background"
-            return True
+            return self._take_background(timeout_s)
 
     def release(self) -> None:
         with self._cond:
             self._holder = None
-            # Every waiter re-checks: a request takes it, background waiters keep waiting.
+            # Every waiter re-checks: a request takes it, background waiters keep waiting
+            # (one past the bound goes first).
             self._cond.notify_all()
 
     @property
@@ -89,7 +107,8 @@ class EngineLock:
 
     def yield_to_requests(self) -> float:
         """Between two passes of background work holding the engine: when requests wait,
-        let them (all of them) go first, then take the engine back; the seconds given away.
+        let them go first (all of them, within `max_background_wait_s`), then take the
+        engine back; the seconds given away.
         A no-op for a request's own passes. So a request waits for one pass of a warmup
         (`prefill_chunk_tokens`), not for the whole prompt."""
         with self._cond:
@@ -98,9 +117,35 @@ class EngineLock:
             started = time.perf_counter()
             self._holder = None
             self._cond.notify_all()
-            self._cond.wait_for(self._free_for_background)
-            self._holder = "background"
+            self._take_background(None)
             return time.perf_counter() - started
 
-    def _free_for_background(self) -> bool:
-        return self._holder is None and not self._requests_waiting
+    def _take_background(self, timeout_s: float | None) -> bool:
+        """With `_cond` held: wait until no request waits, or until this wait passes the
+        bound and the engine is free, then hold it for background work; False when
+        `timeout_s` ran out first."""
+        now = time.monotonic()
+        end = None if timeout_s is None else now + timeout_s
+        bound = self.max_background_wait_s
+        overdue_at = None if bound is None else now + bound
+        overdue = False
+        try:
+            while True:
+                if self._holder is None and (overdue or not self._requests_waiting):
+                    if self._requests_waiting and self._on_overdue is not None:
+                        self._on_overdue(self._requests_waiting)  # under the lock: be brief
+                    self._holder = "background"
+                    return True
+                now = time.monotonic()
+                if end is not None and now >= end:
+                    return False
+                if overdue_at is not None and now >= overdue_at and not overdue:
+                    overdue = True
+                    self._overdue += 1
+                    continue
+                wakes = [t - now for t in (end, None if overdue else overdue_at) if t is not None]
+                self._cond.wait(min(wakes) if wakes else None)
+        finally:
+            if overdue:
+                self._overdue -= 1
+                self._cond.notify_all()  # requests held back by this waiter re-check

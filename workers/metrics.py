@@ -124,6 +124,13 @@ class WorkerMetrics:
         self.commands = Counter(
             "worker_commands", "Warmup commands handled.", ["op", "result"], registry=r
         )
+        # Under back-to-back requests background work still gets a turn after a bound wait.
+        self.engine_overdue = Counter(
+            "ragwarm_engine_overdue_turns",
+            "Background turns (a warmup pass or a command) that went ahead of waiting "
+            "requests after waiting RAGWARM_WORKER_BACKGROUND_MAX_WAIT_S.",
+            registry=r,
+        )
 
     def _cache_gauges(self, r: CollectorRegistry) -> None:
         """What the KV cache holds: entries, bytes and blocks by kind."""

@@ -15,7 +15,7 @@ from workers.api import ApiError, Limits, check_prompt
 from workers.cache import CacheEvent, ChunkKey, WarmupRefused
 from workers.chunk_kv import ChunkSpan
 from workers.commands import EventSink
-from workers.engine_lock import EngineLock
+from workers.engine_lock import DEFAULT_BACKGROUND_MAX_WAIT_S, EngineLock
 from workers.engines.base import (
     Engine,
     GenerationResult,
@@ -88,6 +88,7 @@ class WorkerRuntime:
         epoch: int | None = None,
         synthesis: SynthesisLimits | None = None,
         node: str | None = None,
+        background_max_wait_s: float | None = DEFAULT_BACKGROUND_MAX_WAIT_S,
     ) -> None:
         self.engine = engine
         # Synthetic warmup's bounds; by default the workers' settings' defaults.
@@ -105,7 +106,9 @@ class WorkerRuntime:
         self.limits = limits
         self.cache_requests = cache_requests
         self.warmup_threshold = warmup_threshold
-        self.lock = EngineLock()
+        self.lock = EngineLock(
+            background_max_wait_s, on_overdue=lambda _ahead_of: metrics.engine_overdue.inc()
+        )
         if hasattr(engine, "between_passes"):  # engines that run a prompt in passes
             # Through `self.lock` at each call: whichever lock the runtime holds then.
             engine.between_passes = lambda: self.lock.yield_to_requests()

@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from workers.blocks import BLOCK_SIZE
+from workers.engine_lock import DEFAULT_BACKGROUND_MAX_WAIT_S
 from workers.eviction import DEFAULT_POLICY, make_policy
 from workers.memory import DEFAULT_MAX_ENTRIES, GiB
 from workers.synthesis import DEFAULT_PER_MINUTE
@@ -67,6 +68,14 @@ class WorkerSettings(BaseSettings):
         "bounded activation memory; a request waiting for the engine goes between a "
         "warmup's passes). Unset, by device class (seed 000): A10G-class cards "
         "(<= 24 GiB) 768, 24-40 GiB 1,024, A100-80G-class 1,536, CPU 512.",
+    )
+    background_max_wait_s: float | None = Field(
+        default=DEFAULT_BACKGROUND_MAX_WAIT_S,
+        gt=0,
+        description="Requests go before warmups, invalidations and TTL expiry, but background "
+        "work that has waited this long takes the engine ahead of them for one turn (a "
+        "warmup pass or a command), so a worker under back-to-back requests still applies "
+        "its commands. Unset: background work waits for a gap in requests however long.",
     )
     boot_warmup: bool = Field(
         default=True,

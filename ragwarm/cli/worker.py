@@ -169,6 +169,7 @@ class WorkerLifecycle:
             cache_requests=s.cache_requests,
             synthesis=SynthesisLimits(RateLimit(s.synthetic_per_minute), s.synthetic_share),
             node=s.node,
+            background_max_wait_s=s.background_max_wait_s,
         )
         if s.kafka:
             report("joining warmup.commands")

@@ -117,6 +117,50 @@ def test_blocks_evicted_while_a_warmup_yielded_are_stored_again(runtime: WorkerR
     assert _answer(runtime, tokens[:320] + engine.tokenize("Question: why?")) == 320
 
 
+def test_a_warmup_finishes_under_back_to_back_requests(engine: TorchEngine) -> None:
+    # Two clients keep the engine busy with requests; the warmup still gets a pass each
+    # time it has waited the bound (0.2 s here), so it completes while they go on.
+    engine.cache.clear()
+    engine.sync()
+    metrics = WorkerMetrics(worker_id="w-busy", model_name=engine.model_id)
+    runtime = WorkerRuntime(
+        engine, worker_id="w-busy", url="inproc://w-busy", sink=NullSink(), metrics=metrics,
+        limits=Limits(4096, 8, 8192, engine.vocab_size), cache_requests=False,
+        background_max_wait_s=0.2,
+    )
+    asked = engine.tokenize("Question: what does the mill grind in spring?")
+    stop, served = threading.Event(), [0]
+
+    def client() -> None:
+        while not stop.is_set():
+            _answer(runtime, asked)
+            served[0] += 1
+
+    clients = [threading.Thread(target=client) for _ in range(2)]
+    for t in clients:
+        t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while runtime.lock.waiting_requests == 0:
+            assert time.monotonic() < deadline, "the clients never queued"
+            time.sleep(0.001)
+        before = served[0]
+        done: list[int] = []
+        warmup = threading.Thread(target=lambda: done.append(
+            runtime.prefill(engine.tokenize(TEXT)[:128], tenant="t", source="command")
+            .computed_tokens))
+        warmup.start()
+        warmup.join(60)
+        assert done == [128], "the warmup never got the engine"
+        assert served[0] > before  # requests went on meanwhile
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(30)
+    overdue = metrics.registry.get_sample_value("ragwarm_engine_overdue_turns_total")
+    assert overdue is not None and overdue >= 1
+
+
 def test_bench_contention_reports_both_locks() -> None:
     import json
 

@@ -7,6 +7,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
+
 from workers.engine_lock import EngineLock
 
 
@@ -105,3 +107,60 @@ def test_a_warmup_yields_between_passes_only_to_a_waiting_request() -> None:
         asker.join(5)
     assert order == ["pass 1", "request", "pass 2"] and given > 0.0
     assert lock.try_background(0.01)
+
+
+def _back_to_back(lock: EngineLock, stop: threading.Event) -> list[threading.Thread]:
+    """Two clients sending requests back to back: whenever one ends, the other waits."""
+
+    def client() -> None:
+        while not stop.is_set():
+            with lock.serving():
+                time.sleep(0.002)
+
+    threads = [threading.Thread(target=client) for _ in range(2)]
+    for t in threads:
+        t.start()
+    _until(lambda: lock.waiting_requests >= 1)
+    return threads
+
+
+def test_background_work_gets_a_turn_once_it_waited_the_bound() -> None:
+    overdue: list[int] = []
+    lock = EngineLock(0.05, on_overdue=overdue.append)
+    stop = threading.Event()
+    clients = _back_to_back(lock, stop)
+    try:
+        started = time.monotonic()
+        assert lock.try_background(2.0)  # unbounded, it waits for a gap that never comes
+        waited = time.monotonic() - started
+        assert lock.waiting_requests >= 1  # taken ahead of a waiting request
+        lock.release()
+        assert waited >= 0.05 and overdue and overdue[0] >= 1
+        # A warmup's later passes get the same bound, not a free run.
+        assert lock.try_background(None)
+        overdue.clear()
+        assert lock.yield_to_requests() >= 0.05
+        assert overdue
+        lock.release()
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(5)
+
+
+def test_without_a_bound_background_work_waits_for_a_gap() -> None:
+    lock, stop = EngineLock(None), threading.Event()
+    clients = _back_to_back(lock, stop)
+    try:
+        assert not lock.try_background(0.2)  # TTL expiry skips its turn
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(5)
+    assert lock.try_background(0.5)  # the requests stopped: a gap
+    lock.release()
+
+
+def test_the_bound_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_background_wait_s"):
+        EngineLock(0.0)
