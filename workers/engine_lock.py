@@ -25,8 +25,10 @@ queued behind the one waiting command.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Literal
@@ -41,8 +43,10 @@ DEFAULT_BACKGROUND_MAX_WAIT_S = 2.0
 
 class EngineLock:
     """Mutual exclusion over the engine with two classes of work: requests (`serving`)
-    and background work (`background`). Requests take turns among themselves in no set
-    order; background work yields to every waiting request until it has waited
+    and background work (`background`). Requests take turns in the order they came (a
+    client sending back to back would otherwise take the engine again before a woken
+    waiter ran: `ragwarm bench contention --clients 2` saw one request wait 30 s);
+    background work yields to every waiting request until it has waited
     `max_background_wait_s` (None: without bound), then goes first for one turn
     (`on_overdue` gets the number of requests it went ahead of)."""
 
@@ -55,7 +59,8 @@ class EngineLock:
             raise ValueError(f"max_background_wait_s must be > 0, got {max_background_wait_s}")
         self._cond = threading.Condition(threading.Lock())
         self._holder: Work | None = None
-        self._requests_waiting = 0
+        self._queue: deque[int] = deque()  # waiting requests' tickets, oldest first
+        self._tickets = itertools.count()
         self._overdue = 0  # background waiters past the bound: requests let them go first
         self.max_background_wait_s = max_background_wait_s
         self._on_overdue = on_overdue
@@ -65,11 +70,15 @@ class EngineLock:
         """Hold the engine for a request; yields the seconds it waited."""
         started = time.perf_counter()
         with self._cond:
-            self._requests_waiting += 1
+            ticket = next(self._tickets)
+            self._queue.append(ticket)
             try:
-                self._cond.wait_for(lambda: self._holder is None and not self._overdue)
+                self._cond.wait_for(
+                    lambda: self._holder is None and not self._overdue and self._queue[0] == ticket
+                )
             finally:
-                self._requests_waiting -= 1
+                self._queue.remove(ticket)
+                self._cond.notify_all()  # the next ticket is at the head now
             self._holder = "request"
         try:
             yield time.perf_counter() - started
@@ -103,7 +112,7 @@ class EngineLock:
     def waiting_requests(self) -> int:
         """Requests waiting for the engine now."""
         with self._cond:
-            return self._requests_waiting
+            return len(self._queue)
 
     def yield_to_requests(self) -> float:
         """Between two passes of background work holding the engine: when requests wait,
@@ -112,7 +121,7 @@ class EngineLock:
         A no-op for a request's own passes. So a request waits for one pass of a warmup
         (`prefill_chunk_tokens`), not for the whole prompt."""
         with self._cond:
-            if self._holder != "background" or not self._requests_waiting:
+            if self._holder != "background" or not self._queue:
                 return 0.0
             started = time.perf_counter()
             self._holder = None
@@ -131,9 +140,9 @@ class EngineLock:
         overdue = False
         try:
             while True:
-                if self._holder is None and (overdue or not self._requests_waiting):
-                    if self._requests_waiting and self._on_overdue is not None:
-                        self._on_overdue(self._requests_waiting)  # under the lock: be brief
+                if self._holder is None and (overdue or not self._queue):
+                    if self._queue and self._on_overdue is not None:
+                        self._on_overdue(len(self._queue))  # under the lock: be brief
                     self._holder = "background"
                     return True
                 now = time.monotonic()

@@ -164,3 +164,22 @@ def test_without_a_bound_background_work_waits_for_a_gap() -> None:
 def test_the_bound_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_background_wait_s"):
         EngineLock(0.0)
+
+
+def test_waiting_requests_take_the_engine_in_the_order_they_came() -> None:
+    lock, order = EngineLock(), []
+    assert lock.try_background(1.0)  # the engine is busy while they queue up
+
+    def request(name: str) -> None:
+        with lock.serving():
+            order.append(name)
+
+    askers = []
+    for i in range(5):
+        askers.append(threading.Thread(target=request, args=(f"r{i}",)))
+        askers[-1].start()
+        _until(lambda n=i: lock.waiting_requests == n + 1)
+    lock.release()
+    for t in askers:
+        t.join(5)
+    assert order == [f"r{i}" for i in range(5)]
