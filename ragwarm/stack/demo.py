@@ -448,10 +448,15 @@ def _run(scenario: Scenario, out: Path) -> dict[str, Any]:
         chart = write_chart(scenario.rows, scenario.edit_at_s, out / "ttft.png")
         result = report(scenario, chart)
         if running.keep_up:
+            # The baseline is the demo's own: `ragwarm down` knows only the stack's processes,
+            # so left running it would hold its port until killed by hand.
+            if running.baseline.stop():
+                scenario.say(f"{running.baseline.name}: stopped (the demo's baseline)")
             scenario.say(
-                f"stack left running (its worker caches no answered prompts; only the pipeline "
-                f"warms): RAGWARM_KAFKA_TOPIC_PREFIX={running.prefix} ragwarm query '…'; stop "
-                f"it with `ragwarm down` (topics {running.prefix}* and {running.workdir} stay)")
+                f"stack left running (its workers cache the prompts they answer and get the "
+                f"pipeline's warmups): RAGWARM_KAFKA_TOPIC_PREFIX={running.prefix} ragwarm "
+                f"query '…'; stop it with `ragwarm down` (topics {running.prefix}* and "
+                f"{running.workdir} stay)")
     return result
 
 
