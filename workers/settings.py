@@ -69,13 +69,13 @@ class WorkerSettings(BaseSettings):
         "warmup's passes). Unset, by device class (seed 000): A10G-class cards "
         "(<= 24 GiB) 768, 24-40 GiB 1,024, A100-80G-class 1,536, CPU 512.",
     )
-    background_max_wait_s: float | None = Field(
+    background_max_wait_s: float = Field(
         default=DEFAULT_BACKGROUND_MAX_WAIT_S,
         gt=0,
         description="Requests go before warmups, invalidations and TTL expiry, but background "
-        "work that has waited this long takes the engine ahead of them for one turn (a "
-        "warmup pass or a command), so a worker under back-to-back requests still applies "
-        "its commands. Unset: background work waits for a gap in requests however long.",
+        "work that has waited this many seconds takes the engine ahead of them for one turn "
+        "(a warmup pass or a command), so a worker under back-to-back requests still applies "
+        "its commands. A very large value makes background work wait for a gap in requests.",
     )
     boot_warmup: bool = Field(
         default=True,

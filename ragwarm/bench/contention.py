@@ -10,7 +10,7 @@ command consumer does, and the request arrives once the burst's first prefill is
 With `--clients N` the worker is saturated instead: N clients send the request back to back
 from the burst's start until it ends (or `--window` seconds pass). Then what matters is
 how long the burst takes, and a third lock is measured: requests first without the bound
-on a warmup's wait (`RAGWARM_WORKER_BACKGROUND_MAX_WAIT_S` unset), under which the burst
+on a warmup's wait (`EngineLock(None)`, the lock before the bound), under which the burst
 waits for the clients to stop.
 """
 
