@@ -76,9 +76,13 @@ class EngineLock:
                 self._cond.wait_for(
                     lambda: self._holder is None and not self._overdue and self._queue[0] == ticket
                 )
-            finally:
+            except BaseException:  # interrupted: the ticket behind this one may go now
                 self._queue.remove(ticket)
-                self._cond.notify_all()  # the next ticket is at the head now
+                self._cond.notify_all()
+                raise
+            # Its ticket is at the head. The next one cannot go before `release`, which
+            # wakes every waiter anyway: no notify here.
+            self._queue.popleft()
             self._holder = "request"
         try:
             yield time.perf_counter() - started
