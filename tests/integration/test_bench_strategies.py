@@ -81,7 +81,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_json_is_the_contract(run):
     report = run["report"]
     assert set(report) == {"policies", "queries", "kb_events", "measurements", "seed_table",
-                           "restart"}
+                           "restart", "kv_budget"}
+    meta = json.loads((run["out"] / "run.json").read_text())["meta"]
+    assert report["kv_budget"] == {k: meta[k] for k in ("memory_share", "budget_bytes",
+                                                        "distinct_prefix_bytes")}
     assert list(report["policies"]) == policy_names()
     assert report["queries"] == QUERIES and report["kb_events"] == 7
     for name, figures in report["policies"].items():
@@ -200,6 +203,18 @@ def test_model_free_takes_the_same_decisions_and_says_its_ttft_is_estimated(run,
         assert r["ttft_ms"] == pytest.approx(cost.ttft_ms(r["prompt_tokens"], r["cached_tokens"]))
     text = (out / "strategies.md").read_text()
     assert "est. TTFT p50 ms" in text and "Model-free" in text
+    # The budget every policy ran under is part of the report; --memory-share moves it.
+    budget = report["kv_budget"]
+    assert budget["memory_share"] == 0.4
+    assert budget["budget_bytes"] == int(0.4 * budget["distinct_prefix_bytes"]) > 0
+    larger = CliRunner().invoke(strategies, [*args[:-2], "--policies", "none,reactive",
+                                             "--memory-share", "0.8", "--out",
+                                             str(tmp_path / "larger")], env=env)
+    assert larger.exit_code == 0, larger.output
+    moved = json.loads(larger.stdout)["kv_budget"]
+    assert moved["memory_share"] == 0.8
+    assert moved["distinct_prefix_bytes"] == budget["distinct_prefix_bytes"]
+    assert moved["budget_bytes"] == int(0.8 * budget["distinct_prefix_bytes"])
     # A policy that needs the model is refused by name, not silently run without it.
     refused = CliRunner().invoke(strategies, [*args[:-2], "--policies", "tiered", "--out",
                                               str(tmp_path / "refused")])

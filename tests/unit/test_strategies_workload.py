@@ -218,3 +218,19 @@ def test_the_default_full_mode_says_what_it_costs_before_it_starts():
     assert full_mode_notice(full | {"model_free": True}, 11) is None
     for mode in ("quick", "standard"):
         assert full_mode_notice(_plan(s, mode, None, None), 11) is None
+
+
+def test_memory_share_is_an_option_refused_outside_its_range(tmp_path):
+    """`--memory-share` sets every policy's budget; zero, a negative share or more than 4x
+    the prefixes is refused by name before any work starts."""
+    from click.testing import CliRunner
+
+    from ragwarm.bench.strategies.command import strategies
+
+    events, questions = tmp_path / "events.jsonl", tmp_path / "questions.jsonl"
+    events.write_text("")
+    questions.write_text("")
+    base = ["--events", str(events), "--questions", str(questions), "--out", str(tmp_path)]
+    for bad in ("0", "-0.2", "4.5", "half"):
+        result = CliRunner().invoke(strategies, [*base, "--memory-share", bad])
+        assert result.exit_code == 2 and "--memory-share" in result.output, result.output

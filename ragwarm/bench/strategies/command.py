@@ -45,6 +45,11 @@ _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
               default=None, metavar="FRACTION",
               help="Restart scenario: every worker restarts (device cache lost, disk kept) "
               "before the query at this share of the run (RAGWARM_STRATEGIES_RESTART_AT).")
+@click.option("--memory-share", type=click.FloatRange(0, 4, min_open=True), default=None,
+              metavar="FRACTION",
+              help="Every policy's KV budget, as a share of the bytes of the live questions' "
+              "distinct top-3 prefixes (RAGWARM_STRATEGIES_MEMORY_SHARE, default 0.4): "
+              "compare the policies at another budget.")
 @click.option("--model-free", is_flag=True,
               help="Workers on the cost engine (same cache bookkeeping, no forward pass): "
               "hits exact, TTFT estimated by the fitted cost model; minutes, not half an "
@@ -52,7 +57,7 @@ _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
 def strategies(
     events_path: Path, questions_path: Path, seed: int | None, quick: bool, standard: bool,
     as_json: bool, out: Path, policies: str | None, queries: int | None, edits: int | None,
-    restart_at: float | None, model_free: bool,
+    restart_at: float | None, memory_share: float | None, model_free: bool,
 ) -> None:
     """Replay a KB history with a Zipf query workload under every warmup policy, for real:
     real retrieval on Qdrant, real prefill and TTFT on the torch engine, one simulated clock.
@@ -61,8 +66,9 @@ def strategies(
 
     if quick and standard:
         raise click.UsageError("give at most one of --quick and --standard")
-    given: dict[str, Any] = {k: v for k, v in (("seed", seed), ("restart_at", restart_at))
-                             if v is not None}
+    given: dict[str, Any] = {
+        k: v for k, v in (("seed", seed), ("restart_at", restart_at),
+                          ("memory_share", memory_share)) if v is not None}
     settings = StrategySettings(**given)
     names = _names(policies, model_free)
     try:
@@ -180,11 +186,17 @@ def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
     if as_json:
         click.echo(json.dumps(json_report(figures, result.queries, result.kb_events,
                                           result.meta.get("measurements"), seed_table=seed,
-                                          restart=restart, ttft_estimated=cost)))
+                                          restart=restart, ttft_estimated=cost,
+                                          kv_budget=_kv_budget(result.meta))))
         return
     click.echo("\n\n".join([header, tables(figures, cost is not None), *sections,
                              *policy_notes(figures)]))
     click.echo("\nwritten: " + ", ".join(str(p) for p in [*paths, out / "run.json"]))
+
+
+def _kv_budget(meta: dict) -> dict[str, Any]:
+    """The one budget every policy ran under: a policy's figures mean little without it."""
+    return {k: meta[k] for k in ("memory_share", "budget_bytes", "distinct_prefix_bytes")}
 
 
 def _sections(result: Any, figures: dict) -> tuple[list, dict | None, list[str]]:
@@ -228,8 +240,9 @@ def _header(result: Any, plan: dict, machine: dict) -> str:
         f"{result.queries} queries, {result.kb_events} KB changes over "
         f"{meta['duration_sim_s'] / 60:.0f} simulated minutes; chunks of "
         f"{plan['chunk_tokens']} tokens; KV budget {meta['budget_bytes'] / 2**20:.0f} MiB per "
-        f"policy ({meta['distinct_prefix_bytes'] / 2**20:.0f} MiB of distinct initial "
-        f"prefixes); {meta['initial_docs']} documents, {meta['questions']} questions; "
+        f"policy ({meta['memory_share']:g} of {meta['distinct_prefix_bytes'] / 2**20:.0f} MiB "
+        f"of distinct initial prefixes); {meta['initial_docs']} documents, "
+        f"{meta['questions']} questions; "
         f"{meta['measurements']} distinct measurements for {meta['requests']} requests"
         f"{' (shared across queries)' if meta.get('shared_across_queries') else ''}; "
         f"ran {meta['elapsed_seconds'] / 60:.1f} min." + _estimate_note(meta)

@@ -436,7 +436,8 @@ def run_benchmark(
     runner.run(steps)
     n_queries = sum(isinstance(s, wl.QueryStep) for s in steps)
     meta: dict[str, Any] = {
-        "budget_bytes": budget_bytes, "distinct_prefix_bytes": prefix_bytes,
+        "memory_share": settings.memory_share, "budget_bytes": budget_bytes,
+        "distinct_prefix_bytes": prefix_bytes,
         "initial_docs": len(initial), "questions": len(questions),
         "content_edits": len(wl.content_changes(initial, chosen)),
         "index_seconds": round(index_s, 1),
