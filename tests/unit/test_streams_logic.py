@@ -443,6 +443,18 @@ class TestRewarm:
         assert plan_rewarm(tracked, 10.0, 32, 1) == ["yesterday"]
         assert plan_rewarm(tracked, 10.0, 64, 1) == ["yesterday", "today"]
 
+    def test_uses_and_the_window_count_add_up(self):
+        """Asked all day outranks asked once lately; lately still tips a near tie."""
+        tracked = [
+            ("steady", state(expires_at=50.0, updated_at=1.0, uses=9)),
+            ("burst", state(expires_at=50.0, updated_at=9.0, uses=2)),
+            ("recent", state(expires_at=50.0, updated_at=8.0, uses=3)),
+            ("older", state(expires_at=50.0, updated_at=2.0, uses=4)),
+        ]
+        counts = {"burst": 1.0, "recent": 2.0}
+        assert plan_rewarm(tracked, 10.0, 32 * 4, 1, counts=counts) == [
+            "steady", "recent", "older", "burst"]
+
 
 def test_a_query_op_counts_a_use_and_other_warms_do_not():
     query = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32, question="why?",
