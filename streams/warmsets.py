@@ -61,8 +61,8 @@ def plan_rewarm(
     is skipped, smaller ones after it may still fit. The window's count is added, not ranked
     first: a prefix asked once in the last minutes outranked one asked all day, and a ready
     worker's first asks missed the steady favourites that history warms (issue 17's replays:
-    hits up on three of five workloads, none down). Ranked by uses alone, the prefixes asked
-    now fell out of the plan.
+    hybrid's hits up on two of five workloads, none down). Ranked by uses alone, the
+    prefixes asked now fell out of the plan.
     """
     counts = counts or {}
     skipped = set(skip)
