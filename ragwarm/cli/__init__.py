@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "status": "ragwarm.stack.local:status",
     "demo": "ragwarm.stack.demo:demo",
     "config": "ragwarm.cli.config:config",
+    "trace": "ragwarm.cli.trace:trace",
     "deadletter": "ragwarm.cli.deadletter:deadletter",
     "openapi": "ragwarm.cli.openapi:openapi",
 }
