@@ -204,3 +204,12 @@ def test_first_asks_and_blended_answers_are_reported_per_policy():
     assert hybrid["first_ask_ttft_p50_ms"] == 900.0
     text = tables(figures)
     assert "first-ask TTFT p50 ms" in text and "| hybrid-blend | 2 | 200 |" in text
+
+
+def test_tail_mean_is_the_mean_of_the_slowest_tenth() -> None:
+    from ragwarm.bench.strategies.metrics import cvar
+
+    values = [float(v) for v in range(1, 101)]  # 1..100 ms
+    assert cvar(values, 90) == 95.5  # mean of 91..100
+    assert cvar([7.0], 90) == 7.0 and cvar([], 90) is None
+    assert cvar([1.0, 2.0, 3.0], 90) == 3.0  # fewer than ten: the slowest one

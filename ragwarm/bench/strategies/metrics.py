@@ -10,8 +10,9 @@ from ragwarm.bench.strategies.records import QueryRow as Row
 
 # The `--json` contract of `ragwarm bench strategies`, per policy.
 JSON_KEYS = (
-    "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "hit_rate", "post_edit_hit_rate", "stale_hits",
-    "kv_memory_share", "warmup_seconds",
+    "ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_cvar90_ms", "hit_rate",
+    "post_edit_hit_rate", "post_edit_queries", "first_ask_queries", "first_ask_ttft_p50_ms",
+    "first_ask_ttft_p90_ms", "stale_hits", "kv_memory_share", "warmup_seconds",
 )
 # Figures only some policies have (`Policy.figures`), in `--json` where they do.
 POLICY_JSON_KEYS = (
@@ -35,6 +36,18 @@ def pct(values: Sequence[float], q: float) -> float | None:
     return round(percentile(values, q), 2) if values else None
 
 
+def cvar(values: Sequence[float], q: float = 90) -> float | None:
+    """The tail mean: the mean of the slowest (100 - q)% of `values` (at least one value).
+
+    Steadier than one percentile on a few hundred queries: every tail query counts, so a
+    single noisy measurement moves it by a fraction instead of deciding it.
+    """
+    if not values:
+        return None
+    tail = sorted(values)[int(len(values) * q / 100):] or [max(values)]
+    return round(mean(tail), 2)
+
+
 def reduction(value: float | None, baseline: float | None) -> float | None:
     """How much lower `value` is than `baseline`, as a share (0.65 = 65% lower)."""
     if value is None or baseline is None or baseline <= 0:
@@ -49,9 +62,11 @@ def policy_figures(rows: Sequence[Row], extra: Mapping[str, Any]) -> dict[str, A
     again = [r.ttft_ms for r in rows if r.repeat]
     prompt = sum(r.prompt_tokens for r in rows)
     return {
+        "ttft_mean_ms": round(mean(ttfts), 2) if ttfts else None,
         "ttft_p50_ms": pct(ttfts, 50),
         "ttft_p90_ms": pct(ttfts, 90),
         "ttft_p99_ms": pct(ttfts, 99),
+        "ttft_cvar90_ms": cvar(ttfts, 90),
         "hit_rate": share(r.hit for r in rows),
         "post_edit_hit_rate": share(r.hit for r in post),
         "stale_hits": sum(r.stale for r in rows),
