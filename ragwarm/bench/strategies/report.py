@@ -13,14 +13,17 @@ from ragwarm.bench.strategies.metrics import hit_rate_series
 from ragwarm.bench.strategies.records import QueryRow
 
 COLUMNS = (
+    ("ttft_mean_ms", "TTFT mean ms", "{:.0f}"),
     ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
     ("p50_reduction", "p50 vs none", "{:+.0%}"),
     ("ttft_p90_ms", "TTFT p90 ms", "{:.0f}"),
     ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
     ("p99_reduction", "p99 vs none", "{:+.0%}"),
+    ("ttft_cvar90_ms", "tail mean (CVaR90) ms", "{:.0f}"),
     ("repeat_ttft_p99_ms", "p99 repeats ms", "{:.0f}"),
     ("hit_rate", "hit rate", "{:.0%}"),
     ("post_edit_hit_rate", "post-edit hit rate", "{:.0%}"),
+    ("post_edit_queries", "post-edit queries", "{}"),
     ("stale_hits", "stale hits", "{}"),
     ("kv_memory_share", "KV memory share", "{:.0%}"),
     ("warmup_seconds", "warmup s", "{:.1f}"),
