@@ -16,6 +16,7 @@ import httpx
 from rag.prompt import Prompt, PromptBuilder
 from rag.settings import QdrantSettings, RagSettings
 from ragwarm.client.contract import check_prompt
+from ragwarm.client.emitter import QueryEmitter
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import (
     UP_HINT,
@@ -33,9 +34,8 @@ from ragwarm.client.wire import (
     workers_to_try,
 )
 from ragwarm.settings import KafkaSettings, ModelSettings, qdrant_settings
-from schemas import ChunkRef, QueryEvent, encode
+from schemas import ChunkRef, QueryEvent
 from schemas.prefix import BLOCK_SIZE, PromptChain, PromptParams, prompt_chain
-from schemas.topics import RAG_QUERIES
 
 log = logging.getLogger(__name__)
 
@@ -150,41 +150,6 @@ class QdrantRetrieval:
 
     def close(self) -> None:
         self.retriever.store.close()
-
-
-class QueryEmitter:
-    """Publishes QueryEvents to rag.queries keyed by tenant (kafka-python, opened once)."""
-
-    def __init__(self, producer: Any, topic: str) -> None:
-        self.producer = producer
-        self.topic = topic
-        self.errors = 0
-
-    @classmethod
-    def open(cls, kafka: KafkaSettings) -> QueryEmitter:
-        from kafka import KafkaProducer
-        from kafka.errors import KafkaError
-
-        from ragwarm.kafka.common import KafkaUnreachable
-
-        try:
-            producer = KafkaProducer(bootstrap_servers=kafka.servers.split(","), linger_ms=2,
-                                     max_block_ms=5000, **kafka.producer_options())
-        except KafkaError as exc:
-            raise KafkaUnreachable(kafka.servers, exc) from None
-        return cls(producer, kafka.topic(RAG_QUERIES))
-
-    def emit(self, event: QueryEvent) -> None:
-        """Queue one event; a failure is logged and counted, never raised (the answer stands)."""
-        try:
-            self.producer.send(self.topic, key=event.tenant.encode(), value=encode(event))
-        except Exception as exc:  # noqa: BLE001 - losing a log record must not lose the answer
-            self.errors += 1
-            log.warning("query event not sent to %s: %s", self.topic, exc)
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        self.producer.flush(timeout=timeout_s)
-        self.producer.close(timeout=timeout_s)
 
 
 # --- the client --------------------------------------------------------------------------
