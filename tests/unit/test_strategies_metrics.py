@@ -213,3 +213,14 @@ def test_tail_mean_is_the_mean_of_the_slowest_tenth() -> None:
     assert cvar(values, 90) == 95.5  # mean of 91..100
     assert cvar([7.0], 90) == 7.0 and cvar([], 90) is None
     assert cvar([1.0, 2.0, 3.0], 90) == 3.0  # fewer than ten: the slowest one
+
+
+def test_median_figures_over_runs() -> None:
+    from ragwarm.bench.strategies.metrics import median_figures
+
+    runs = [{"hybrid": {"ttft_p90_ms": v, "hit_rate": h, "note": n, "blend": b}}
+            for v, h, n, b in ((100.0, 0.5, "a", None), (300.0, 0.7, "b", 1.0),
+                               (200.0, 0.6, "c", None))]
+    merged = median_figures(runs)["hybrid"]
+    assert (merged["ttft_p90_ms"], merged["hit_rate"], merged["note"]) == (200.0, 0.6, "a")
+    assert merged["blend"] == 1.0  # absent in some runs: the median of those that have it

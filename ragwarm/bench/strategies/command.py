@@ -54,10 +54,13 @@ _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
               help="Workers on the cost engine (same cache bookkeeping, no forward pass): "
               "hits exact, TTFT estimated by the fitted cost model; minutes, not half an "
               "hour. Policies needing tensors or the model's text are left out.")
+@click.option("--runs", type=click.IntRange(1), default=1, show_default=True,
+              help="Repeat with N workload seeds (the seed, seed+1, ...) and report the "
+              "median of each figure; each run's outputs go to OUT/seed-<seed>/.")
 def strategies(
     events_path: Path, questions_path: Path, seed: int | None, quick: bool, standard: bool,
     as_json: bool, out: Path, policies: str | None, queries: int | None, edits: int | None,
-    restart_at: float | None, memory_share: float | None, model_free: bool,
+    restart_at: float | None, memory_share: float | None, model_free: bool, runs: int,
 ) -> None:
     """Replay a KB history with a Zipf query workload under every warmup policy, for real:
     real retrieval on Qdrant, real prefill and TTFT on the torch engine, one simulated clock.
@@ -83,8 +86,48 @@ def strategies(
     # Commands are counted per outcome in run.json; one log line each would drown the bars.
     logging.getLogger("workers").setLevel(logging.ERROR)
     load_before = os.getloadavg()
+    if runs == 1:
+        result = _run(events, questions, settings, names, plan)
+        _finish(result, names, out, as_json, plan, load_before)
+        return
+    seeds = [settings.seed + i for i in range(runs)]
+    results = [_seeded_run(events, questions, settings.model_copy(update={"seed": seed}),
+                           names, plan, out, f"run {i + 1}/{runs}")
+               for i, seed in enumerate(seeds)]
+    _finish_runs(results, seeds, names, out, as_json, plan, load_before)
+
+
+def _seeded_run(events: list, questions: list, settings: Any, names: list[str], plan: dict,
+                out: Path, label: str) -> Any:
+    """One run of `--runs`: the workload drawn with its own seed, outputs in their folder."""
+    click.echo(f"{label}: workload seed {settings.seed}", err=True)
+    load_before = os.getloadavg()
     result = _run(events, questions, settings, names, plan)
-    _finish(result, names, out, as_json, plan, load_before)
+    _write(result, names, out / f"seed-{settings.seed}", plan, load_before)
+    return result
+
+
+def _finish_runs(results: list, seeds: list[int], names: list[str], out: Path, as_json: bool,
+                 plan: dict, load_before: tuple[float, float, float]) -> None:
+    """The median of each figure over the runs: the table, run.json and `--json`."""
+    from ragwarm.bench.strategies.metrics import json_report, median_figures, summarize
+    from ragwarm.bench.strategies.report import tables
+
+    figures = median_figures([summarize(r.rows, r.policies, names) for r in results])
+    first, machine = results[0], _machine(load_before)
+    header = (_header(first, plan, machine) + f" **Median of {len(results)} runs** "
+              f"(workload seeds {', '.join(map(str, seeds))}; each run in OUT/seed-<seed>/).")
+    cost = first.meta.get("ttft_estimated")
+    text = header + "\n\n" + tables(figures, cost is not None) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "strategies.md").write_text(text, encoding="utf-8")
+    report = json_report(figures, first.queries, first.kb_events, ttft_estimated=cost,
+                         kv_budget=_kv_budget(first.meta), runs=len(results), seeds=seeds)
+    (out / "run.json").write_text(json.dumps({"median": report, "plan": plan,
+                                              "machine": machine}, indent=2) + "\n",
+                                  encoding="utf-8")
+    click.echo(json.dumps(report) if as_json else text + f"\nwritten: {out}/strategies.md, "
+               f"{out}/run.json, and each run under {out}/seed-<seed>/")
 
 
 def _names(policies: str | None, model_free: bool = False) -> list[str]:
@@ -167,10 +210,11 @@ def _run(events: list, questions: list, settings: Any, names: list[str], plan: d
             rig.store.close()
 
 
-def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
-            load_before: tuple[float, float, float]) -> None:
-    from ragwarm.bench.strategies.metrics import json_report, summarize
-    from ragwarm.bench.strategies.report import policy_notes, tables, write_outputs
+def _write(result: Any, names: list[str], out: Path, plan: dict,
+           load_before: tuple[float, float, float]) -> tuple[dict, str, dict, list]:
+    """One run's table, CSV, per-query log, charts and run.json under `out`."""
+    from ragwarm.bench.strategies.metrics import summarize
+    from ragwarm.bench.strategies.report import write_outputs
 
     figures = summarize(result.rows, result.policies, names)
     machine = _machine(load_before)
@@ -183,6 +227,18 @@ def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
            "machine": machine, "queries": result.queries, "kb_events": result.kb_events,
            "seed_table": seed, "restart": restart}
     (out / "run.json").write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+    return figures, header, {"seed": seed, "restart": restart, "sections": sections,
+                             "cost": cost}, paths
+
+
+def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
+            load_before: tuple[float, float, float]) -> None:
+    from ragwarm.bench.strategies.metrics import json_report
+    from ragwarm.bench.strategies.report import policy_notes, tables
+
+    figures, header, parts, paths = _write(result, names, out, plan, load_before)
+    seed, restart, sections, cost = (parts["seed"], parts["restart"], parts["sections"],
+                                     parts["cost"])
     if as_json:
         click.echo(json.dumps(json_report(figures, result.queries, result.kb_events,
                                           result.meta.get("measurements"), seed_table=seed,

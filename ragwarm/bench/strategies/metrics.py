@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -126,6 +127,23 @@ def summarize(
             for q in (50, 90, 99):
                 key = f"ttft_p{q}_ms"
                 figures[f"p{q}_reduction"] = reduction(figures[key], base[key])
+    return out
+
+
+def median_figures(runs: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per policy, the median of each numeric figure over `runs` (one `summarize` each);
+    a figure some runs lack (None) is the median of those that have it. Other values (text,
+    flags, nested parts) are the first run's."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, first in runs[0].items():
+        merged = dict(first)
+        for key in first:
+            values = [r[name].get(key) for r in runs if name in r]
+            numbers = [v for v in values
+                       if isinstance(v, int | float) and not isinstance(v, bool)]
+            if numbers:
+                merged[key] = round(statistics.median(numbers), 4)
+        out[name] = merged
     return out
 
 
