@@ -125,6 +125,7 @@ def test_policy_names_and_the_error_listing_them():
         "hybrid-chunks",
         "hybrid-blend",
         "tiered",
+        "reactive-offload",
         "synthetic",
     ]
     assert policy_class("hybrid").name == "hybrid"

@@ -45,6 +45,12 @@ def test_tiered_is_registered_as_hybrid_over_a_disk_tier():
     assert tiered.disk_tier and not hybrid.disk_tier
 
 
+def test_reactive_offload_is_request_caching_over_the_same_tier():
+    offload, reactive = policy_class("reactive-offload"), policy_class("reactive")
+    assert issubclass(offload, reactive) and offload.disk_tier
+    assert offload.eviction == reactive.eviction == "lru" and offload.cache_requests
+
+
 def test_offline_evaluation_refuses_the_tiered_policy():
     from ragwarm.bench.strategies.offline import evaluate
     from ragwarm.bench.strategies.settings import StrategySettings

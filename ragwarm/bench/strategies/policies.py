@@ -148,6 +148,15 @@ class Reactive(Policy):
     name: ClassVar[str] = "reactive"
 
 
+class ReactiveOffload(Reactive):
+    """`reactive-offload`: request caching with LRU over the same KV tier `tiered` has (vLLM
+    prefix caching with LMCache-style offload): the peer to compare a tiered policy with, as
+    both hold the same bytes."""
+
+    name: ClassVar[str] = "reactive-offload"
+    disk_tier: ClassVar[bool] = True
+
+
 class History(Policy):
     """`history`: at start, prefill the prefixes of every past prompt until memory is full
     (seed 000's full history prefill), most asked first; request caching afterwards."""
@@ -215,6 +224,7 @@ POLICIES: dict[str, str] = {
     "hybrid-chunks": "ragwarm.bench.strategies.blend_policy:HybridChunks",
     "hybrid-blend": "ragwarm.bench.strategies.blend_policy:HybridBlend",
     "tiered": "ragwarm.bench.strategies.tiered:TieredHybrid",
+    "reactive-offload": "ragwarm.bench.strategies.policies:ReactiveOffload",
     "synthetic": "ragwarm.bench.strategies.synthetic:Synthetic",
 }
 
