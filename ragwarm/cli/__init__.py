@@ -67,10 +67,16 @@ UNCHECKED = frozenset({"config"})
 
 
 @click.group(cls=LazyGroup)
+@click.version_option(package_name="ragwarm", prog_name="ragwarm",
+                      message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level.")
 @click.pass_context
 def main(ctx: click.Context, verbose: bool) -> None:
     """ragwarm: keep LLM inference workers warm for RAG, driven by knowledge-base events."""
+    from ragwarm.cli.tree import ConfigTree
+
+    # One configuration tree per run: the commands read their settings from it.
+    ctx.obj = ConfigTree()
     if ctx.invoked_subcommand not in UNCHECKED:
         check_environment()
     from ragwarm.logs import configure
