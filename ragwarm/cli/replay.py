@@ -70,7 +70,8 @@ class _DurationType(click.ParamType):
     default=None,
     help="Copy mode: stop before this ISO time or offset, or at the 'end' (default).",
 )
-@click.option("--group", help="Reset this stopped consumer group's offsets on TOPIC to --from.")
+@click.option("--group", help="Reset this stopped consumer group's offsets on TOPIC to the start "
+              "(--from, --by-duration or --shift-by).")
 @click.option("--into", help="Copy [--from, --to) of TOPIC into this topic (created if missing).")
 @click.option("--execute", is_flag=True,
               help="Apply the plan. Without it replay prints the plan and changes nothing, "
