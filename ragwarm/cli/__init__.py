@@ -49,6 +49,14 @@ class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(n for n, t in self.targets.items() if find_spec(t.partition(":")[0]))
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        # Runs before `main`'s body, the last point where the sub-command's own options
+        # are visible here: `main` keeps client logs off a --json command's output.
+        ctx.meta[JSON_OUTPUT] = "--json" in args
+        return super().resolve_command(ctx, args)
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = self.targets.get(cmd_name)
         if target is None:
@@ -63,20 +71,40 @@ class LazyGroup(click.Group):
                 f"pip install 'ragwarm[{extra}]'") from None
 
 
+# ctx.meta key: whether the sub-command was asked for --json.
+JSON_OUTPUT = "ragwarm.json_output"
+# Client libraries that log each connection or request: noise in front of a --json answer.
+CLIENT_LOGGERS = ("kafka", "httpx", "httpcore")
+
 # Commands that run whatever the environment holds: `config` lists and checks it.
 UNCHECKED = frozenset({"config"})
 
 
 @click.group(cls=LazyGroup)
+@click.version_option(package_name="ragwarm", prog_name="ragwarm",
+                      message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level.")
 @click.pass_context
 def main(ctx: click.Context, verbose: bool) -> None:
     """ragwarm: keep LLM inference workers warm for RAG, driven by knowledge-base events."""
+    from ragwarm.cli.tree import ConfigTree
+
+    # One configuration tree per run: the commands read their settings from it.
+    ctx.obj = ConfigTree()
     if ctx.invoked_subcommand not in UNCHECKED:
         check_environment()
     from ragwarm.logs import configure
 
     configure(logging.DEBUG if verbose else logging.INFO)
+    if ctx.meta.get(JSON_OUTPUT) and not verbose:
+        quiet_clients()
+
+
+def quiet_clients() -> None:
+    """Only a client library's critical lines reach stderr: a --json command reports its
+    failures itself, and a script reading it wants the JSON alone (`-v` keeps them)."""
+    for name in CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def check_environment() -> None:

@@ -3,42 +3,56 @@
 from __future__ import annotations
 
 import json
-import logging
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
-from kafka.errors import KafkaError
+from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
-from ragwarm.kafka.admin import create_topics, list_topics
+from ragwarm.cli.tree import tree_of
+from ragwarm.kafka.admin import admin_client, create_topics, list_topics
+from ragwarm.kafka.common import quiet_client_logs, unreachable_message
 from ragwarm.kafka.local import KafkaLaunchError, LocalKafka
-from ragwarm.settings import HomeSettings, KafkaSettings
+from ragwarm.settings import KafkaSettings
 from schemas.topics import TOPICS, prefixed
 
-
-def _quiet_client_logs() -> None:
-    # kafka-python logs every connection (and every refused probe) itself; failures reach the
-    # user as one error message, so its own lines only show with `ragwarm -v`.
-    if not logging.getLogger().isEnabledFor(logging.DEBUG):
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+# How long a command waits for a broker to answer before saying it is unreachable: kafka-python
+# otherwise tries for its whole request timeout (30 s) before it gives up.
+CONNECT_TIMEOUT_S = 5.0
 
 
-def _unreachable(settings: KafkaSettings, exc: KafkaError) -> click.ClickException:
-    hint = "" if settings.bootstrap else " (is the local broker running? `ragwarm kafka start`)"
-    return click.ClickException(f"{settings.servers}: {exc}{hint}")
+@contextmanager
+def _admin_errors(settings: KafkaSettings) -> Iterator[None]:
+    """Turn a client failure into one CLI error; an unreachable broker names the fixes."""
+    try:
+        yield
+    except (KafkaTimeoutError, KafkaConnectionError) as exc:
+        raise click.ClickException(unreachable_message(settings.servers, exc)) from None
+    except KafkaError as exc:
+        raise click.ClickException(f"{settings.servers}: {exc}") from None
+
+
+def _check_reachable(settings: KafkaSettings) -> None:
+    """Fail within CONNECT_TIMEOUT_S when no broker answers (the admin client bootstraps as
+    it opens)."""
+    with admin_client(settings.servers, settings.client_options(), CONNECT_TIMEOUT_S):
+        pass
 
 
 def _local(secure: bool = False) -> LocalKafka:
+    tree = tree_of()
     if secure:
         from ragwarm.kafka.secure import SecureLocalKafka
 
-        return SecureLocalKafka(HomeSettings(), KafkaSettings(), say=click.echo)
-    return LocalKafka(HomeSettings(), KafkaSettings(), say=click.echo)
+        return SecureLocalKafka(tree.home, tree.kafka, say=click.echo)
+    return LocalKafka(tree.home, tree.kafka, say=click.echo)
 
 
 @click.group()
 def kafka() -> None:
     """The local single-node Apache Kafka broker (KRaft)."""
-    _quiet_client_logs()
+    quiet_client_logs()
 
 
 @kafka.command()
@@ -96,22 +110,21 @@ def status(as_json: bool) -> None:
 @click.group()
 def topics() -> None:
     """The Kafka topics ragwarm uses (defined in schemas/topics.py)."""
-    _quiet_client_logs()
+    quiet_client_logs()
 
 
 @topics.command()
 def create() -> None:
     """Create the missing ragwarm topics; existing ones are left as they are."""
-    settings = KafkaSettings()
-    try:
+    settings = tree_of().kafka
+    with _admin_errors(settings):
+        _check_reachable(settings)
         created, existing = create_topics(
             settings.servers,
             settings.client_options(),
             prefixed(settings.topic_prefix),
             replicas=settings.topic_replicas,
         )
-    except KafkaError as exc:
-        raise _unreachable(settings, exc) from None
     for name in created:
         spec = TOPICS[name.removeprefix(settings.topic_prefix)]
         click.echo(f"created   {name} ({spec.partitions} partitions)")
@@ -120,13 +133,19 @@ def create() -> None:
 
 
 @topics.command("list")
-def list_() -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: topic -> partitions, ragwarm's own.")
+def list_(as_json: bool) -> None:
     """List the cluster's topics with their partition counts."""
-    settings = KafkaSettings()
-    try:
+    settings = tree_of().kafka
+    with _admin_errors(settings):
+        _check_reachable(settings)
         found = list_topics(settings.servers, settings.client_options())
-    except KafkaError as exc:
-        raise _unreachable(settings, exc) from None
+    ours = {settings.topic(name) for name in TOPICS}  # with RAGWARM_KAFKA_TOPIC_PREFIX
+    if as_json:
+        click.echo(json.dumps({name: {"partitions": n, "ragwarm": name in ours}
+                               for name, n in found.items()}))
+        return
     for name, partitions in found.items():
-        mark = "  (ragwarm)" if name in TOPICS else ""
+        mark = "  (ragwarm)" if name in ours else ""
         click.echo(f"{name:<32} {partitions:>4} partitions{mark}")

@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ragwarm.kafka.admin import probe
 from ragwarm.kafka.processes import is_kafka, log_tail, pid_alive, port_open
+from ragwarm.progress import waiting
 from ragwarm.settings import HomeSettings, KafkaSettings, infra_dir
 
 HOST = "127.0.0.1"
@@ -338,15 +339,17 @@ class LocalKafka:
     def _wait_ready(self, pid: int) -> None:
         """Wait until the broker answers a metadata request, or fail with its log."""
         deadline = time.monotonic() + self.kafka.start_timeout_s
-        while time.monotonic() < deadline:
-            if not pid_alive(pid):
-                raise KafkaLaunchError(
-                    f"the Kafka broker (pid {pid}) exited while starting; last lines of "
-                    f"{self.log_file}:\n{log_tail(self.log_file)}"
-                )
-            if port_open(self.kafka.port) and probe(self.bootstrap, self._probe_options(), 5):
-                return
-            time.sleep(0.5)
+        what = f"kafka: waiting for the broker (pid {pid}) to answer at {self.bootstrap}"
+        with waiting(what, limit_s=self.kafka.start_timeout_s):
+            while time.monotonic() < deadline:
+                if not pid_alive(pid):
+                    raise KafkaLaunchError(
+                        f"the Kafka broker (pid {pid}) exited while starting; last lines of "
+                        f"{self.log_file}:\n{log_tail(self.log_file)}"
+                    )
+                if port_open(self.kafka.port) and probe(self.bootstrap, self._probe_options(), 5):
+                    return
+                time.sleep(0.5)
         raise KafkaLaunchError(
             f"the Kafka broker (pid {pid}) did not answer at {self.bootstrap} within "
             f"{self.kafka.start_timeout_s:.0f} s; last lines of {self.log_file}:\n"

@@ -30,6 +30,7 @@ from ragwarm.kafka.replay_plan import (
 from ragwarm.settings import KafkaSettings
 
 T = TypeVar("T")
+DRY_RUN_NOTE = " (dry run: nothing changed; run again with --execute to apply)"
 
 
 # --- Kafka I/O -------------------------------------------------------------------------------
@@ -202,7 +203,10 @@ def run_reset(
         if refusal:
             raise click.ClickException(refusal)
         committed = committed_offsets(admin, group, topic)
-        plans = plan_range(admin, topic, start, Position("end"), committed)
+        try:
+            plans = plan_range(admin, topic, start, Position("end"), committed)
+        except ValueError as exc:  # a shift on a partition the group never committed
+            raise click.ClickException(str(exc)) from None
         if not dry_run:
             reset_group(admin, group, topic, plans)
     verb = "would reset" if dry_run else "reset"
@@ -307,4 +311,4 @@ def _report(
         click.echo(line)
     for note in extra.get("notes", []):
         click.echo(f"note: {note}")
-    click.echo(summary + (" (dry run: nothing changed)" if dry_run else ""))
+    click.echo(summary + (DRY_RUN_NOTE if dry_run else ""))

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import click
 import httpx
+from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
+from ragwarm.kafka.admin import probe
+from ragwarm.kafka.common import quiet_client_logs, unreachable_message
 from ragwarm.settings import HomeSettings, KafkaSettings, StackSettings
 from ragwarm.stack.procs import Proc, operator_headers
 from streams.settings import StreamsSettings
@@ -172,7 +175,17 @@ def up(streams_n: int | None, workers_n: int | None) -> None:
     settings = StackSettings()
     given = {"streams": streams_n, "workers": workers_n}
     settings = settings.model_copy(update={k: v for k, v in given.items() if v is not None})
-    Stack(stack=settings).up()
+    stack = Stack(stack=settings)
+    kafka = stack.kafka_settings
+    quiet_client_logs()  # a refused connection is reported once, below, with the fix
+    # A cluster named by RAGWARM_KAFKA_BOOTSTRAP is not started here: fail in seconds if it is
+    # not there, rather than after the client's 30 s bootstrap.
+    if kafka.bootstrap and probe(kafka.servers, kafka.client_options(), 5.0) is None:
+        raise click.ClickException(unreachable_message(kafka.servers))
+    try:
+        stack.up()
+    except (KafkaTimeoutError, KafkaConnectionError) as exc:
+        raise click.ClickException(unreachable_message(kafka.servers, exc)) from None
 
 
 @click.command()

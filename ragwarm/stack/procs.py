@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from ragwarm.progress import waiting
+
 
 @dataclass
 class Proc:
@@ -69,12 +71,13 @@ class Proc:
 
     def wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.healthy():
-                return
-            if self.pid() is None:
-                raise RuntimeError(f"{self.name} exited during start:\n{tail(self.log_file)}")
-            time.sleep(0.5)
+        with waiting(f"{self.name}: waiting for {self.health_url}", limit_s=timeout_s):
+            while time.monotonic() < deadline:
+                if self.healthy():
+                    return
+                if self.pid() is None:
+                    raise RuntimeError(f"{self.name} exited during start:\n{tail(self.log_file)}")
+                time.sleep(0.5)
         raise TimeoutError(
             f"{self.name} not healthy after {timeout_s:.0f} s:\n{tail(self.log_file)}"
         )

@@ -1,4 +1,5 @@
-"""`ragwarm replay` against the real broker: group resets, range copies, and dry runs."""
+"""`ragwarm replay` against the real broker: group resets, range copies, and the dry runs
+that are the default (nothing changes without --execute)."""
 
 from __future__ import annotations
 
@@ -122,10 +123,10 @@ def test_group_reset_to_a_time_rereads_exactly_the_records_from_then_on(
     assert _consume_as_group(kafka_bootstrap, source, group, 0) == []
 
     cut = (T0 + timedelta(seconds=13)).isoformat()
-    result = _run(kafka_bootstrap, source, "--from", cut, "--group", group)
+    result = _run(kafka_bootstrap, source, "--from", cut, "--group", group, "--execute")
 
     assert result.exit_code == 0, result.output
-    assert f"reset group '{group}'" in result.output
+    assert f"reset group '{group}'" in result.output and "dry run" not in result.output
     assert _consume_as_group(kafka_bootstrap, source, group, N - 13) == list(range(13, N))
 
 
@@ -135,11 +136,13 @@ def test_group_reset_to_an_offset_and_to_beginning(
     group = unique_name("group")
     _consume_as_group(kafka_bootstrap, source, group, N)
 
-    assert _run(kafka_bootstrap, source, "--from", "7", "--group", group).exit_code == 0
+    reset = _run(kafka_bootstrap, source, "--from", "7", "--group", group, "--execute")
+    assert reset.exit_code == 0, reset.output
     # Offset 7 on both partitions: records 14, 16, 18 (even) and 15, 17, 19 (odd).
     assert _consume_as_group(kafka_bootstrap, source, group, 6) == list(range(14, N))
 
-    assert _run(kafka_bootstrap, source, "--from", "beginning", "--group", group).exit_code == 0
+    reset = _run(kafka_bootstrap, source, "--from", "beginning", "--group", group, "--execute")
+    assert reset.exit_code == 0, reset.output
     assert _consume_as_group(kafka_bootstrap, source, group, N) == list(range(N))
 
 
@@ -148,7 +151,7 @@ def test_a_time_after_the_last_record_maps_to_the_end(
 ) -> None:
     group = unique_name("group")
     later = (T0 + timedelta(days=1)).isoformat()
-    result = _run(kafka_bootstrap, source, "--from", later, "--group", group, "--json")
+    result = _run(kafka_bootstrap, source, "--from", later, "--group", group, "--json", "--execute")
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)
     assert [(p["start"], p["end"], p["records"]) for p in plan["partitions"]] == [
@@ -175,7 +178,7 @@ def test_a_group_with_active_members_is_refused(
         member.commit()
         before = _committed(kafka_bootstrap, group)
 
-        result = _run(kafka_bootstrap, source, "--from", "beginning", "--group", group)
+        result = _run(kafka_bootstrap, source, "--from", "beginning", "--group", group, "--execute")
 
         assert result.exit_code == 1
         assert "active member" in result.output and "stop its consumers" in result.output
@@ -184,22 +187,68 @@ def test_a_group_with_active_members_is_refused(
         member.close()
 
 
-def test_group_dry_run_prints_the_plan_and_changes_nothing(
+def test_without_execute_a_group_reset_prints_the_plan_and_changes_nothing(
     kafka_bootstrap: str, source: str, unique_name: Callable[[str], str]
 ) -> None:
     group = unique_name("group")
     _consume_as_group(kafka_bootstrap, source, group, N)
     cut = (T0 + timedelta(seconds=13)).isoformat()
 
-    result = _run(kafka_bootstrap, source, "--from", cut, "--group", group, "--dry-run")
+    for explicit in ((), ("--dry-run",)):
+        result = _run(kafka_bootstrap, source, "--from", cut, "--group", group, *explicit)
 
-    assert result.exit_code == 0, result.output
-    rows = [line.split() for line in result.output.splitlines()]
-    assert ["0", "7", "10", "3", "10"] in rows  # partition, from, to, records, committed
-    assert ["1", "6", "10", "4", "10"] in rows
-    assert "dry run: nothing changed" in result.output
+        assert result.exit_code == 0, result.output
+        rows = [line.split() for line in result.output.splitlines()]
+        assert ["0", "7", "10", "3", "10"] in rows  # partition, from, to, records, committed
+        assert ["1", "6", "10", "4", "10"] in rows
+        assert "dry run: nothing changed; run again with --execute" in result.output
+    beginning = _run(kafka_bootstrap, source, "--from", "beginning", "--group", group, "--json")
+    assert json.loads(beginning.output)["dry_run"] is True
     assert _committed(kafka_bootstrap, group) == {0: 10, 1: 10}
     assert _consume_as_group(kafka_bootstrap, source, group, 0) == []
+
+
+def test_shift_by_moves_the_committed_offsets(
+    kafka_bootstrap: str, source: str, unique_name: Callable[[str], str]
+) -> None:
+    group = unique_name("group")
+    _consume_as_group(kafka_bootstrap, source, group, N)
+
+    result = _run(kafka_bootstrap, source, "--shift-by", "-3", "--group", group, "--execute")
+
+    assert result.exit_code == 0, result.output
+    assert "committed offset -3" in result.output
+    # Offsets 7-9 on both partitions: records 14, 16, 18 (even) and 15, 17, 19 (odd).
+    assert _consume_as_group(kafka_bootstrap, source, group, 6) == list(range(14, N))
+
+
+def test_shift_by_refuses_a_group_without_committed_offsets(
+    kafka_bootstrap: str, source: str, unique_name: Callable[[str], str]
+) -> None:
+    result = _run(kafka_bootstrap, source, "--shift-by", "-3", "--group", unique_name("group"))
+    assert result.exit_code == 1
+    assert "partition(s) 0, 1 have none" in result.output
+
+
+def test_by_duration_rereads_the_records_of_the_last_hour(
+    kafka_bootstrap: str,
+    kafka_producer: KafkaProducer,
+    new_topic: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
+    topic, group = new_topic("replay-recent", partitions=1), unique_name("group")
+    now = datetime.now(UTC)
+    for i, ago in enumerate((timedelta(hours=3), timedelta(hours=2), timedelta(minutes=30),
+                             timedelta(minutes=10))):
+        kafka_producer.send(topic, value=f"v{i}".encode(), partition=0,
+                            timestamp_ms=_ms(now - ago))
+    kafka_producer.flush(timeout=30)
+    assert _consume_as_group(kafka_bootstrap, topic, group, 4) == [0, 1, 2, 3]
+
+    result = _run(kafka_bootstrap, topic, "--by-duration", "PT1H", "--group", group, "--execute")
+
+    assert result.exit_code == 0, result.output
+    assert _consume_as_group(kafka_bootstrap, topic, group, 2) == [2, 3]
 
 
 def test_to_is_refused_in_group_mode(kafka_bootstrap: str, source: str) -> None:
@@ -223,7 +272,8 @@ def test_copy_writes_the_same_records_into_the_target(
     target = new_topic("replay-target", partitions=2)
     start, end = (T0 + timedelta(seconds=5)).isoformat(), (T0 + timedelta(seconds=15)).isoformat()
 
-    result = _run(kafka_bootstrap, source, "--from", start, "--to", end, "--into", target)
+    result = _run(kafka_bootstrap, source, "--from", start, "--to", end, "--into", target,
+                  "--execute")
 
     assert result.exit_code == 0, result.output
     assert "copied 10 records" in result.output
@@ -247,7 +297,8 @@ def _topic_config(bootstrap: str, topic: str) -> dict[str, str]:
 def test_copy_by_offsets_into_a_new_topic(
     kafka_bootstrap: str, source: str, absent_topic: str
 ) -> None:
-    result = _run(kafka_bootstrap, source, "--from", "3", "--to", "6", "--into", absent_topic)
+    result = _run(kafka_bootstrap, source, "--from", "3", "--to", "6", "--into", absent_topic,
+                  "--execute")
 
     assert result.exit_code == 0, result.output
     assert f"{absent_topic} does not exist; it was created with 2 partitions" in result.output
@@ -261,7 +312,7 @@ def test_copy_dry_run_changes_nothing(
 ) -> None:
     target = new_topic("replay-target", partitions=2)
     for into in (target, absent_topic):
-        result = _run(kafka_bootstrap, source, "--from", "beginning", "--into", into, "--dry-run")
+        result = _run(kafka_bootstrap, source, "--from", "beginning", "--into", into)
         assert result.exit_code == 0, result.output
         rows = [line.split() for line in result.output.splitlines()]
         assert ["0", "0", "10", "10"] in rows and ["1", "0", "10", "10"] in rows

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,12 +13,15 @@ from ragwarm.kafka.replay_plan import (
     Bounds,
     PartitionPlan,
     Position,
+    before_now,
     check_range,
     group_refusal,
+    parse_duration,
     parse_position,
     plan_partitions,
     plan_table,
     resolve,
+    shift,
 )
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -185,3 +189,94 @@ def test_plan_table_has_a_row_per_partition_and_a_total() -> None:
 def test_time_position_of_a_datetime_round_trips() -> None:
     moment = datetime(2026, 3, 4, 5, 6, 7, 891000, tzinfo=UTC)
     assert parse_position(moment.isoformat()) == Position("time", int(moment.timestamp() * 1000))
+
+
+# --- --by-duration and --shift-by ------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("PT1H", timedelta(hours=1)),
+        ("pt30m", timedelta(minutes=30)),
+        ("P1DT12H", timedelta(days=1, hours=12)),
+        ("PT0.5S", timedelta(milliseconds=500)),
+        ("P2W", timedelta(weeks=2)),
+        ("1h", timedelta(hours=1)),
+        ("90m", timedelta(minutes=90)),
+        ("1h30m", timedelta(hours=1, minutes=30)),
+        ("2d", timedelta(days=2)),
+        ("45s", timedelta(seconds=45)),
+    ],
+)
+def test_parse_duration(text: str, expected: timedelta) -> None:
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "P", "PT", "1x", "h", "1h 30m", "-1h", "yesterday"])
+def test_parse_duration_rejects_other_text_naming_the_forms(text: str) -> None:
+    with pytest.raises(ValueError, match="PT1H"):
+        parse_duration(text)
+
+
+def test_by_duration_is_a_time_before_now() -> None:
+    now = datetime(2026, 1, 1, 1, 0, tzinfo=UTC)
+    assert before_now(timedelta(hours=1), now) == Position("time", T0_MS)
+    assert before_now(timedelta(days=100_000), now) == Position("time", 0)
+
+
+@pytest.mark.parametrize(
+    ("records", "committed", "expected"),
+    [(-5, 30, 25), (5, 30, 35), (-50, 30, 10), (50, 30, 50), (0, 30, 30)],
+)
+def test_shift_moves_the_committed_offset_inside_the_log(
+    records: int, committed: int, expected: int
+) -> None:
+    assert resolve(shift(records), BOUNDS, committed=committed) == expected
+
+
+def test_a_shift_needs_a_committed_offset_on_every_partition() -> None:
+    bounds = [Bounds(0, 0, 10), Bounds(1, 0, 10), Bounds(2, 0, 10)]
+    with pytest.raises(ValueError, match=r"partition\(s\) 0, 2 have none"):
+        plan_partitions(bounds, shift(-3), Position("end"), committed={1: 8})
+    plans = plan_partitions(bounds, shift(-3), Position("end"), committed={0: 2, 1: 8, 2: 10})
+    assert [(p.start, p.end, p.committed) for p in plans] == [(0, 10, 2), (5, 10, 8), (7, 10, 10)]
+
+
+def test_a_shift_cannot_end_a_range_and_prints_readably() -> None:
+    with pytest.raises(ValueError, match="cannot end a range"):
+        check_range(Position("beginning"), shift(3))
+    assert str(shift(-3)) == "committed offset -3"
+    assert str(shift(4)) == "committed offset +4"
+
+
+@given(
+    spans=st.lists(st.tuples(st.integers(0, 100), st.integers(0, 100)), min_size=1, max_size=6),
+    records=st.integers(-300, 300),
+    commits=st.lists(st.integers(0, 100), min_size=6, max_size=6),
+)
+def test_shifted_plans_stay_inside_the_log(spans, records, commits) -> None:
+    bounds = [Bounds(i, min(a, b), max(a, b)) for i, (a, b) in enumerate(spans)]
+    committed = dict(enumerate(commits))
+    for plan, b in zip(plan_partitions(bounds, shift(records), Position("end"),
+                                       committed=committed), bounds, strict=True):
+        assert b.earliest <= plan.start <= plan.end == b.latest
+
+
+# --- the command's choices, refused before any broker is asked ------------------------------
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["t", "--group", "g"], "exactly one of --from, --by-duration or --shift-by"),
+        (["t", "--group", "g", "--from", "beginning", "--shift-by", "-2"],
+         "(got --from and --shift-by)"),
+        (["t", "--into", "u", "--shift-by", "-2"], "--shift-by moves a group's committed offsets"),
+        (["t", "--group", "g", "--by-duration", "soon"], "is not a duration"),
+        (["t", "--group", "g", "--from", "beginning", "--execute", "--dry-run"], "contradict"),
+        (["t", "--from", "beginning", "--evaluate", "lru", "--execute"], "--evaluate only reads"),
+    ],
+)
+def test_replay_refuses_contradictory_choices(args: list[str], message: str) -> None:
+    from ragwarm.cli.replay import replay
+
+    result = CliRunner().invoke(replay, args)
+    assert result.exit_code == 2
+    assert message in result.output
