@@ -1,0 +1,104 @@
+"""Secure defaults: the start-up verdict of each process, and the stack's stored keys."""
+
+from __future__ import annotations
+
+import click
+import pytest
+
+from ragwarm.secure import check_start, is_loopback, open_keys, unsigned_events, verdict
+from ragwarm.stack.keys import StackSecurity, load, load_or_create, worker_events_key
+from ragwarm.stack.local import security_lines
+
+OPEN = open_keys("streams", operator_set=False, tenants_set=False)
+
+
+def test_a_key_or_a_secret_closes_each_exposure() -> None:
+    assert open_keys("worker", operator_set=True, tenants_set=False) == []
+    assert open_keys("gateway", operator_set=False, tenants_set=True) == []
+    assert unsigned_events("streams", secret_set=True) == []
+    assert "RAGWARM_STREAMS_API_KEY" in OPEN[0].fix
+    assert "RAGWARM_GATEWAY_OPERATOR_KEY" in open_keys("gateway", False, False)[0].fix
+    assert "RAGWARM_WORKER_EVENTS_SECRET" in unsigned_events("worker", False)[0].fix
+
+
+@pytest.mark.parametrize(("host", "loop"), [("127.0.0.1", True), ("::1", True),
+                                            ("localhost", True), ("0.0.0.0", False),
+                                            ("10.0.0.5", False), ("worker-0.svc", False)])
+def test_loopback_hosts(host: str, loop: bool) -> None:
+    assert is_loopback(host) is loop
+
+
+def test_open_beyond_loopback_is_refused_unless_opted_out() -> None:
+    assert verdict([], "0.0.0.0", insecure=False) == "ok"
+    assert verdict(OPEN, "127.0.0.1", insecure=False) == "warn"
+    assert verdict(OPEN, "0.0.0.0", insecure=False) == "refuse"
+    assert verdict(OPEN, "0.0.0.0", insecure=True) == "warn"
+
+
+def test_the_refusal_names_the_fix(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(click.ClickException) as refused:
+        check_start("streams", OPEN, "0.0.0.0", insecure=False)
+    assert "RAGWARM_STREAMS_API_KEY" in refused.value.message
+    assert "--insecure" in refused.value.message and "RAGWARM_INSECURE" in refused.value.message
+    with caplog.at_level("WARNING"):
+        check_start("streams", OPEN, "0.0.0.0", insecure=True)
+    assert "INSECURE streams (--insecure)" in caplog.text
+
+
+def test_keys_are_made_once_with_mode_0600(tmp_path) -> None:
+    folder = tmp_path / "keys"
+    assert load(folder) is None
+    first = load_or_create(folder)
+    assert first.created and first.operator != first.signing and len(first.operator) >= 40
+    assert folder.stat().st_mode & 0o777 == 0o700
+    for path in (first.operator_file, first.signing_file):
+        assert path.stat().st_mode & 0o777 == 0o600
+    first.operator_file.chmod(0o644)
+    again = load_or_create(folder)
+    assert not again.created and (again.operator, again.signing) == (first.operator,
+                                                                       first.signing)
+    assert first.operator_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_an_empty_key_file_is_an_error(tmp_path) -> None:
+    keys = load_or_create(tmp_path)
+    keys.operator_file.write_text("\n")
+    with pytest.raises(ValueError, match="empty key file"):
+        load(tmp_path)
+
+
+def test_every_process_gets_the_operator_key_and_the_signing_secret(tmp_path) -> None:
+    keys = load_or_create(tmp_path)
+    security = StackSecurity(keys, {})
+    assert security.streams() == {"RAGWARM_STREAMS_API_KEY": keys.operator,
+                                  "RAGWARM_STREAMS_WORKER_EVENTS_SECRET": keys.signing}
+    assert security.worker("w1") == {"RAGWARM_WORKER_API_KEY": keys.operator,
+                                     "RAGWARM_WORKER_EVENTS_SECRET":
+                                     worker_events_key(keys.signing, "w1")}
+    assert security.gateway() == {"RAGWARM_GATEWAY_OPERATOR_KEY": keys.operator,
+                                  "RAGWARM_CLIENT_API_KEY": keys.operator}
+
+
+def test_a_key_the_user_set_is_kept_and_shared_with_the_others(tmp_path) -> None:
+    """RAGWARM_STREAMS_API_KEY=k: the workers and the gateway's client get k too (the stack
+    refused its own readiness check when only the views had it)."""
+    security = StackSecurity(load_or_create(tmp_path), {"RAGWARM_STREAMS_API_KEY": "k"})
+    assert "RAGWARM_STREAMS_API_KEY" not in security.streams()  # inherited as set
+    assert security.worker("w1")["RAGWARM_WORKER_API_KEY"] == "k"
+    assert security.gateway()["RAGWARM_CLIENT_API_KEY"] == "k"
+    assert security.key_of("RAGWARM_WORKER_API_KEY") == "k"
+    assert "from your RAGWARM_*_API_KEY setting" in security_lines(security)[0]
+
+
+def test_insecure_generates_nothing_and_says_so() -> None:
+    security = StackSecurity(None, {}, insecure=True)
+    assert security.streams() == {"RAGWARM_INSECURE": "true"}
+    assert security.worker("w1") == {"RAGWARM_INSECURE": "true"}
+    assert "open" in security_lines(security)[0]
+
+
+def test_the_new_key_is_printed_once(tmp_path) -> None:
+    made = StackSecurity(load_or_create(tmp_path), {})
+    assert any(made.operator in line for line in security_lines(made))
+    reused = StackSecurity(load_or_create(tmp_path), {})
+    assert not any(reused.operator in line for line in security_lines(reused))
