@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import click
 import pytest
+import yaml
 
 from ragwarm.secure import check_start, is_loopback, open_keys, unsigned_events, verdict
+from ragwarm.settings import HomeSettings, KafkaSettings, StackSettings, infra_dir
 from ragwarm.stack.keys import StackSecurity, load, load_or_create, worker_events_key
-from ragwarm.stack.local import security_lines
+from ragwarm.stack.local import Stack, security_lines, stack_keys
 
 OPEN = open_keys("streams", operator_set=False, tenants_set=False)
 
@@ -102,3 +104,32 @@ def test_the_new_key_is_printed_once(tmp_path) -> None:
     assert any(made.operator in line for line in security_lines(made))
     reused = StackSecurity(load_or_create(tmp_path), {})
     assert not any(reused.operator in line for line in security_lines(reused))
+
+
+def test_the_stack_starts_every_process_with_the_keys(tmp_path, monkeypatch) -> None:
+    for name in ("RAGWARM_STREAMS_API_KEY", "RAGWARM_WORKER_API_KEY", "RAGWARM_INSECURE",
+                 "RAGWARM_WORKER_EVENTS_SECRET", "RAGWARM_CLIENT_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    home = HomeSettings(home=tmp_path)
+    s = Stack(home, kafka=KafkaSettings(bootstrap="127.0.0.1:1"),
+              stack=StackSettings(streams=2, workers=2), keys=stack_keys(home, False))
+    key = (tmp_path / "keys" / "operator.key").read_text().strip()
+    assert all(p.env["RAGWARM_STREAMS_API_KEY"] == key for p in s.streams_all)
+    assert all(p.env["RAGWARM_WORKER_API_KEY"] == key for p in s.workers)
+    assert s.gateway.env["RAGWARM_CLIENT_API_KEY"] == key
+    assert s.headers("RAGWARM_STREAMS_API_KEY") == {"Authorization": f"Bearer {key}"}
+    # `status` and `down` build the stack without keys=: they read the stored ones.
+    assert Stack(home, kafka=KafkaSettings(bootstrap="127.0.0.1:1")).security.operator == key
+    assert stack_keys(home, insecure=True) is None
+
+
+def test_compose_requires_the_keys_for_every_listening_service() -> None:
+    compose = yaml.safe_load((infra_dir() / "compose.yaml").read_text())["services"]
+    wanted = {"streams": ("RAGWARM_STREAMS_API_KEY", "RAGWARM_STREAMS_WORKER_EVENTS_SECRET"),
+              "worker": ("RAGWARM_WORKER_API_KEY", "RAGWARM_WORKER_EVENTS_SECRET"),
+              "gateway": ("RAGWARM_GATEWAY_OPERATOR_KEY", "RAGWARM_CLIENT_API_KEY")}
+    for service, names in wanted.items():
+        env = compose[service]["environment"]
+        for name in names:
+            assert env[name].startswith("${RAGWARM_") and ":?" in env[name], (service, name)
+        assert "RAGWARM_INSECURE" not in env
