@@ -47,8 +47,8 @@ def stack_env(kafka_bootstrap: str, namespace: str, home: Path) -> dict[str, str
 def retrieve(env: dict[str, str], key: str | None) -> httpx.Response:
     url = f"http://127.0.0.1:{env['RAGWARM_STREAMS_WEB_PORT']}/ragwarm/retrieve"
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.post(url, json={"question": "who rotates the vault password?"},
-                      headers=headers, timeout=120)
+    body = {"question": "who rotates the vault password?", "tenant": "default"}
+    return httpx.post(url, json=body, headers=headers, timeout=120)
 
 
 def models(env: dict[str, str], key: str | None) -> int:

@@ -133,3 +133,27 @@ def test_compose_requires_the_keys_for_every_listening_service() -> None:
         for name in names:
             assert env[name].startswith("${RAGWARM_") and ":?" in env[name], (service, name)
         assert "RAGWARM_INSECURE" not in env
+
+
+@pytest.mark.parametrize(("command", "args", "fix"), [
+    ("ragwarm.cli.streams:streams", [], "RAGWARM_STREAMS_API_KEY"),
+    ("ragwarm.cli.worker:worker", ["--host", "0.0.0.0"], "RAGWARM_WORKER_EVENTS_SECRET"),
+    ("ragwarm.gateway.app:gateway", ["--host", "0.0.0.0"], "RAGWARM_GATEWAY_OPERATOR_KEY"),
+])
+def test_a_process_beyond_loopback_without_keys_refuses_before_any_work(
+    command: str, args: list[str], fix: str, monkeypatch
+) -> None:
+    import importlib
+
+    from click.testing import CliRunner
+
+    for name in ("RAGWARM_STREAMS_API_KEY", "RAGWARM_STREAMS_WORKER_EVENTS_SECRET",
+                 "RAGWARM_WORKER_API_KEY", "RAGWARM_WORKER_EVENTS_SECRET", "RAGWARM_INSECURE",
+                 "RAGWARM_GATEWAY_OPERATOR_KEY", "RAGWARM_GATEWAY_KEYS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAGWARM_STREAMS_WEB_HOST", "0.0.0.0")
+    module, _, attr = command.partition(":")
+    cli = getattr(importlib.import_module(module), attr)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1 and "refuses to listen on 0.0.0.0" in result.output, result.output
+    assert fix in result.output and "--insecure" in result.output
