@@ -171,12 +171,13 @@ def security_lines(security: StackSecurity) -> list[str]:
             "and the gateway are open and worker events unsigned"
         return [f"security: --insecure, {named} (docs/security.md)"]
     keys = security.keys
-    lines = [f"security: operator key in {keys.operator_file}, signing secret in "
-             f"{keys.signing_file} (mode 0600; docs/security.md)"]
+    signing = f"signing secret in {keys.signing_file} (files mode 0600; docs/security.md)"
     if security.operator != keys.operator:
-        lines[0] = (f"security: operator key from your RAGWARM_*_API_KEY setting, signing "
-                    f"secret in {keys.signing_file}")
-    elif keys.created:
+        return [f"security: operator key from your RAGWARM_*_API_KEY setting, {signing}",
+                "security: clients send it as `Authorization: Bearer <key>` "
+                "(RAGWARM_CLIENT_API_KEY for `ragwarm query`)"]
+    lines = [f"security: operator key in {keys.operator_file}, {signing}"]
+    if keys.created:
         lines.append(f"security: new operator key {keys.operator} (printed this once)")
     lines.append(f"security: send it as `Authorization: Bearer $(cat {keys.operator_file})`; "
                  f"for `ragwarm query`: export RAGWARM_CLIENT_API_KEY=$(cat {keys.operator_file})")
