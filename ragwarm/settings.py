@@ -63,6 +63,24 @@ class HomeSettings(BaseSettings):
     def run_dir(self) -> Path:
         return self.home / "run"
 
+    @property
+    def keys_dir(self) -> Path:
+        """The operator key and signing secret `ragwarm up` generates (docs/security.md)."""
+        return self.home / "keys"
+
+
+class SecuritySettings(BaseSettings):
+    """The opt-out of secure defaults, shared by every process (docs/security.md)."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGWARM_", extra="forbid")
+
+    insecure: bool = Field(
+        default=False,
+        description="Let the views, worker API and gateway start without keys and the "
+        "streams app accept unsigned worker events (each logs a warning); `ragwarm up` then "
+        "generates no keys. Off: a process listening beyond loopback refuses to start open.",
+    )
+
 
 class KafkaSettings(BaseSettings):
     """Kafka connection. With `bootstrap` unset, the local broker is started by ragwarm."""

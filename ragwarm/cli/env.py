@@ -21,6 +21,7 @@ PREFIX = "RAGWARM_"
 # module:class of every component's settings; the README's table is generated from these.
 SETTINGS: tuple[str, ...] = (
     "ragwarm.settings:HomeSettings",
+    "ragwarm.settings:SecuritySettings",
     "ragwarm.settings:KafkaSettings",
     "ragwarm.settings:ModelSettings",
     "ragwarm.settings:StackSettings",

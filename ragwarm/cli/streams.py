@@ -50,6 +50,16 @@ def with_events_secret(settings: StreamsSettings) -> StreamsSettings:
     return settings.model_copy(update={"worker_events_secret": secret}) if secret else settings
 
 
+def check_security(settings: StreamsSettings, insecure: bool) -> None:
+    """Refuse open views or unsigned worker events beyond loopback unless opted out."""
+    from ragwarm.secure import check_start, open_keys, unsigned_events
+    from ragwarm.settings import SecuritySettings
+
+    exposures = open_keys("streams", settings.api_key is not None, bool(settings.tenant_keys))
+    exposures += unsigned_events("streams", settings.worker_events_secret is not None)
+    check_start("streams", exposures, settings.web_host, insecure or SecuritySettings().insecure)
+
+
 def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> StreamsApp:
     """The Faust app with its topics, tables, agents and views around `rag_port`."""
 
@@ -191,7 +201,10 @@ def ensure_topics(streams_app: StreamsApp, kafka: KafkaSettings) -> None:
 @click.command()
 @click.option("--web-port", type=int, default=None, help="Port of the web views.")
 @click.option("--loglevel", default="info", show_default=True)
-def streams(web_port: int | None, loglevel: str) -> None:
+@click.option("--insecure", is_flag=True,
+              help="Start with open views or unsigned worker events beyond loopback "
+              "(RAGWARM_INSECURE); docs/security.md.")
+def streams(web_port: int | None, loglevel: str, insecure: bool) -> None:
     """Run the streams app (a Faust worker): KB changes, token frequencies, placement."""
     from faust.worker import Worker
 
@@ -201,6 +214,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
     settings = with_events_secret(StreamsSettings())
     if web_port is not None:
         settings = settings.model_copy(update={"web_port": web_port})
+    check_security(settings, insecure)
     kafka = KafkaSettings()
     # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
     rag = RagService.open(ModelSettings())

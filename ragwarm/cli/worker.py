@@ -215,6 +215,17 @@ class WorkerLifecycle:
         self.sink.close()
 
 
+def check_security(settings: WorkerSettings, insecure: bool) -> None:
+    """Refuse an open API or unsigned events beyond loopback unless opted out (ragwarm.secure)."""
+    from ragwarm.secure import check_start, open_keys, unsigned_events
+    from ragwarm.settings import SecuritySettings
+
+    exposures = open_keys("worker", settings.api_key is not None, bool(settings.tenant_keys))
+    if settings.kafka:
+        exposures += unsigned_events("worker", settings.events_secret is not None)
+    check_start("worker", exposures, settings.host, insecure or SecuritySettings().insecure)
+
+
 def _overrides(**options: Any) -> dict[str, Any]:
     return {k: v for k, v in options.items() if v is not None}
 
@@ -234,12 +245,15 @@ def _overrides(**options: Any) -> dict[str, Any]:
 @click.option(
     "--no-kafka", "no_kafka", is_flag=True, help="Run without warmup.commands / worker.events."
 )
-def worker(no_kafka: bool, **options: Any) -> None:
+@click.option("--insecure", is_flag=True,
+              help="Start with no key or unsigned events beyond loopback (RAGWARM_INSECURE).")
+def worker(no_kafka: bool, insecure: bool, **options: Any) -> None:
     """Serve completions from a warm KV cache; take warmup commands from Kafka."""
     overrides = _overrides(**options)
     if no_kafka:
         overrides["kafka"] = False
     settings = WorkerSettings(**overrides)
+    check_security(settings, insecure)
     models = ModelSettings()
     metrics = WorkerMetrics(worker_id=settings.worker_id, model_name=model_id(settings, models))
     url = advertised_url(settings, settings.port)

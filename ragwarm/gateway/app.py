@@ -271,13 +271,19 @@ async def _open_until_ready(state: GatewayState) -> None:
 @click.command()
 @click.option("--host", default=None, help="Listen address (RAGWARM_GATEWAY_HOST).")
 @click.option("--port", type=int, default=None, help="Port (RAGWARM_GATEWAY_PORT).")
-def gateway(host: str | None, port: int | None) -> None:
+@click.option("--insecure", is_flag=True,
+              help="Start with no key beyond loopback (RAGWARM_INSECURE); docs/security.md.")
+def gateway(host: str | None, port: int | None, insecure: bool) -> None:
     """The OpenAI-compatible gateway: retrieval, canonical prompt, routing to a warm worker."""
     from ragwarm.client.rag import quiet_http_logs
-    from ragwarm.settings import ModelSettings
+    from ragwarm.secure import check_start, open_keys
+    from ragwarm.settings import ModelSettings, SecuritySettings
 
     quiet_http_logs()
     settings = GatewaySettings()
+    check_start("gateway", open_keys("gateway", settings.operator_key is not None,
+                                     bool(settings.keys)),
+                host or settings.host, insecure or SecuritySettings().insecure)
     models = ModelSettings()
     client_settings = ClientSettings()
     state = GatewayState(settings, client_settings, models.llm_name,

@@ -55,13 +55,17 @@ class DemoStack:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def __post_init__(self) -> None:
-        from ragwarm.stack.local import Stack
+        from ragwarm.settings import SecuritySettings
+        from ragwarm.stack.local import Stack, stack_keys
 
         self.prefix = f"demo.{self.run_id}."
         self.workdir = HomeSettings().home / "demo" / self.run_id
         base = KafkaSettings()
         self.kafka = base.model_copy(update={"topic_prefix": self.prefix})
-        self.stack = Stack(kafka=self.kafka)
+        # The stack's keys (made on first use, as `ragwarm up` does) unless RAGWARM_INSECURE.
+        insecure, home = SecuritySettings().insecure, HomeSettings()
+        self.stack = Stack(home, kafka=self.kafka, keys=stack_keys(home, insecure),
+                           insecure=insecure)
         extra = {"RAGWARM_KAFKA_TOPIC_PREFIX": self.prefix}
         for proc in self.stack.workers:
             # The product default: warmup on top of the worker's own request caching. Before
@@ -154,7 +158,8 @@ def baseline_worker(stack: Any) -> Proc:
     return Proc("worker-plain-caching",
                 ["worker", "--worker-id", "plain-caching", "--port", str(port), "--no-kafka"],
                 stack.home.run_dir, f"http://127.0.0.1:{port}/health/ready",
-                {"RAGWARM_WORKER_CACHE_REQUESTS": "true"})
+                {"RAGWARM_WORKER_CACHE_REQUESTS": "true",
+                 **stack.security.worker("plain-caching")})
 
 
 def _port_busy(port: int) -> bool:
@@ -442,7 +447,8 @@ def _run(scenario: Scenario, out: Path) -> dict[str, Any]:
         must_wait(lambda: _ready_workers(running.streams_url) >= len(running.stack.workers),
                   120, "the workers to report ready")
         settings = ClientSettings(streams_url=running.streams_url,
-                                  max_tokens=scenario.max_tokens)
+                                  max_tokens=scenario.max_tokens,
+                                  api_key=running.stack.security.key_of("RAGWARM_CLIENT_API_KEY"))
         with RagClient.open(settings, running.kafka) as client:
             scenario.run(client)
         chart = write_chart(scenario.rows, scenario.edit_at_s, out / "ttft.png")

@@ -12,8 +12,9 @@ from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
 from ragwarm.kafka.admin import probe
 from ragwarm.kafka.common import quiet_client_logs, unreachable_message
-from ragwarm.settings import HomeSettings, KafkaSettings, StackSettings
-from ragwarm.stack.procs import Proc, operator_headers
+from ragwarm.settings import HomeSettings, KafkaSettings, SecuritySettings, StackSettings
+from ragwarm.stack.keys import StackKeys, StackSecurity, load, load_or_create
+from ragwarm.stack.procs import Proc, bearer
 from streams.settings import StreamsSettings
 
 # The streams app's math on one thread. Its embedder runs one torch thread already
@@ -34,11 +35,18 @@ class Stack:
         kafka: KafkaSettings | None = None,
         stack: StackSettings | None = None,
         streams: StreamsSettings | None = None,
+        keys: StackKeys | None = None,
+        insecure: bool = False,
     ):
+        """`keys`: those to start the processes with (`stack_keys`); unset, the stored ones,
+        enough for `status` and `down`, which start nothing."""
         self.home = home or HomeSettings()
         self.kafka_settings = kafka or KafkaSettings()
         self.settings = stack or StackSettings()
         self.streams_settings = streams or StreamsSettings()
+        if keys is None and not insecure:
+            keys = load(self.home.keys_dir)
+        self.security = StackSecurity(keys, dict(os.environ), insecure)
         env = {"RAGWARM_KAFKA_BOOTSTRAP": self.kafka_settings.servers}
         self.env = env
         streams_n = max(self.settings.streams, _running(self.home.run_dir, "streams"))
@@ -52,7 +60,8 @@ class Stack:
         self.gateway_url = f"http://127.0.0.1:{port}"
         self.gateway = Proc("gateway", ["gateway", "--port", str(port)], self.home.run_dir,
                             f"{self.gateway_url}/health/ready",
-                            {**env, "RAGWARM_CLIENT_STREAMS_URL": self.streams_url})
+                            {**env, "RAGWARM_CLIENT_STREAMS_URL": self.streams_url,
+                             **self.security.gateway()})
 
     def _streams_proc(self, i: int) -> Proc:
         """Instance i+1 of the streams app: one app id (one consumer group), its own web port
@@ -61,6 +70,7 @@ class Stack:
         port = s.web_port + i
         base = f"http://{s.web_host}:{port}"
         env = self.env | {k: v for k, v in ONE_THREAD.items() if k not in os.environ}
+        env |= self.security.streams()
         if i:
             own = self.home.home / f"streams-{i + 1}"
             env |= {"RAGWARM_STREAMS_WEB_PORT": str(port),
@@ -70,9 +80,10 @@ class Stack:
         return Proc(name, ["streams"], self.home.run_dir, f"{base}/ragwarm/health", env)
 
     def _worker_proc(self, i: int) -> Proc:
-        port = self.settings.worker_port + i
-        return Proc(f"worker-{i + 1}", ["worker", "--worker-id", f"w{i + 1}", "--port", str(port)],
-                    self.home.run_dir, f"http://127.0.0.1:{port}/health/ready", self.env)
+        port, worker_id = self.settings.worker_port + i, f"w{i + 1}"
+        return Proc(f"worker-{i + 1}", ["worker", "--worker-id", worker_id, "--port", str(port)],
+                    self.home.run_dir, f"http://127.0.0.1:{port}/health/ready",
+                    self.env | self.security.worker(worker_id))
 
     def worker_url(self, proc: Proc) -> str:
         return proc.health_url.removesuffix("/health/ready")
@@ -109,6 +120,12 @@ class Stack:
              f"(log {self.gateway.log_file})")
         self.gateway.wait_healthy(self.settings.start_timeout_s)
         echo(f"gateway: healthy, OpenAI base URL {self.gateway_url}/v1")
+        for line in security_lines(self.security):
+            echo(line)
+
+    def headers(self, variable: str) -> dict[str, str]:
+        """The operator header for the process reading its key from `variable`."""
+        return bearer(self.security.key_of(variable))
 
     def down(self, echo=click.echo) -> None:
         from ragwarm.kafka.local import LocalKafka
@@ -129,7 +146,7 @@ class Stack:
                 "pid": proc.pid(),
                 "healthy": proc.healthy(),
                 "url": url,
-                "stats": _get(f"{url}/ragwarm/stats", operator_headers("streams")),
+                "stats": _get(f"{url}/ragwarm/stats", self.headers("RAGWARM_STREAMS_API_KEY")),
             }
         for proc in self.workers:
             url = self.worker_url(proc)
@@ -137,11 +154,37 @@ class Stack:
                 "pid": proc.pid(),
                 "ready": proc.healthy(),
                 "url": url,
-                "cache": _get(f"{url}/v1/cache", operator_headers("worker")),
+                "cache": _get(f"{url}/v1/cache", self.headers("RAGWARM_WORKER_API_KEY")),
             }
         report["gateway"] = {"pid": self.gateway.pid(), "healthy": self.gateway.healthy(),
                              "url": self.gateway_url}
         return report
+
+
+def stack_keys(home: HomeSettings, insecure: bool) -> StackKeys | None:
+    """The keys `up` starts the stack with: made on the first start, then reused; none when
+    the user opted out with --insecure or RAGWARM_INSECURE."""
+    return None if insecure else load_or_create(home.keys_dir)
+
+
+def security_lines(security: StackSecurity) -> list[str]:
+    """What `up` says about the keys: where they are and how to send them."""
+    if security.keys is None:
+        named = "your own keys" if security.operator else "no keys: the views, the workers "\
+            "and the gateway are open and worker events unsigned"
+        return [f"security: --insecure, {named} (docs/security.md)"]
+    keys = security.keys
+    signing = f"signing secret in {keys.signing_file} (files mode 0600; docs/security.md)"
+    if security.operator != keys.operator:
+        return [f"security: operator key from your RAGWARM_*_API_KEY setting, {signing}",
+                "security: clients send it as `Authorization: Bearer <key>` "
+                "(RAGWARM_CLIENT_API_KEY for `ragwarm query`)"]
+    lines = [f"security: operator key in {keys.operator_file}, {signing}"]
+    if keys.created:
+        lines.append(f"security: new operator key {keys.operator} (printed this once)")
+    lines.append(f"security: send it as `Authorization: Bearer $(cat {keys.operator_file})`; "
+                 f"for `ragwarm query`: export RAGWARM_CLIENT_API_KEY=$(cat {keys.operator_file})")
+    return lines
 
 
 def _running(run_dir: Path, kind: str) -> int:
@@ -170,12 +213,21 @@ def _get(url: str, headers: dict[str, str]) -> dict | None:
               help="Streams instances (one consumer group); default RAGWARM_STACK_STREAMS.")
 @click.option("--workers", "workers_n", type=click.IntRange(1, 8), default=None,
               help="Workers; default RAGWARM_STACK_WORKERS.")
-def up(streams_n: int | None, workers_n: int | None) -> None:
-    """Start Kafka, the topics, the streams instances and the workers in the background."""
+@click.option("--insecure", is_flag=True,
+              help="Generate no keys: open views, worker API and gateway, unsigned worker "
+              "events [RAGWARM_INSECURE].")
+def up(streams_n: int | None, workers_n: int | None, insecure: bool) -> None:
+    """Start Kafka, the topics, the streams instances and the workers in the background.
+
+    The first start generates an operator key and a signing secret under RAGWARM_HOME/keys
+    (reused later) and gives them to every process; see docs/security.md.
+    """
     settings = StackSettings()
     given = {"streams": streams_n, "workers": workers_n}
     settings = settings.model_copy(update={k: v for k, v in given.items() if v is not None})
-    stack = Stack(stack=settings)
+    insecure = insecure or SecuritySettings().insecure
+    home = HomeSettings()
+    stack = Stack(home, stack=settings, keys=stack_keys(home, insecure), insecure=insecure)
     kafka = stack.kafka_settings
     quiet_client_logs()  # a refused connection is reported once, below, with the fix
     # A cluster named by RAGWARM_KAFKA_BOOTSTRAP is not started here: fail in seconds if it is

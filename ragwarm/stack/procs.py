@@ -131,16 +131,23 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def operator_headers(component: str) -> dict[str, str]:
-    """The operator key of `streams` or `worker` (RAGWARM_<COMPONENT>_API_KEY) as a header.
+    """The operator key of `streams` or `worker` as a header: RAGWARM_<COMPONENT>_API_KEY,
+    else the key `ragwarm up` generated under RAGWARM_HOME (the one it gave the services).
 
     The stack reads state views (stats, cache, workers) that need an operator key when
     the services were started with one.
     """
-    from pydantic import SecretStr
-
+    from ragwarm.settings import HomeSettings
+    from ragwarm.stack.keys import load
     from streams.settings import StreamsSettings
     from workers.settings import WorkerSettings
 
     settings = StreamsSettings() if component == "streams" else WorkerSettings()
-    key: SecretStr | None = settings.api_key
-    return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+    if settings.api_key is not None:
+        return bearer(settings.api_key.get_secret_value())
+    stored = load(HomeSettings().keys_dir)
+    return bearer(stored.operator) if stored else {}
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}

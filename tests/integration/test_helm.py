@@ -130,3 +130,70 @@ def test_strimzi_topics_are_the_schema_topics(helm: str) -> None:
         assert got["spec"]["config"] == spec.config
         assert re.fullmatch(r"[a-z0-9-]+", got["metadata"]["name"])
     assert not by_kind(rendered(helm, "strimzi.enabled=false"), "KafkaTopic")
+
+
+def key_refs(c: dict) -> dict[str, tuple[str, str]]:
+    """Variable -> (Secret, key) of every env entry read from a Secret."""
+    refs = [(e["name"], e["valueFrom"]["secretKeyRef"]) for e in c["env"]
+            if "secretKeyRef" in e.get("valueFrom", {})]
+    return {name: (ref["name"], ref["key"]) for name, ref in refs}
+
+
+def components(docs: list[dict]) -> dict[str, dict]:
+    named = {d["metadata"]["name"]: d for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
+    return {"streams": container(named["r-ragwarm-streams"]),
+            "worker": container(named["r-ragwarm-workers"]),
+            "gateway": container(named["r-ragwarm-gateway"])}
+
+
+def exposures(component: str, env: set[str]) -> list:
+    """What the process would leave open with these variables set, by the code's own check
+    (ragwarm.secure, which refuses to listen on 0.0.0.0 so)."""
+    from ragwarm.secure import open_keys, unsigned_events
+
+    if component == "gateway":
+        return open_keys("gateway", "RAGWARM_GATEWAY_OPERATOR_KEY" in env,
+                         "RAGWARM_GATEWAY_KEYS" in env)
+    prefix = "RAGWARM_STREAMS" if component == "streams" else "RAGWARM_WORKER"
+    secret = "RAGWARM_STREAMS_WORKER_EVENTS_SECRET" if component == "streams" else \
+        "RAGWARM_WORKER_EVENTS_SECRET"
+    return (open_keys(component, f"{prefix}_API_KEY" in env, f"{prefix}_TENANT_KEYS" in env)
+            + unsigned_events(component, secret in env))
+
+
+def test_default_values_render_no_open_view(helm: str) -> None:
+    """Issue 41: a generated Secret, and every process gets its keys from it."""
+    docs = rendered(helm)
+    secret = by_kind(docs, "Secret")
+    assert [s["metadata"]["name"] for s in secret] == ["r-ragwarm-keys"]
+    assert set(secret[0]["data"]) == {"operator-key", "signing-secret"}
+    assert secret[0]["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    for name, c in components(docs).items():
+        refs = key_refs(c)
+        assert {s for s, _ in refs.values()} == {"r-ragwarm-keys"}, (name, refs)
+        assert exposures(name, set(refs)) == [], name
+        assert "RAGWARM_INSECURE" not in {e["name"] for e in c["env"]}
+    assert key_refs(components(docs)["gateway"])["RAGWARM_CLIENT_API_KEY"] == (
+        "r-ragwarm-keys", "operator-key")
+    cron = container(by_kind(docs, "CronJob")[0])
+    assert key_refs(cron) == {"OPERATOR_KEY": ("r-ragwarm-keys", "operator-key")}
+    assert "Authorization" in cron["args"][0]
+    monitor = by_kind(docs, "ServiceMonitor")[0]["spec"]["endpoints"][0]
+    assert monitor["bearerTokenSecret"] == {"name": "r-ragwarm-keys", "key": "operator-key"}
+
+
+def test_an_existing_secret_is_used_and_none_generated(helm: str) -> None:
+    docs = rendered(helm, "security.existingSecret=mine")
+    assert not by_kind(docs, "Secret")
+    for name, c in components(docs).items():
+        assert {s for s, _ in key_refs(c).values()} == {"mine"}, name
+
+
+def test_insecure_is_an_explicit_opt_out(helm: str) -> None:
+    docs = rendered(helm, "security.insecure=true")
+    assert not by_kind(docs, "Secret")
+    for name, c in components(docs).items():
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["RAGWARM_INSECURE"] == "true" and not key_refs(c), name
+    monitor = by_kind(docs, "ServiceMonitor")[0]["spec"]["endpoints"][0]
+    assert "bearerTokenSecret" not in monitor

@@ -39,3 +39,25 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ $v | quote }}
 {{- end }}
 {{- end -}}
+
+{{/* The Secret holding operator-key and signing-secret: the user's, or the generated one. */}}
+{{- define "ragwarm.keysSecret" -}}
+{{- .Values.security.existingSecret | default (printf "%s-keys" (include "ragwarm.fullname" .)) -}}
+{{- end -}}
+
+{{/* Key variables of one component (.vars: variable -> Secret key), or the opt-out. */}}
+{{- define "ragwarm.securityEnv" -}}
+{{- if .root.Values.security.insecure }}
+- name: RAGWARM_INSECURE  # security.insecure: open views/API, unsigned events; each warns
+  value: "true"
+{{- else }}
+{{- $secret := include "ragwarm.keysSecret" .root }}
+{{- range $var, $key := .vars }}
+- name: {{ $var }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $key }}
+{{- end }}
+{{- end }}
+{{- end -}}
