@@ -262,9 +262,9 @@ def test_metrics_count_hits_misses_and_cold_starts() -> None:
         Served(prompt_tokens=10, cached_tokens=0, full_blocks=0, ttft_s=0.1, cache_was_empty=False)
     )
     r = m.registry
-    assert r.get_sample_value("cold_start_count_total") == 1
-    assert r.get_sample_value("kv_cache_miss_total") == 1  # the short prompt cannot miss
-    assert r.get_sample_value("warmup_hit_rate") == pytest.approx(1 / 3)
+    assert r.get_sample_value("ragwarm_worker_cold_starts_total") == 1
+    assert r.get_sample_value("ragwarm_worker_kv_cache_misses_total") == 1  # short can't miss
+    assert r.get_sample_value("warmup_hit_rate") == pytest.approx(1 / 3)  # seed 000's alias
     assert r.get_sample_value("vllm:prefix_cache_queries_total", {"model_name": "m"}) == 90
     assert r.get_sample_value("vllm:prefix_cache_hits_total", {"model_name": "m"}) == 32
     assert r.get_sample_value("first_token_latency_count") == 3

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from workers.cache import CacheEntry
 from workers.engines.base import (
@@ -36,19 +37,16 @@ from workers.settings import WorkerSettings
 QUERIES = ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")
 HITS = ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
 def prometheus_counter(text: str, names: Sequence[str]) -> float | None:
-    """Sum over labels of the first counter in `names` present in a Prometheus exposition."""
+    """Sum over labels of the first counter in `names` present in a Prometheus exposition
+    (`name_total`, or plain `name` where a server exposes it untyped); None when absent."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     for name in names:
-        wanted = (name, f"{name}_total")
-        total, seen = 0.0, False
-        for line in text.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            sample, _, rest = line.partition(" ")
-            if sample.split("{", 1)[0] in wanted:
-                total += float(rest.split()[0])
-                seen = True
-        if seen:
-            return total
+        for sample_name in (f"{name}_total", name):
+            if sample_name in totals:
+                return totals[sample_name]
     return None
 
 
