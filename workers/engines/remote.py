@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource, ServerSentEvent, SSEError
 from prometheus_client.parser import text_string_to_metric_families
 
 from workers.cache import CacheEntry
@@ -50,18 +51,27 @@ def prometheus_counter(text: str, names: Sequence[str]) -> float | None:
     return None
 
 
-def parse_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """JSON payloads of `data:` lines, up to `data: [DONE]`; an error payload raises."""
-    for line in lines:
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
+def parse_sse(events: Iterable[ServerSentEvent]) -> Iterator[dict[str, Any]]:
+    """JSON payloads of a stream's events (parsed by httpx-sse), up to `[DONE]`; an error
+    payload raises."""
+    for event in events:
+        if event.data == "[DONE]":
             return
-        payload = json.loads(data)
+        if not event.data:
+            continue
+        payload = json.loads(event.data)
         if "error" in payload:
             raise RemoteError(f"server error during stream: {payload['error']}")
         yield payload
+
+
+def stream_events(response: httpx.Response) -> Iterator[ServerSentEvent]:
+    """The server-sent events of a streamed response; a response of another content type
+    is the server's error, not a stream."""
+    try:
+        yield from EventSource(response).iter_sse()
+    except SSEError as exc:
+        raise RemoteError(f"the server did not stream events: {exc}") from None
 
 
 def cached_from_usage(usage: dict[str, Any] | None) -> int | None:
@@ -224,7 +234,7 @@ class RemoteEngine(ServerKVEngine):
                 raise RemoteError(
                     f"{response.status_code} from the server: {response.read()[:500]!r}"
                 )
-            for chunk in parse_sse(response.iter_lines()):
+            for chunk in parse_sse(stream_events(response)):
                 yield from run.take(chunk)
         cached = cached_from_usage(run.usage)
         self._usage_reports_cache = cached is not None
