@@ -89,7 +89,8 @@ def test_the_dashboard_shows_the_metrics_operators_look_for() -> None:
                    "ragwarm_gateway_request_duration_seconds_bucket",
                    "ragwarm_gateway_retrieval_duration_seconds_bucket",
                    "ragwarm_gateway_failovers_total", "ragwarm_worker_engine_wait_seconds_bucket",
-                   "ragwarm_worker_engine_overdue_turns_total"):
+                   "ragwarm_worker_engine_overdue_turns_total",
+                   "ragwarm_streams_time_seconds_total"):
         assert wanted in names
 
 
