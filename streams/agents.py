@@ -105,15 +105,11 @@ class RecordRunner:
         reason, field = faults.reason_of(exc)
         letter = deadletter.dead_letter(origin, prefix + reason, field, self.max_value)
         key = deadletter.letter_key(origin)
-        delay = self.backoff.initial_s
-        while True:
-            try:
-                await self.topics.deadletter.send(key=key, value=encode(letter))
-                break
-            except Exception:  # noqa: BLE001 - the broker may come back; the partition waits
-                log.exception("could not send a dead letter; retrying in %.1f s", delay)
-                await asyncio.sleep(delay)
-                delay = min(self.backoff.max_s, delay * 2)
+        # The broker may come back; the partition waits meanwhile.
+        await faults.retry_until_done(
+            lambda: self.topics.deadletter.send(key=key, value=encode(letter)), self.backoff,
+            lambda _exc, delay: log.exception("could not send a dead letter; retrying in "
+                                              "%.1f s", delay))
         self.p.stats["dead_letters"] += 1
         log.warning(
             "dead letter from %s[%s]@%s: %s", origin.topic, origin.partition, origin.offset, reason

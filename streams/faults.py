@@ -10,12 +10,14 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pydantic import ValidationError
 
 from schemas import SchemaError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def is_permanent(exc: BaseException) -> bool:
@@ -74,6 +76,27 @@ async def retry(
                 return exc
             on_retry(exc, backoff.attempts, delay)
             await sleep(delay)
+
+
+async def retry_until_done(
+    fn: Callable[[], Awaitable[T]],
+    backoff: Backoff,
+    on_failure: Callable[[Exception, float], None],
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """`fn`'s result once it succeeds, however many tries that takes: for work whose loss
+    would lose data (a dead letter, a batch whose offset is saved after it) or a loop that
+    must keep running. Waits `backoff.initial_s` after the first failure, `factor` times
+    more after each next one, at most `backoff.max_s`; `on_failure(error, wait)` logs and
+    counts each failure. Cancellation is not a failure: it ends the retries."""
+    delay = backoff.initial_s
+    while True:
+        try:
+            return await fn()
+        except Exception as exc:  # noqa: BLE001 - every failure is retried; the caller logs it
+            on_failure(exc, delay)
+            await sleep(delay)
+            delay = min(backoff.max_s, delay * backoff.factor)
 
 
 def guarded(

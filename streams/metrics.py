@@ -42,9 +42,11 @@ NAMED_COUNTERS: dict[str, tuple[str, str]] = {
                              "First asks served whole from a synthetic prefix."),
 }
 PENDING_MAX = 10_000
-# Figures kept among the counters (a size, maxima), not counts.
-NOT_COUNTERS = frozenset({"kv_bytes_per_token", "loop_lag_max_ms", "hot_tick_max_ms",
-                          "op_lag_max_ms", "kb_lag_max_ms"})
+# Figures kept among the counters that are not counts: a size; and times in milliseconds,
+# exported in seconds by `_timings` (`*_max_ms` the largest seen, other `*_ms` sums).
+NOT_COUNTERS = frozenset({"kv_bytes_per_token"})
+MS = "_ms"
+MAX_MS = "_max_ms"
 
 
 class StreamsMetrics:
@@ -127,9 +129,14 @@ def families(snap: Mapping[str, Any]) -> Iterator[Metric]:
     for key, (name, doc) in NAMED_COUNTERS.items():
         yield _counter(name, doc, [((), stats.get(key, 0))])
     yield _dead_letters(stats)
-    yield _counter("ragwarm_streams_decisions_total", "Every pipeline counter, by name.",
-                   [((k,), v) for k, v in sorted(stats.items()) if k not in NOT_COUNTERS],
+    # Counters with a family of their own (and the dead letters) are not repeated here.
+    own = NAMED_COUNTERS.keys() | {"dead_letters", "transient_dead_letters"}
+    yield _counter("ragwarm_streams_decisions_total",
+                   "Pipeline counters without a metric of their own, by name.",
+                   [((k,), v) for k, v in sorted(stats.items())
+                    if k not in NOT_COUNTERS and k not in own and not k.endswith(MS)],
                    ["name"])
+    yield from _timings(stats)
     yield _gauge("ragwarm_streams_kv_bytes_per_token", "KV bytes per token the workers report.",
                  [((), stats.get("kv_bytes_per_token", 0))])
     yield _counter("ragwarm_streams_messages_received_total", "Records consumed, by topic.",
@@ -140,9 +147,23 @@ def families(snap: Mapping[str, Any]) -> Iterator[Metric]:
                  [((t,), n) for t, n in sorted((snap.get("tables") or {}).items())], ["table"])
     yield _gauge("ragwarm_streams_hot_prefixes", "Prefixes in the hot set.",
                  [((), snap.get("hot", 0))])
-    yield _gauge("ragwarm_streams_consumer_lag", "Records behind the high watermark.",
+    yield _gauge("ragwarm_streams_consumer_lag_records", "Records behind the high watermark.",
                  [((t, str(p)), n) for (t, p), n in sorted((snap.get("lag") or {}).items())],
                  ["topic", "partition"])
+
+
+def _timings(stats: Mapping[str, int]) -> Iterator[Metric]:
+    """The pipeline's millisecond timers, in seconds: sums as a counter (Prometheus takes
+    their rate), maxima since start as a gauge; `name` is the timer without `_ms`."""
+    sums = [((k.removesuffix(MS),), v / 1000) for k, v in sorted(stats.items())
+            if k.endswith(MS) and not k.endswith(MAX_MS)]
+    maxima = [((k.removesuffix(MAX_MS),), v / 1000) for k, v in sorted(stats.items())
+              if k.endswith(MAX_MS)]
+    yield _counter("ragwarm_streams_time_seconds_total",
+                   "Seconds spent or waited, summed, by timer (embed, kb_index, op, ...).",
+                   sums, ["name"])
+    yield _gauge("ragwarm_streams_time_max_seconds",
+                 "The longest single wait or step seen since start, by timer.", maxima, ["name"])
 
 
 def _dead_letters(stats: Mapping[str, int]) -> Metric:

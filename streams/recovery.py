@@ -17,7 +17,7 @@ from typing import Any
 
 from schemas import KbChange, SchemaError, decode
 from schemas.topics import split_kb_key
-from streams.faults import Backoff
+from streams.faults import Backoff, retry_until_done
 from streams.handlers import HandlerDeps, publish_indexed
 from streams.records import DocState
 
@@ -96,16 +96,12 @@ async def recover_index(p: HandlerDeps, read: ReadChanges) -> int:
 async def recover_until_done(p: HandlerDeps, read: ReadChanges, backoff: Backoff) -> None:
     """Run the recovery until it succeeds (the store or broker may be down for a while),
     then open KB changes and the ready probe."""
-    delay = backoff.initial_s
-    while True:
-        try:
-            count = await recover_index(p, read)
-            break
-        except Exception as exc:  # noqa: BLE001 - transient until shown otherwise; keep trying
-            log.exception("index recovery failed; retrying in %.1f s", delay)
-            p.readiness.reason = f"index recovery failed ({type(exc).__name__}), retrying"
-            await asyncio.sleep(delay)
-            delay = min(backoff.max_s, delay * 2)
+
+    def failed(exc: Exception, delay: float) -> None:  # transient until shown otherwise
+        log.exception("index recovery failed; retrying in %.1f s", delay)
+        p.readiness.reason = f"index recovery failed ({type(exc).__name__}), retrying"
+
+    count = await retry_until_done(lambda: recover_index(p, read), backoff, failed)
     log.info("index recovery done: %d documents re-indexed", count)
     p.readiness.recovered()
 

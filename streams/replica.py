@@ -151,18 +151,13 @@ class ChunkReplica:
         """Follow rag.chunks for good; a failure (broker, store) restarts it after a pause."""
         if not self.follow:
             return
-        delay = self.backoff.initial_s
-        while True:
-            try:
-                await self._follow()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - transient until shown otherwise; keep following
-                self.p.stats["replica_restarts"] += 1
-                log.exception("index replica: following %s failed; again in %.1f s",
-                              self.name, delay)
-                await asyncio.sleep(delay)
-                delay = min(self.backoff.max_s, delay * 2)
+
+        def failed(_exc: Exception, delay: float) -> None:  # transient until shown otherwise
+            self.p.stats["replica_restarts"] += 1
+            log.exception("index replica: following %s failed; again in %.1f s",
+                          self.name, delay)
+
+        await faults.retry_until_done(self._follow, self.backoff, failed)
 
     async def _follow(self) -> None:
         from aiokafka import TopicPartition
@@ -206,16 +201,13 @@ class ChunkReplica:
         good, bad = decode_batch(messages)
         for msg, exc in bad:
             await self._dead_letter(msg, exc)
-        delay = self.backoff.initial_s
-        while True:
-            try:
-                counts = await self.p.blocking(self.store.apply_replicated, good)
-                break
-            except Exception:  # noqa: BLE001 - the store may come back; the replica waits
-                log.exception("index replica: applying a batch failed; again in %.1f s", delay)
-                self.p.stats["retries"] += 1
-                await asyncio.sleep(delay)
-                delay = min(self.backoff.max_s, delay * 2)
+
+        def failed(_exc: Exception, delay: float) -> None:  # the store may come back
+            log.exception("index replica: applying a batch failed; again in %.1f s", delay)
+            self.p.stats["retries"] += 1
+
+        counts = await faults.retry_until_done(
+            lambda: self.p.blocking(self.store.apply_replicated, good), self.backoff, failed)
         offsets = {**self.positions, **next_offsets(messages)}
         await self.p.blocking(self.store.save_replica_offsets, self.name, offsets)
         for name, n in counts.items():
@@ -225,16 +217,12 @@ class ChunkReplica:
         origin = letters.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
         reason, field = faults.reason_of(exc)
         letter = letters.dead_letter(origin, reason, field, self.max_value)
-        delay = self.backoff.initial_s
-        while True:  # the offset is saved after this: a letter never sent would lose it
-            try:
-                await self.deadletter.send(key=letters.letter_key(origin),
-                                           value=encode(letter))
-                break
-            except Exception:  # noqa: BLE001 - the broker may come back
-                log.exception("could not send a dead letter; retrying in %.1f s", delay)
-                await asyncio.sleep(delay)
-                delay = min(self.backoff.max_s, delay * 2)
+        # The offset is saved after this: a letter never sent would lose it.
+        await faults.retry_until_done(
+            lambda: self.deadletter.send(key=letters.letter_key(origin), value=encode(letter)),
+            self.backoff,
+            lambda _exc, delay: log.exception("could not send a dead letter; retrying in "
+                                              "%.1f s", delay))
         self.p.stats["dead_letters"] += 1
         log.warning("dead letter from %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, reason)
 

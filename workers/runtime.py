@@ -156,7 +156,8 @@ class WorkerRuntime:
         With `cache_requests`, the engine also stores the prompt's full blocks unpinned from
         the request's own KV (reactive, like vLLM's automatic prefix caching).
         """
-        with self.lock.serving() as waited:
+        with self.metrics.in_flight() as started, self.lock.serving() as waited:
+            started()
             self.metrics.engine_wait.labels(work="request").observe(waited)
             was_empty = len(self.engine.cache) == 0
             steps = self.engine.generate(
@@ -185,7 +186,8 @@ class WorkerRuntime:
     def _observe(self, result: GenerationResult, ttft_s: float, was_empty: bool) -> None:
         blocks = result.prompt_tokens // self.engine.block_size
         self.metrics.observe(
-            Served(result.prompt_tokens, result.cached_tokens, blocks, ttft_s, was_empty)
+            Served(result.prompt_tokens, result.cached_tokens, blocks, ttft_s, was_empty,
+                   len(result.token_ids), result.finish_reason)
         )
 
     # -- commands --------------------------------------------------------------------

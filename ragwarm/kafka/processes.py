@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
+
+import psutil
 
 HOST = "127.0.0.1"
 
@@ -18,27 +19,20 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether `pid` runs; a zombie still has its pid but is gone for our purposes."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        # A zombie still answers kill(0) but is gone for our purposes.
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+    except psutil.AccessDenied:  # someone else's process: it exists
         return True
 
 
 def is_kafka(pid: int) -> bool:
     """Guards against a recycled pid: the process must be a kafka.Kafka JVM."""
     try:
-        return b"kafka.Kafka" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
-        return not Path("/proc").is_dir() and pid_alive(pid)
-    except OSError:
+        return any("kafka.Kafka" in arg for arg in psutil.Process(pid).cmdline())
+    except psutil.Error:  # gone, a zombie, or not ours to read: not our broker
         return False
 
 

@@ -157,7 +157,7 @@ def test_a_warmup_finishes_under_back_to_back_requests(engine: TorchEngine) -> N
         stop.set()
         for t in clients:
             t.join(30)
-    overdue = metrics.registry.get_sample_value("ragwarm_engine_overdue_turns_total")
+    overdue = metrics.registry.get_sample_value("ragwarm_worker_engine_overdue_turns_total")
     assert overdue is not None and overdue >= 1
 
 

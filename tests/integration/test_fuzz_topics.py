@@ -252,7 +252,7 @@ def test_10000_bad_commands_are_dead_lettered_by_the_worker_and_valid_ones_prefi
     assert len(sent.bad) == BAD and len(sent.elsewhere) == 50 and len(sent.valid) == 10
 
     def malformed() -> float:
-        return metric(worker.get("/metrics").text, "worker_commands_malformed_total")
+        return metric(worker.get("/metrics").text, "ragwarm_worker_commands_malformed_total")
 
     wait_for(lambda: malformed() >= BAD, 1200, f"{BAD} malformed commands counted")
     # One letter per bad command for this worker (or for all), none for another's.

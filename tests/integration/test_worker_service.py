@@ -228,7 +228,8 @@ def test_prefill_command_makes_a_hit_and_invalidation_frees_it(
     assert cached >= full_blocks
     assert answer["usage"]["prompt_tokens"] == len(prefix + question)
     metrics_after = worker.get("/metrics").text
-    for name, delta in (("vllm:prefix_cache_hits_total", cached), ("worker_prefix_hits_total", 1)):
+    hits = (("vllm:prefix_cache_hits_total", cached), ("ragwarm_worker_warmup_hits_total", 1))
+    for name, delta in hits:
         assert metric(metrics_after, name) - metric(metrics_before, name) == delta, name
     assert metric(metrics_after, "warmup_hit_rate") > 0
 
@@ -247,10 +248,11 @@ def test_prefill_command_makes_a_hit_and_invalidation_frees_it(
     assert expected_hash not in cache_items(worker)
     assert worker.get("/v1/cache").json()["bytes_used"] == before
 
-    misses_before = metric(worker.get("/metrics").text, "kv_cache_miss_total")
+    misses = "ragwarm_worker_kv_cache_misses_total"
+    misses_before = metric(worker.get("/metrics").text, misses)
     again = completion(worker, prefix + question, tenant)
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert metric(worker.get("/metrics").text, "kv_cache_miss_total") == misses_before + 1
+    assert metric(worker.get("/metrics").text, misses) == misses_before + 1
     assert again["choices"][0]["text"] == answer["choices"][0]["text"]  # greedy: same answer
 
 
@@ -259,7 +261,8 @@ def test_foreign_and_malformed_commands_are_skipped(
 ) -> None:
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     ids = tokens(tokenizer, WARM_TEXTS[0])
-    malformed_before = metric(worker.get("/metrics").text, "worker_commands_malformed_total")
+    malformed_name = "ragwarm_worker_commands_malformed_total"
+    malformed_before = metric(worker.get("/metrics").text, malformed_name)
     foreign = WarmupCommand(
         command_id="c-foreign",
         op="prefill",
@@ -276,7 +279,7 @@ def test_foreign_and_malformed_commands_are_skipped(
     stored = events.wait_for(lambda e: e.command_id == "c-mine", "stored for c-mine")
     assert stored.kind == "stored" and stored.prefix_tokens == 32
     assert not [e for _, e in events.seen if e.command_id == "c-foreign"]
-    malformed = metric(worker.get("/metrics").text, "worker_commands_malformed_total")
+    malformed = metric(worker.get("/metrics").text, malformed_name)
     assert malformed - malformed_before == 2
 
 

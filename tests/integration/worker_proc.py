@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 RAGWARM = Path(sys.executable).with_name("ragwarm")
 
@@ -133,11 +134,6 @@ class WorkerProc:
 
 
 def metric(text: str, name: str) -> float:
-    """Sum of a metric's samples (all labels) in a Prometheus exposition; 0 when absent."""
-    total = 0.0
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            sample, _, value = line.partition(" ")
-            if sample.split("{", 1)[0] == name:
-                total += float(value.split()[0])
-    return total
+    """Sum of a sample's values (all labels) in a Prometheus exposition; 0 when absent."""
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name)

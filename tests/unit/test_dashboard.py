@@ -17,27 +17,43 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "infra" / "grafana" / "ragwarm
 NAME = re.compile(r"\b(?:ragwarm_|vllm:)[a-zA-Z0-9_:]*")
 
 
-def exported() -> set[str]:
-    """Sample names (with _bucket/_sum/_count/_total) of both registries, every family filled."""
+def scrapes() -> dict[str, str]:
+    """`/metrics` of the worker, streams app and gateway, each registry filled by real use."""
     worker = WorkerMetrics(worker_id="w", model_name="m")
     worker.observe(Served(prompt_tokens=32, cached_tokens=16, full_blocks=2, ttft_s=0.1,
-                          cache_was_empty=True))
+                          cache_was_empty=True, generation_tokens=4))
     worker.cache_state(used=1, capacity=2, entries=1, pinned=0)
+    worker.block_state({"blocks": 2, "shared_blocks": 0, "managed_blocks": 1,
+                        "request_blocks": 1, "pinned_blocks": 0, "bytes": 2,
+                        "managed_bytes": 1, "request_bytes": 1, "pinned_bytes": 0})
     worker.engine_wait.labels(work="request").observe(0.01)
+    worker.prefills.labels(source="command").inc()
+    worker.commands.labels(op="prefill", result="stored").inc()
+    worker.events.labels(kind="stored").inc()
+    worker.set_ready(True)
     streams = StreamsMetrics()
     streams.event_to_warm.observe(1.0)
     streams.commands.labels(op="prefill").inc()
-    streams.watch(lambda: snapshot({"kb_events": 1}, {"docs": 1}, 0, {"t": 1}, {"t": 1},
+    streams.watch(lambda: snapshot(STREAMS_STATS, {"docs": 1}, 0, {"t": 1}, {"t": 1},
                                    {("t", 0): 0}))
     gateway = GatewayMetrics()
     gateway.request("/v1/chat/completions", 200, 0.5)
     gateway.answered(answer(), stream=True)
     gateway.stream_errors.inc()
-    names = set()
-    for text in (worker.render(), streams.render(), gateway.render()):
-        for family in text_string_to_metric_families(text.decode()):
-            names |= {s.name for s in family.samples}
-    return names
+    return {"worker": worker.render().decode(), "streams": streams.render().decode(),
+            "gateway": gateway.render().decode()}
+
+
+# One of each kind of figure the pipeline counts: counts, timers (sums and maxima in ms),
+# a size, dead letters.
+STREAMS_STATS = {"kb_events": 1, "stale_hits": 2, "embed_ms": 1200, "op_lag_ms": 30,
+                 "op_lag_max_ms": 20, "kv_bytes_per_token": 64, "dead_letters": 1}
+
+
+def exported() -> set[str]:
+    """Sample names (with _bucket/_sum/_count/_total) of the three registries."""
+    return {s.name for text in scrapes().values()
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def answer(failed: tuple[str, ...] = ()) -> Answer:
@@ -62,15 +78,19 @@ def test_every_dashboard_metric_is_exported() -> None:
 
 def test_the_dashboard_shows_the_metrics_operators_look_for() -> None:
     names = queried()
-    for wanted in ("ragwarm_time_to_first_token_seconds_bucket", "ragwarm_cold_starts_total",
-                   "ragwarm_warmup_hits_total", "ragwarm_kv_cache_misses_total",
-                   "vllm:kv_cache_usage_perc", "ragwarm_streams_dead_letters_total",
+    for wanted in ("vllm:time_to_first_token_seconds_bucket",
+                   "ragwarm_worker_cold_starts_total", "ragwarm_worker_warmup_hits_total",
+                   "ragwarm_worker_warmup_lookups_total", "ragwarm_worker_kv_cache_misses_total",
+                   "vllm:kv_cache_usage_perc", "vllm:num_requests_running",
+                   "vllm:num_requests_waiting", "vllm:generation_tokens_total",
+                   "ragwarm_streams_dead_letters_total",
                    "ragwarm_streams_event_to_warm_seconds_bucket",
                    "ragwarm_gateway_requests_total", "ragwarm_gateway_cached_tokens_total",
                    "ragwarm_gateway_request_duration_seconds_bucket",
                    "ragwarm_gateway_retrieval_duration_seconds_bucket",
-                   "ragwarm_gateway_failovers_total", "ragwarm_engine_wait_seconds_bucket",
-                   "ragwarm_engine_overdue_turns_total"):
+                   "ragwarm_gateway_failovers_total", "ragwarm_worker_engine_wait_seconds_bucket",
+                   "ragwarm_worker_engine_overdue_turns_total",
+                   "ragwarm_streams_time_seconds_total"):
         assert wanted in names
 
 

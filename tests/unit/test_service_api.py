@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from types import SimpleNamespace
 
+import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -29,6 +31,7 @@ from workers.engines.remote import (
     cached_from_usage,
     parse_sse,
     prometheus_counter,
+    stream_events,
 )
 from workers.kv_sizing import kv_bytes_per_token
 from workers.metrics import Served, WorkerMetrics
@@ -141,15 +144,31 @@ def test_sse_frames_are_one_data_line_that_round_trips(payload: dict) -> None:
     assert json.loads(line[6:]) == payload
 
 
+def events(body: bytes, content_type: str = "text/event-stream") -> Iterator:
+    """The events of a streamed response with this body."""
+    return stream_events(httpx.Response(200, headers={"content-type": content_type},
+                                        content=body))
+
+
 def test_done_frame() -> None:
     assert DONE == b"data: [DONE]\n\n"
-    frames = [f"data: {json.dumps({'n': 1})}", "", "data: [DONE]", "data: {}"]
-    assert list(parse_sse(frames)) == [{"n": 1}]
+    body = sse({"n": 1}) + b": a comment\n\n" + DONE + sse({})
+    assert list(parse_sse(events(body))) == [{"n": 1}]
+
+
+def test_a_payload_over_several_data_lines_is_one_event() -> None:
+    body = b'event: completion\ndata: {"n":\ndata: 2}\n\n' + DONE
+    assert list(parse_sse(events(body))) == [{"n": 2}]
 
 
 def test_error_in_a_stream_raises() -> None:
     with pytest.raises(RemoteError, match="boom"):
-        list(parse_sse(['data: {"error": {"message": "boom"}}']))
+        list(parse_sse(events(b'data: {"error": {"message": "boom"}}\n\n')))
+
+
+def test_a_response_that_is_not_a_stream_is_an_error() -> None:
+    with pytest.raises(RemoteError, match="did not stream events"):
+        list(parse_sse(events(b'{"error": "overloaded"}', "application/json")))
 
 
 # -- warm set -------------------------------------------------------------------------
@@ -262,9 +281,9 @@ def test_metrics_count_hits_misses_and_cold_starts() -> None:
         Served(prompt_tokens=10, cached_tokens=0, full_blocks=0, ttft_s=0.1, cache_was_empty=False)
     )
     r = m.registry
-    assert r.get_sample_value("cold_start_count_total") == 1
-    assert r.get_sample_value("kv_cache_miss_total") == 1  # the short prompt cannot miss
-    assert r.get_sample_value("warmup_hit_rate") == pytest.approx(1 / 3)
+    assert r.get_sample_value("ragwarm_worker_cold_starts_total") == 1
+    assert r.get_sample_value("ragwarm_worker_kv_cache_misses_total") == 1  # short can't miss
+    assert r.get_sample_value("warmup_hit_rate") == pytest.approx(1 / 3)  # seed 000's alias
     assert r.get_sample_value("vllm:prefix_cache_queries_total", {"model_name": "m"}) == 90
     assert r.get_sample_value("vllm:prefix_cache_hits_total", {"model_name": "m"}) == 32
     assert r.get_sample_value("first_token_latency_count") == 3

@@ -195,25 +195,31 @@ async def test_prefill_then_hit_then_reactive_extension(booted) -> None:
     assert blocks["bytes"] == cache["bytes_used"] == 12 * KV_PER_TOKEN
     assert blocks["request_bytes"] == 4 * KV_PER_TOKEN
     metrics = lifecycle.metrics.registry
-    assert metrics.get_sample_value("kv_cache_blocks", {"kind": "shared"}) == 2
-    assert metrics.get_sample_value("kv_cache_block_bytes", {"kind": "managed"}) == 80
+    assert metrics.get_sample_value("ragwarm_worker_kv_cache_blocks", {"kind": "shared"}) == 2
+    block_bytes = "ragwarm_worker_kv_cache_block_bytes"
+    assert metrics.get_sample_value(block_bytes, {"kind": "managed"}) == 80
     assert metrics.get_sample_value("vllm:prefix_cache_hits_total", {"model_name": "toy"}) == 8
-    assert metrics.get_sample_value("cold_start_count_total") == 0
-    assert metrics.get_sample_value("worker_prefills_total", {"source": "request"}) == 1
+    assert metrics.get_sample_value("ragwarm_worker_cold_starts_total") == 0
+    assert metrics.get_sample_value("ragwarm_worker_prefills_total", {"source": "request"}) == 1
     # Each took the engine once: the prefill as background work, the answer as a request.
-    waits = "ragwarm_engine_wait_seconds_count"
+    waits = "ragwarm_worker_engine_wait_seconds_count"
     assert metrics.get_sample_value(waits, {"work": "warmup"}) == 1
     assert metrics.get_sample_value(waits, {"work": "request"}) == 1
     await complete(client, list(range(14)))  # every full block is cached now: nothing stored
-    assert metrics.get_sample_value("worker_prefills_total", {"source": "request"}) == 1
+    assert metrics.get_sample_value("ragwarm_worker_prefills_total", {"source": "request"}) == 1
+    toy = {"model_name": "toy"}
+    generated = 2 * answer["usage"]["completion_tokens"]
+    assert metrics.get_sample_value("vllm:generation_tokens_total", toy) == generated > 0
+    assert metrics.get_sample_value("vllm:num_requests_running", toy) == 0
+    assert metrics.get_sample_value("vllm:num_requests_waiting", toy) == 0
 
 
 async def test_first_request_on_an_empty_cache_is_a_cold_start(booted) -> None:
     client, lifecycle = booted
     first = await complete(client, list(range(9)), tenant="t")
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert lifecycle.metrics.registry.get_sample_value("cold_start_count_total") == 1
-    assert lifecycle.metrics.registry.get_sample_value("kv_cache_miss_total") == 1
+    assert lifecycle.metrics.registry.get_sample_value("ragwarm_worker_cold_starts_total") == 1
+    assert lifecycle.metrics.registry.get_sample_value("ragwarm_worker_kv_cache_misses_total") == 1
 
 
 async def test_invalidation_by_chunk_removes_extensions_and_reports_in_order(booted) -> None:

@@ -92,6 +92,40 @@ def test_permanent_failure_is_not_retried():
     assert isinstance(err, SchemaError) and len(calls) == 1 and slept == []
 
 
+def test_retry_until_done_outlasts_any_budget_and_returns_the_result():
+    fails = [OSError(str(i)) for i in range(6)]  # past the attempts of the backoff
+    slept, seen = [], []
+
+    async def fn():
+        if fails:
+            raise fails.pop(0)
+        return "sent"
+
+    async def sleep(s):
+        slept.append(s)
+
+    backoff = faults.Backoff(initial_s=1, max_s=4, attempts=2)
+    got = asyncio.run(faults.retry_until_done(fn, backoff, lambda e, d: seen.append(str(e)),
+                                              sleep))
+    assert got == "sent" and slept == [1, 2, 4, 4, 4, 4]
+    assert seen == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_retry_until_done_stops_when_cancelled():
+    async def main():
+        async def fn():
+            raise OSError("down")
+
+        task = asyncio.create_task(faults.retry_until_done(
+            fn, faults.Backoff(initial_s=10), lambda e, d: None))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+
+
 # --- dead letters ------------------------------------------------------------------------
 
 

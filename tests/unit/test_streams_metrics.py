@@ -50,7 +50,25 @@ def test_a_scrape_exports_counters_tables_topics_and_lag() -> None:
     assert got[("ragwarm_streams_table_entries", (("table", "prefixes"),))] == 9
     assert got[("ragwarm_streams_hot_prefixes", ())] == 2
     lag = (("partition", "1"), ("topic", "rag.queries"))
-    assert got[("ragwarm_streams_consumer_lag", lag)] == 12
+    assert got[("ragwarm_streams_consumer_lag_records", lag)] == 12
+
+
+def test_millisecond_timers_are_exported_in_seconds_not_as_decisions() -> None:
+    metrics = StreamsMetrics()
+    metrics.watch(lambda: snapshot(
+        {"embed_ms": 1500, "op_lag_ms": 30, "op_lag_max_ms": 20, "kb_events": 2,
+         "first_asks": 1, "stale_hits": 4, "kv_bytes_per_token": 64},
+        {}, 0, {}, {}, {}))
+    got = samples(metrics)
+    assert got[("ragwarm_streams_time_seconds_total", (("name", "embed"),))] == 1.5
+    assert got[("ragwarm_streams_time_seconds_total", (("name", "op_lag"),))] == 0.03
+    assert got[("ragwarm_streams_time_max_seconds", (("name", "op_lag"),))] == 0.02
+    decisions = {labels: v for (name, labels), v in got.items()
+                 if name == "ragwarm_streams_decisions_total"}
+    # Only the counters without a family of their own; no time, no size.
+    assert decisions == {(("name", "stale_hits"),): 4}
+    assert got[("ragwarm_streams_kb_events_total", ())] == 2
+    assert got[("ragwarm_streams_kv_bytes_per_token", ())] == 64
 
 
 async def test_kb_event_to_prefill_is_timed_and_commands_counted() -> None:

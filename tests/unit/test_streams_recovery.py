@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from schemas import KbChange
+from streams.faults import Backoff
 from streams.records import DocState
-from streams.recovery import pick_changes, plan_reindex, recover_index
+from streams.recovery import pick_changes, plan_reindex, recover_index, recover_until_done
 from tests.unit.test_streams_handlers import Port, pipeline
 
 
@@ -82,3 +83,23 @@ def test_readiness_is_open_by_default_and_closed_while_recovering():
     assert not p.readiness.index.is_set()
     p.readiness.recovered()
     assert p.readiness.index.is_set() and p.readiness.reason == "ready"
+
+
+def test_recovery_retries_a_failing_read_until_it_passes(caplog):
+    port = IndexPort({})
+    p, _ = pipeline(port)
+    p.tables.docs["a"] = _doc(1).model_dump(mode="json")
+    p.readiness.wait_for_recovery()
+    calls = []
+
+    def read(wanted):
+        calls.append(wanted)
+        if len(calls) < 3:
+            raise OSError("broker down")
+        return [_kb("a", 1)]
+
+    asyncio.run(recover_until_done(p, read, Backoff(initial_s=0.001, max_s=0.002)))
+    failed = [r for r in caplog.records if r.getMessage().startswith("index recovery failed")]
+    assert len(calls) == 3 and len(failed) == 2 and failed[0].exc_info[0] is OSError
+    assert [c.doc_id for c in port.applied] == ["a"]
+    assert p.readiness.index.is_set()

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource, ServerSentEvent, SSEError
+from prometheus_client.parser import text_string_to_metric_families
 
 from workers.cache import CacheEntry
 from workers.engines.base import (
@@ -36,34 +38,40 @@ from workers.settings import WorkerSettings
 QUERIES = ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")
 HITS = ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
 def prometheus_counter(text: str, names: Sequence[str]) -> float | None:
-    """Sum over labels of the first counter in `names` present in a Prometheus exposition."""
+    """Sum over labels of the first counter in `names` present in a Prometheus exposition
+    (`name_total`, or plain `name` where a server exposes it untyped); None when absent."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     for name in names:
-        wanted = (name, f"{name}_total")
-        total, seen = 0.0, False
-        for line in text.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            sample, _, rest = line.partition(" ")
-            if sample.split("{", 1)[0] in wanted:
-                total += float(rest.split()[0])
-                seen = True
-        if seen:
-            return total
+        for sample_name in (f"{name}_total", name):
+            if sample_name in totals:
+                return totals[sample_name]
     return None
 
 
-def parse_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """JSON payloads of `data:` lines, up to `data: [DONE]`; an error payload raises."""
-    for line in lines:
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
+def parse_sse(events: Iterable[ServerSentEvent]) -> Iterator[dict[str, Any]]:
+    """JSON payloads of a stream's events (parsed by httpx-sse), up to `[DONE]`; an error
+    payload raises."""
+    for event in events:
+        if event.data == "[DONE]":
             return
-        payload = json.loads(data)
+        if not event.data:
+            continue
+        payload = json.loads(event.data)
         if "error" in payload:
             raise RemoteError(f"server error during stream: {payload['error']}")
         yield payload
+
+
+def stream_events(response: httpx.Response) -> Iterator[ServerSentEvent]:
+    """The server-sent events of a streamed response; a response of another content type
+    is the server's error, not a stream."""
+    try:
+        yield from EventSource(response).iter_sse()
+    except SSEError as exc:
+        raise RemoteError(f"the server did not stream events: {exc}") from None
 
 
 def cached_from_usage(usage: dict[str, Any] | None) -> int | None:
@@ -226,7 +234,7 @@ class RemoteEngine(ServerKVEngine):
                 raise RemoteError(
                     f"{response.status_code} from the server: {response.read()[:500]!r}"
                 )
-            for chunk in parse_sse(response.iter_lines()):
+            for chunk in parse_sse(stream_events(response)):
                 yield from run.take(chunk)
         cached = cached_from_usage(run.usage)
         self._usage_reports_cache = cached is not None
