@@ -1,8 +1,9 @@
 """Thin Faust agents: one per route of `streams/routes.py`, and the guarded timers.
 
 A record that is malformed or invalid is dead-lettered at once; a transient failure is
-retried with backoff while its partition waits (per-key order kept) and dead-lettered only
-when the retry budget is spent. The handlers (`streams/handlers.py`) hold what the app does.
+retried with backoff while its partition waits (per-key order kept), and past the retry
+budget parked: retried for good, with the `parked_records` gauge up (`faults.retry` says
+why it is never dead-lettered). The handlers (`streams/handlers.py`) hold what the app does.
 """
 
 from __future__ import annotations
@@ -91,13 +92,17 @@ class RecordRunner:
                 msg.topic, msg.partition, msg.offset, faults.reason_of(exc)[0], delay, attempts,
             )
 
-        error = await faults.retry(handle, self.backoff, on_retry)
-        if error is not None:
-            if not faults.is_permanent(error):
-                self.p.stats["transient_dead_letters"] += 1
-                log.error("%s: retries exhausted", self.route.agent, exc_info=error)
-            prefix = "" if faults.is_permanent(error) else "transient failure, retries exhausted: "
-            await self.dead_letter(_origin(event), error, prefix)
+        error = await faults.retry(handle, self.backoff, on_retry, on_park=self.parked)
+        if error is not None:  # permanent: a transient failure is retried until it passes
+            await self.dead_letter(_origin(event), error, "")
+
+    def parked(self, change: int) -> None:
+        """Count records parked on a transient failure (a gauge: an alert while above 0)."""
+        self.p.stats["parked_records"] += change
+        if change > 0:
+            self.p.stats["parked"] += 1
+            log.error("%s: a record is parked on a transient failure; retried every %.0f s "
+                      "until it passes", self.route.agent, self.backoff.max_s)
 
     async def dead_letter(self, origin: deadletter.Origin, exc: BaseException, prefix: str) -> None:
         """Send the dead letter, retrying until it is sent: the record's offset is committed
@@ -154,7 +159,9 @@ class KbBatchRunner:
             results[:] = await batch.index_batch(self.p, changes)
             self.p.stats["kb_index_ms"] += round((time.perf_counter() - start) * 1000)
 
-        if await faults.retry(index, self.one.backoff, self._on_retry) is not None:
+        error = await faults.retry(index, self.one.backoff, self._on_retry,
+                                   on_park=self.one.parked)
+        if error is not None:  # permanent: find the bad record one at a time
             self.p.stats["kb_batch_fallbacks"] += 1
             for event, _ in decoded:
                 with writing_to(event.message.partition):

@@ -44,7 +44,7 @@ NAMED_COUNTERS: dict[str, tuple[str, str]] = {
 PENDING_MAX = 10_000
 # Figures kept among the counters (a size, maxima), not counts.
 NOT_COUNTERS = frozenset({"kv_bytes_per_token", "loop_lag_max_ms", "hot_tick_max_ms",
-                          "op_lag_max_ms", "kb_lag_max_ms"})
+                          "op_lag_max_ms", "kb_lag_max_ms", "parked_records"})
 
 
 class StreamsMetrics:
@@ -130,6 +130,9 @@ def families(snap: Mapping[str, Any]) -> Iterator[Metric]:
     yield _counter("ragwarm_streams_decisions_total", "Every pipeline counter, by name.",
                    [((k,), v) for k, v in sorted(stats.items()) if k not in NOT_COUNTERS],
                    ["name"])
+    yield _gauge("ragwarm_streams_parked_records", "Records retried past the retry budget on "
+                 "a transient failure (their partition waits); alert while above 0.",
+                 [((), stats.get("parked_records", 0))])
     yield _gauge("ragwarm_streams_kv_bytes_per_token", "KV bytes per token the workers report.",
                  [((), stats.get("kv_bytes_per_token", 0))])
     yield _counter("ragwarm_streams_messages_received_total", "Records consumed, by topic.",
@@ -146,7 +149,8 @@ def families(snap: Mapping[str, Any]) -> Iterator[Metric]:
 
 
 def _dead_letters(stats: Mapping[str, int]) -> Metric:
-    """Dead letters by reason class: invalid records vs transient failures out of retries."""
+    """Dead letters by reason class: invalid records, and transient failures (none since
+    they are parked, `faults.retry`; kept so dashboards and alerts on it still read 0)."""
     transient = stats.get("transient_dead_letters", 0)
     invalid = max(0, stats.get("dead_letters", 0) - transient)
     return _counter("ragwarm_streams_dead_letters_total", "Records sent to the dead-letter "

@@ -62,7 +62,7 @@ def test_backoff_is_bounded_and_exponential():
 
 
 def _retry(fails: list[Exception]):
-    calls, slept, seen = [], [], []
+    calls, slept, seen, parked = [], [], [], []
 
     async def fn():
         calls.append(1)
@@ -71,24 +71,33 @@ def _retry(fails: list[Exception]):
 
     async def sleep(s):
         slept.append(s)
+        parked_now.append(sum(parked))
 
+    parked_now: list[int] = []
     backoff = faults.Backoff(initial_s=1, max_s=2, attempts=3)
-    err = asyncio.run(faults.retry(fn, backoff, lambda e, n, d: seen.append(d), sleep))
-    return err, calls, slept
+    err = asyncio.run(faults.retry(fn, backoff, lambda e, n, d: seen.append(d), sleep,
+                                   on_park=parked.append))
+    return err, calls, slept, parked, parked_now
 
 
 def test_transient_failures_are_retried_until_they_pass():
-    err, calls, slept = _retry([OSError("disk"), OSError("disk")])
-    assert err is None and len(calls) == 3 and slept == [1, 2]
+    err, calls, slept, parked, _ = _retry([OSError("disk"), OSError("disk")])
+    assert err is None and len(calls) == 3 and slept == [1, 2] and parked == []
 
 
-def test_transient_failure_past_the_budget_is_returned():
-    err, calls, slept = _retry([OSError(str(i)) for i in range(10)])
-    assert isinstance(err, OSError) and len(calls) == 4 and slept == [1, 2, 2]
+def test_a_transient_failure_past_the_budget_is_parked_never_given_up():
+    """Before: after the budget (3.5 min by default) the error came back, the record was
+    dead-lettered and acked, and the KB change was lost. Now it is retried every `max_s`
+    until it passes, counted as parked meanwhile (+1 once, -1 when it passes)."""
+    err, calls, slept, parked, parked_now = _retry([OSError(str(i)) for i in range(10)])
+    assert err is None and len(calls) == 11
+    assert slept == [1, 2, 2] + [2] * 7
+    assert parked == [1, -1]
+    assert parked_now == [0, 0, 0] + [1] * 7  # the gauge is up while it waits past the budget
 
 
 def test_permanent_failure_is_not_retried():
-    err, calls, slept = _retry([SchemaError("x", "bad")])
+    err, calls, slept, _, _ = _retry([SchemaError("x", "bad")])
     assert isinstance(err, SchemaError) and len(calls) == 1 and slept == []
 
 
