@@ -317,3 +317,47 @@ def test_resend_timer_asks_once_per_unconfirmed_prefill():
 def test_command_expiry_round_trip():
     cmd = WarmupCommand(command_id="c", op="prefill", token_ids=[1], expires_at=datetime.now(UTC))
     assert decode(encode(cmd)).expires_at == cmd.expires_at
+
+
+def _letter_of(value: bytes, limit: int = 1_000_000) -> deadletter.DeadLetter:
+    """The dead letter the KB route sends for `value` (decode, classify, build)."""
+    try:
+        BY_TYPE[KbChange].decode(value)
+    except Exception as exc:  # noqa: BLE001 - the route's decode error is the point
+        reason, field = faults.reason_of(exc)
+    else:
+        raise AssertionError("the record decoded")
+    origin = deadletter.Origin("kb.changes", 0, 9, b"k", value)
+    return deadletter.dead_letter(origin, reason, field, deadletter.value_limit(limit, 10**9))
+
+
+def test_a_huge_metadata_key_gives_a_letter_that_fits_the_producer_limit():
+    """The audit's case: a 900 KB metadata key became the letter's `error_field` whole, a
+    1.25 MB letter the producer refused for good (the partition stalled)."""
+    key = "k" * 900_000
+    value = ('{"schema_name":"kb_change","op":"upsert","doc_id":"d","version":1,'
+             f'"metadata":{{"{key}":[1]}}}}').encode()
+    letter = _letter_of(value)
+    assert len(encode(letter)) < 1_000_000
+    assert letter.error_field is not None and len(letter.error_field) <= deadletter.MAX_FIELD
+    assert letter.error_field.startswith("metadata.kkk")
+    assert "error_field of" in letter.reason and "truncated" in letter.reason
+    assert decode(encode(letter)) == letter
+
+
+@pytest.mark.parametrize("char", ["k", "\x01", "é", "\U0001f600"])
+def test_every_text_field_of_a_letter_is_bounded_in_bytes(char):
+    # A bound in characters is not one in bytes: a control character is 6 bytes as JSON.
+    big = char * 200_000
+    origin = deadletter.Origin(big, 0, 1, big.encode(), big.encode())
+    limit = 1_000_000
+    letter = deadletter.dead_letter(origin, big, big, deadletter.value_limit(limit, 10**9))
+    assert len(encode(letter)) < limit
+    assert "reason of" in letter.reason and "error_field of" in letter.reason
+    assert decode(encode(letter)) == letter
+
+
+def test_a_small_field_and_reason_stay_whole():
+    origin = deadletter.Origin("kb.changes", 0, 1, b"k", b"v")
+    letter = deadletter.dead_letter(origin, "bad \x01 op", "op", 1024)
+    assert (letter.reason, letter.error_field) == ("bad \x01 op", "op")
