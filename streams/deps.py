@@ -92,6 +92,9 @@ class HandlerDeps:
     settings: StreamsSettings
     tracker: HotTracker
     clock: Clock = time.time
+    # This host's wall clock, whatever `clock` is (the benchmark's is simulated): what the
+    # workers' boot epochs (their wall clocks) are bounded by (`handlers.epoch_check`).
+    wall_clock: Clock = time.time
     stats: Counter = field(default_factory=Counter)
     # Qdrant local mode and the embedder are not safe to share across threads: in the app
     # one thread runs every store call, off the event loop. None runs them inline.

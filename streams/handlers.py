@@ -188,7 +188,12 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
         return
     raw = p.tables.workers.get(event.worker_id)
     prior = WorkerState.model_validate(raw) if raw else None
-    order = logic.epoch_order(prior, event)
+    order = logic.epoch_order(prior, event, epoch_check(p, prior))
+    if order == "future":
+        p.stats["future_epoch_events"] += 1  # a clock far ahead, or a forged epoch
+        log.warning("worker %s: event %s with epoch %s, ahead of this clock: refused",
+                    event.worker_id, event.kind, event.epoch)
+        return
     if order == "old":
         p.stats["stale_epoch_events"] += 1  # a leftover of a previous boot
         return
@@ -199,7 +204,7 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
                  "disk tier)", event.worker_id, event.epoch, len(event.tier_prefixes))
     if event.kind == "expired":
         p.stats["expired_commands"] += 1
-    state = logic.apply_worker_event(prior, event, p.clock())
+    state = logic.apply_worker_event(prior, event, p.clock(), order)
     p.tables.workers[event.worker_id] = state.model_dump(mode="json")
     if event.kind == "stored" and event.prefix_tokens:
         p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens
@@ -211,6 +216,14 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
         await next_warm_step(p, state)
     elif event.kind == "synthesized":
         await synthesize.on_synthesized(p, event)
+
+
+def epoch_check(p: HandlerDeps, prior: WorkerState | None) -> logic.EpochCheck:
+    """Epochs are the workers' wall clocks (microseconds), so they are bounded by this
+    host's (`wall_clock`, not `clock`: the benchmark simulates that one)."""
+    quiet = prior is not None and p.clock() - prior.last_seen > p.settings.worker_stale_s
+    return logic.EpochCheck(now_us=int(p.wall_clock() * 1_000_000),
+                            ahead_us=int(p.settings.epoch_ahead_s * 1_000_000), expired=quiet)
 
 
 async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:

@@ -129,6 +129,11 @@ class StreamsSettings(BaseSettings):
     worker_stale_s: float = Field(
         default=30.0, description="Heartbeat age that marks a worker gone."
     )
+    epoch_ahead_s: float = Field(
+        default=300.0, gt=0, description="How far ahead of this host's clock a worker's boot "
+        "epoch (its start, wall clock) may be; a later one is refused and counted "
+        "(future_epoch_events), since it would make every honest epoch after it look old.",
+    )
     forget_after_s: float = Field(
         default=3600.0,
         gt=0,

@@ -230,6 +230,57 @@ def test_leftover_events_of_an_old_boot_are_ignored():
     assert WorkerState.model_validate(p.tables.workers["w1"]).epoch == 9
 
 
+def _wall(p, seconds: float) -> None:
+    p.wall_clock = lambda: seconds
+
+
+def test_a_huge_epoch_is_refused_and_does_not_lock_the_worker_out():
+    """The defect: one event with a huge boot epoch became the row's epoch, and every later
+    (honest, smaller) epoch was dropped as old: the worker was out of routing for good."""
+    p, _ = pipeline(Port({}))
+    _wall(p, 1_000.0)  # this host's clock: epoch 1e9 us
+    honest = 999_000_000
+    forged = WorkerEvent(worker_id="w9", kind="ready", epoch=2**62, mem_total_bytes=10**9)
+    run_sync(handlers.on_worker_event(p, forged))
+    assert p.stats["future_epoch_events"] == 1 and "w9" not in p.tables.workers
+    ready = WorkerEvent(worker_id="w9", kind="ready", epoch=honest, mem_total_bytes=10**9,
+                        url="http://w9")
+    run_sync(handlers.on_worker_event(p, ready))
+    row = WorkerState.model_validate(p.tables.workers["w9"])
+    assert row.ready and row.epoch == honest and row.url == "http://w9"
+
+
+def test_a_row_locked_by_a_huge_epoch_is_replaced_by_the_next_honest_boot():
+    # A row written before the bound existed: the next honest boot takes it over.
+    p, _ = pipeline(Port({}))
+    _wall(p, 1_000.0)
+    p.tables.workers["w9"] = WorkerState(worker_id="w9", epoch=2**62, last_seen=100.0,
+                                         ready=False).model_dump(mode="json")
+    beat = WorkerEvent(worker_id="w9", kind="heartbeat", epoch=999_000_000)
+    run_sync(handlers.on_worker_event(p, beat))
+    row = WorkerState.model_validate(p.tables.workers["w9"])
+    assert row.epoch == 999_000_000 and row.ready and p.stats["stale_epoch_events"] == 0
+
+
+def test_a_worker_whose_clock_stepped_back_comes_back_once_its_heartbeats_stopped():
+    p, _ = pipeline(Port({}), worker_stale_s=30.0)  # the handlers' clock reads 100.0
+    _wall(p, 1_000.0)
+    p.tables.workers["w9"] = WorkerState(worker_id="w9", epoch=900_000_000, last_seen=90.0,
+                                         ready=True).model_dump(mode="json")
+    back = WorkerEvent(worker_id="w9", kind="ready", epoch=800_000_000)
+    run_sync(handlers.on_worker_event(p, back))  # heard of 10 s ago: still a leftover
+    assert WorkerState.model_validate(p.tables.workers["w9"]).epoch == 900_000_000
+    assert p.stats["stale_epoch_events"] == 1
+    p.clock = lambda: 200.0  # its heartbeats stopped 110 s ago
+    run_sync(handlers.on_worker_event(p, back))
+    row = WorkerState.model_validate(p.tables.workers["w9"])
+    assert row.epoch == 800_000_000 and row.ready and p.stats["worker_restarts"] == 1
+    stopped = WorkerEvent(worker_id="w9", kind="stopped", epoch=700_000_000)
+    p.clock = lambda: 400.0
+    run_sync(handlers.on_worker_event(p, stopped))  # a leftover `stopped` stays one
+    assert WorkerState.model_validate(p.tables.workers["w9"]).epoch == 800_000_000
+
+
 # --- prefill expiry and re-sends -----------------------------------------------------------
 
 
