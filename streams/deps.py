@@ -20,11 +20,14 @@ from streams.chunks import WarmedChunks
 from streams.hot import HotTracker
 from streams.pacing import KeyPacing
 from streams.ports import IndexReplica, RagPort
-from streams.records import DocLink, PrefixOp, ReadyRewarm, WorkerState
+from streams.records import DocLink, DocState, PrefixOp, ReadyRewarm, WorkerState
 from streams.settings import StreamsSettings
 from streams.synthetic import SyntheticState
 
 Table = MutableMapping[str, Any]
+# Changes remembered between attempts (`HandlerDeps.applying`): one per partition at a time
+# but for those a permanent failure left behind.
+APPLYING_MAX = 1024
 
 
 class Outbox(Protocol):
@@ -116,6 +119,9 @@ class HandlerDeps:
     chunk_warmed: WarmedChunks = field(default_factory=WarmedChunks)  # this process's sends
     # The asks of the last `edit_hold_s` that edits rank by (`edit_watch`), this process's.
     asks: AskLog = field(init=False)
+    # (doc key, version) -> the docs table's state before that change was first applied,
+    # until it was applied whole (`handlers.apply_indexed`; a retry plans from it again).
+    applying: dict[tuple[str, int], DocState | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.asks = AskLog(self.settings.edit_hold_s)
@@ -138,6 +144,16 @@ class HandlerDeps:
                 self.stats[f"exec_{name}_calls"] += 1
 
         return await asyncio.get_running_loop().run_in_executor(self.executor, timed)
+
+    def first_prior(self, key: str, version: int) -> DocState | None:
+        """The docs table's state of `key` as the first attempt at applying `version` read
+        it (read now on a first attempt)."""
+        if (key, version) not in self.applying:
+            raw = self.tables.docs.get(key)
+            self.applying[(key, version)] = DocState.model_validate(raw) if raw else None
+            while len(self.applying) > APPLYING_MAX:  # one left by a permanent failure
+                del self.applying[next(iter(self.applying))]
+        return self.applying[(key, version)]
 
     def live_workers(self) -> list[WorkerState]:
         horizon = self.clock() - self.settings.worker_stale_s

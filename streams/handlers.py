@@ -97,11 +97,15 @@ async def apply_indexed(
     p: HandlerDeps, change: KbChange, new_chunks: dict[str, str] | None
 ) -> None:
     """Record an indexed change and send an op per dependent prefix; `new_chunks` is what
-    indexing returned (None: older than the table, or the store holds a newer version)."""
+    indexing returned (None: older than the table, or the store holds a newer version).
+
+    Planned from the docs table as the change's first attempt found it (`first_prior`): a
+    retry after the table was written would plan from the new state, find nothing
+    changed and skip the follow-up work (re-checks, chunk warmup, synthesis)."""
     key = doc_key(change.tenant, change.doc_id)
-    prior_raw = p.tables.docs.get(key)
-    prior = DocState.model_validate(prior_raw) if prior_raw else None
+    prior = p.first_prior(key, change.version)
     if new_chunks is None or change.is_stale(prior.version if prior else None):
+        p.applying.pop((key, change.version), None)
         p.stats["stale_events"] += 1
         return
     links = p.tables.doc_prefixes.get(key) or {}
@@ -119,6 +123,7 @@ async def apply_indexed(
         await edits.recheck_others(p, change, new_chunks, dependents, plan.ops, recent, budget)
     await chunk_warm.warm_changed(p, change, prior, new_chunks, bool(dependents))
     await synthesize.on_kb_changed(p, prior, plan.state, change.doc_id)
+    p.applying.pop((key, change.version), None)  # done: a later change reads the table
 
 
 # --- ragwarm.prefix-ops (key prefix hash) ----------------------------------------------------

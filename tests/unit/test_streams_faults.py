@@ -12,7 +12,16 @@ import pytest
 from pydantic import BaseModel
 
 from ragwarm.bench.strategies.streams_sim import run_sync
-from schemas import KbChange, SchemaError, WarmupCommand, WorkerEvent, deadletter, decode, encode
+from schemas import (
+    KbChange,
+    QueryEvent,
+    SchemaError,
+    WarmupCommand,
+    WorkerEvent,
+    deadletter,
+    decode,
+    encode,
+)
 from streams import faults, handlers
 from streams.logic import (
     apply_worker_event,
@@ -412,3 +421,107 @@ def test_a_small_field_and_reason_stay_whole():
     origin = deadletter.Origin("kb.changes", 0, 1, b"k", b"v")
     letter = deadletter.dead_letter(origin, "bad \x01 op", "op", 1024)
     assert (letter.reason, letter.error_field) == ("bad \x01 op", "op")
+
+
+# --- retries redo the whole of a change ----------------------------------------------------
+
+
+class _FlakyRetrieval(Port):
+    """Retrieval that fails once (the store busy), then finds nothing new."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.failures = 1
+
+    def prefix_for_question(self, question, tenant):
+        if self.failures:
+            self.failures -= 1
+            raise OSError("store busy")
+        return super().prefix_for_question(question, tenant)
+
+
+def test_a_retried_apply_indexed_still_does_its_follow_up_work():
+    """The defect: the first attempt wrote the docs table, then its re-check failed; the
+    retry planned from the new state, found nothing changed and skipped the re-checks,
+    the chunk warmup and synthesis."""
+    from streams.records import DocState
+
+    port = _FlakyRetrieval()
+    p, _ = pipeline(port, hot_tokens=False)
+    p.tables.workers["w1"] = WorkerState(worker_id="w1", ready=True, mem_total=10**12,
+                                         last_seen=100.0).model_dump(mode="json")
+    old = DocState(version=1, chunks={"d.md#0": "1" * 64})
+    p.tables.docs["d.md"] = old.model_dump(mode="json")
+    p.asks.observe("f" * 64, "default", "another question?", REFS, 32, 100.0)
+    change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
+    new_chunks = {"d.md#0": "2" * 64}
+
+    async def apply():
+        await handlers.apply_indexed(p, change, new_chunks)
+
+    backoff = faults.Backoff(initial_s=0.001, max_s=0.001, attempts=3)
+    assert asyncio.run(faults.retry(apply, backoff, lambda *a: None)) is None
+    assert port.failures == 0 and p.stats["edit_rechecks"] == 1
+    assert p.tables.docs["d.md"]["version"] == 2 and p.applying == {}
+
+
+class _FlakyRows(dict):
+    """A windows table whose first writes fail (the changelog producer busy)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def __setitem__(self, key, value):
+        if self.failures:
+            self.failures -= 1
+            raise OSError("changelog busy")
+        super().__setitem__(key, value)
+
+
+def _query_events(n: int) -> list:
+    from types import SimpleNamespace
+
+    from tests.unit.test_streams_handlers import query
+
+    return [SimpleNamespace(message=SimpleNamespace(
+        topic="rag.queries", partition=0, offset=i, key=None,
+        value=encode(query(f"question {i}?")))) for i in range(n)]
+
+
+def test_a_failed_window_write_is_retried_not_the_batch_lost():
+    """The defect: the query agent flushed its windows outside the retrying runner, and
+    the flush dropped its pending rows before writing them: one failed write lost the
+    counts of the whole batch."""
+    from streams.agents import RecordRunner, handle_queries
+    from streams.hot import HotTracker
+
+    p, _ = pipeline(Port({}), retry_initial_s=0.001, retry_max_s=0.001)
+    rows = _FlakyRows(failures=2)
+    p.tracker = HotTracker(600.0, 60.0, rows=rows)
+    runner = RecordRunner(p, None, BY_TYPE[QueryEvent])
+    asyncio.run(handle_queries(runner, _query_events(3)))
+    assert rows.failures == 0 and len(rows) >= 1 and p.stats["retries"] == 2
+    assert p.tracker.flush(100.0) == 0  # nothing left behind, nothing lost
+    assert p.stats["queries"] == 3 and p.stats["dead_letters"] == 0
+
+
+def test_a_failed_count_goes_through_the_runner(monkeypatch):
+    from streams.agents import RecordRunner, handle_queries
+
+    p, _ = pipeline(Port({}), retry_initial_s=0.001, retry_max_s=0.001)
+    calls = []
+    real = handlers.count_query
+
+    def flaky(pp, q):
+        calls.append(q.question)
+        if len(calls) == 1:
+            raise OSError("busy")
+        return real(pp, q)
+
+    runner = RecordRunner(p, None, BY_TYPE[QueryEvent])
+    monkeypatch.setattr(handlers, "count_query", flaky)
+    asyncio.run(handle_queries(runner, _query_events(2)))
+    # The failed count is tried again by the runner (not dropped), then the next query.
+    assert calls == ["question 0?", "question 0?", "question 1?"]
+    assert p.stats["queries"] == 2 and p.stats["dead_letters"] == 0
