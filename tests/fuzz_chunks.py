@@ -70,15 +70,17 @@ def _bad_key(i: int, rng: random.Random) -> ChunkRecord:
     return ChunkRecord(key, value, headers, why)
 
 
-def bad_chunk_records(n: int, seed: int, dim: int) -> list[ChunkRecord]:
+def bad_chunk_records(n: int, seed: int, dim: int, max_value: int) -> list[ChunkRecord]:
     """`n` records the replica must dead-letter: half mutated chunks, a quarter mutated
-    commits, an eighth bad keys or tombstones, an eighth vectors of another size."""
+    commits, an eighth bad keys or tombstones, an eighth vectors of another size. A value
+    over `max_value` (the producer's limit) is cut there, which leaves it bad."""
     rng = random.Random(seed)
     chunk_key_ = chunk_key("t", VALID[IndexedChunk].chunk_id)
     doc_key_ = indexed_doc_key("t", VALID[IndexedDoc].doc_id)
     out: list[ChunkRecord] = []
     for model, key, share in ((IndexedChunk, chunk_key_, n // 2), (IndexedDoc, doc_key_, n // 4)):
         for _, raw, _ in bad_records(model, share, seed + len(out)):
+            raw = raw[:max_value]
             why = replica_refusal(key, raw)
             if why is None:  # a mutation the decoder takes: a chunk of another vector size
                 assert model is IndexedChunk

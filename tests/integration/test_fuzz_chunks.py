@@ -3,7 +3,7 @@ interleaved with valid documents; the index replica dead-letters each bad one wi
 reason, applies the valid ones, and keeps running (no restart, the same process).
 
 10,000 bad records by default (about as long as the other topics' fuzz);
-RAGWARM_TEST_FUZZ_CHUNKS sets another count.
+FUZZ_CHUNKS_RECORDS sets another count.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.integration.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 SEED = 41
-BAD = int(os.environ.get("RAGWARM_TEST_FUZZ_CHUNKS", "10000"))
+BAD = int(os.environ.get("FUZZ_CHUNKS_RECORDS", "10000"))
 DIM = 384  # all-MiniLM-L6-v2, the embedder of the test stack
 TENANT = "fuzzt"
 DOCS = 4
@@ -52,10 +52,9 @@ def produce(bootstrap: str, options: dict, topic: str, records: list[ChunkRecord
             batch = records[start : start + BATCH]
             futures = []
             for r in batch:
-                value = r.value[:MAX_VALUE] if r.value is not None else None
                 # A valid document's records go to its own partition, as the owner sends them.
                 part = _partition(r.partition_key) if r.partition_key else None
-                futures.append(producer.send(topic, key=r.key, value=value,
+                futures.append(producer.send(topic, key=r.key, value=r.value,
                                              headers=list(r.headers), partition=part))
             producer.flush()
             for r, future in zip(batch, futures, strict=True):
@@ -83,7 +82,7 @@ def test_bad_rag_chunks_records_are_dead_lettered_and_the_replica_keeps_applying
     kafka_bootstrap, kafka_settings, namespace, streams_factory
 ):
     t0 = time.monotonic()
-    bad = bad_chunk_records(BAD, SEED, DIM)
+    bad = bad_chunk_records(BAD, SEED, DIM, MAX_VALUE)
     valid = valid_chunk_records(TENANT, DOCS, DIM)
     drawn_s = time.monotonic() - t0
     app = streams_factory(namespace, "fuzz-chunks").start()
