@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from schemas import WarmupCommand
 from streams.asks import AskLog
 from streams.chunks import WarmedChunks
+from streams.fleet import EpochCheck
 from streams.hot import HotTracker
 from streams.pacing import KeyPacing
 from streams.ports import IndexReplica, RagPort
@@ -147,13 +148,22 @@ class HandlerDeps:
 
     def first_prior(self, key: str, version: int) -> DocState | None:
         """The docs table's state of `key` as the first attempt at applying `version` read
-        it (read now on a first attempt)."""
+        it (read now on a first attempt): a retry after the table was written planned from
+        the new state, found nothing changed and skipped the follow-up work (re-checks,
+        chunk warmup, synthesis)."""
         if (key, version) not in self.applying:
             raw = self.tables.docs.get(key)
             self.applying[(key, version)] = DocState.model_validate(raw) if raw else None
             while len(self.applying) > APPLYING_MAX:  # one left by a permanent failure
                 del self.applying[next(iter(self.applying))]
         return self.applying[(key, version)]
+
+    def epoch_check(self, prior: WorkerState | None) -> EpochCheck:
+        """Epochs are the workers' wall clocks (microseconds), so they are bounded by this
+        host's (`wall_clock`, not `clock`: the benchmark simulates that one)."""
+        quiet = prior is not None and self.clock() - prior.last_seen > self.settings.worker_stale_s
+        return EpochCheck(now_us=int(self.wall_clock() * 1_000_000),
+                          ahead_us=int(self.settings.epoch_ahead_s * 1_000_000), expired=quiet)
 
     def live_workers(self) -> list[WorkerState]:
         horizon = self.clock() - self.settings.worker_stale_s
