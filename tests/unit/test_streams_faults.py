@@ -525,3 +525,17 @@ def test_a_failed_count_goes_through_the_runner(monkeypatch):
     # The failed count is tried again by the runner (not dropped), then the next query.
     assert calls == ["question 0?", "question 0?", "question 1?"]
     assert p.stats["queries"] == 2 and p.stats["dead_letters"] == 0
+
+
+def test_a_failed_window_flush_keeps_its_rows_for_the_next_one():
+    """The flush took its pending rows out before writing them: a write that failed lost
+    them, whoever retried it."""
+    from streams.hot import HotPayload, HotTracker
+
+    rows = _FlakyRows(failures=1)
+    tracker = HotTracker(600.0, 60.0, rows=rows)
+    tracker.observe(P1, HotPayload(tenant="default", question="q?", chunk_refs=tuple(REFS),
+                                   prefix_tokens=32), 100.0)
+    with pytest.raises(OSError):
+        tracker.flush(100.0)
+    assert tracker.flush(100.0) == 1 and len(rows) == 1
