@@ -111,8 +111,9 @@ def read_mark(value: bytes | None) -> tuple[int, int, str] | None:
     if not isinstance(raw, dict) or raw.get("schema_name") != MARK:
         return None
     part, offset, at = raw.get("partition"), raw.get("offset"), raw.get("at")
-    ok = isinstance(part, int) and isinstance(offset, int) and isinstance(at, str)
-    return (part, offset, at) if ok else None
+    if isinstance(part, int) and isinstance(offset, int) and isinstance(at, str):
+        return part, offset, at
+    return None
 
 
 def with_marks(records: Iterable[Any]) -> list[Letter]:
