@@ -11,7 +11,8 @@ from rag.chunking import Chunk, Tokenizer, chunk_document
 from rag.embed import TextEmbedder
 from rag.settings import RagSettings
 from rag.store import ChunkStore, DocRecord, DocWrite, StoredChunk
-from schemas import ChunkRef, KbChange
+from schemas import ChunkRef, KbChange, SchemaError
+from schemas.events import MAX_SLOTS
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,9 @@ class Indexer:
         if change.is_stale(stored_version(record)):
             return _Plan(change, record, old, [], ChunkDiff())
         new = self.chunk(change.doc_id, change.text or "") if change.op == "upsert" else []
+        if len(new) > MAX_SLOTS:
+            # Its IndexedDoc could not name them (nor a replica expand them on every lookup).
+            raise SchemaError("text", f"splits into {len(new)} chunks; at most {MAX_SLOTS}")
         diff = diff_refs([s.chunk.ref for s in old], [c.ref for c in new])
         return _Plan(change, record, old, new, diff)
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from rag.chunking import Chunk, chunk_id
 from rag.store import ChunkStore, DocRecord, StoredChunk
-from schemas import IndexedChunk, IndexedDoc, encode
-from schemas.chunks import Outgoing, ReplicaRecord, Tombstone
+from schemas import IndexedChunk, IndexedDoc, SchemaError, encode
+from schemas.chunks import Outgoing, RefusedRecords, ReplicaRecord, Tombstone
 from schemas.events import VERSION_HEADER, pack_vector
 from schemas.topics import chunk_key, chunk_partition_key, indexed_doc_key
 
@@ -167,13 +167,28 @@ class Applied:
 
 
 def apply_batch(store: ChunkStore, records: Sequence[ReplicaRecord]) -> Applied:
-    """Bring `store` to `records` applied in order (one read of the keys, one write)."""
+    """Bring `store` to `records` applied in order (one read of the keys, one write);
+    `RefusedRecords` before any write when some cannot be held (`refused`)."""
+    if bad := refused(records, store.dim, store.collection):
+        raise RefusedRecords(bad)
     view = load_view(store, records)
     plan = plan_batch(records, view)
     chunks = [(_stored(r), np.asarray(r.floats(), dtype=np.float32))
               for r in plan.upserts.values()]
     store.apply_replicated(chunks, sorted(plan.deletes), list(plan.docs.values()))
     return Applied(len(chunks), len(plan.deletes), len(plan.docs), plan.skipped, plan.pruned)
+
+
+def refused(records: Sequence[ReplicaRecord], dim: int, collection: str) -> dict[int, SchemaError]:
+    """Position -> why, of the records a store of `dim`-sized vectors cannot hold. A chunk
+    embedded by another model (a rolling upgrade to another embedder) made the store's
+    write fail on every attempt, and the replica retried that batch for good."""
+    out: dict[int, SchemaError] = {}
+    for i, r in enumerate(records):
+        if isinstance(r, IndexedChunk) and (n := len(r.floats())) != dim:
+            out[i] = SchemaError("vector", f"{n} values; the collection {collection!r} holds "
+                                 f"{dim}-dimensional vectors (another embedder?)")
+    return out
 
 
 def load_view(store: ChunkStore, records: Sequence[ReplicaRecord]) -> ReplicaView:

@@ -6,7 +6,7 @@ tombstone (a null value) whose document version travels in the `ragwarm-version`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from schemas.codec import SchemaError, decode
@@ -39,6 +39,19 @@ class Outgoing:
     value: bytes | None
     partition_key: bytes
     headers: tuple[tuple[str, bytes], ...] = ()
+
+
+class RefusedRecords(SchemaError):
+    """Valid records of a batch that a replica's store cannot hold (a vector of another size
+    than its collection's: an instance running another embedder), by their position in the
+    batch. Raised before anything of the batch is written: the caller dead-letters those
+    and applies the rest, so one such record never stops the replica."""
+
+    def __init__(self, refused: Mapping[int, SchemaError]) -> None:
+        first = refused[min(refused)]
+        super().__init__(first.field, f"{len(refused)} record(s) refused, the first: "
+                         f"{first.message}")
+        self.refused = dict(refused)
 
 
 def decode_record(

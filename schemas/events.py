@@ -23,6 +23,12 @@ MAX_TTL_S = 30 * 24 * 3600.0
 MEMORY_THRESHOLD = 0.7
 
 Id = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+# A tenant id never holds U+001F: `schemas.topics.kb_key` separates tenant and doc id with
+# it, and the table keys of every document (`streams.records.doc_key`) are that key, so one
+# in a tenant id made two tenants' documents share a key (their state, their partition).
+TenantId = Annotated[
+    str, StringConstraints(min_length=1, max_length=1024, pattern=r"^[^\x1f]+$")
+]
 Hash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,128}$")]
 
 
@@ -65,7 +71,7 @@ class KbChange(Event):
     op: Literal["upsert", "delete"]
     doc_id: Id
     version: int = Field(ge=0, le=MAX_VERSION)
-    tenant: Id = "default"
+    tenant: TenantId = "default"
     text: str | None = None
     metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
 
@@ -94,7 +100,7 @@ class QueryEvent(Event):
     SCHEMA: ClassVar[str] = "query"
 
     schema_name: Literal["query"] = "query"
-    tenant: Id = "default"
+    tenant: TenantId = "default"
     question: Annotated[str, StringConstraints(min_length=1, max_length=8192)]
     qid: Id | None = None
     chunk_refs: list[ChunkRef] = Field(default_factory=list, max_length=64)
@@ -117,7 +123,7 @@ class WarmupCommandV1(Event):
     command_id: Id
     op: Literal["prefill", "invalidate", "extend_ttl", "release"]
     worker_id: Id | None = None
-    tenant: Id = "default"
+    tenant: TenantId = "default"
     prefix_hash: Hash | None = None
     token_ids: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=list, max_length=MAX_TOKENS
@@ -163,7 +169,7 @@ class WorkerEventV1(Event):
     worker_id: Id
     kind: WorkerKindV1
     url: Annotated[str, StringConstraints(max_length=2048)] | None = None
-    tenant: Id | None = None
+    tenant: TenantId | None = None
     prefix_hash: Hash | None = None
     prefix_tokens: int = Field(default=0, ge=0)
     chunk_refs: list[ChunkRef] = Field(default_factory=list, max_length=256)
@@ -390,9 +396,11 @@ MAX_DIM = 8192
 # The Kafka header of a `rag.chunks` tombstone (a null value): the document version it
 # deletes its chunk at, as ASCII digits (a replica holding a newer version keeps the chunk).
 VERSION_HEADER = "ragwarm-version"
-# The chunk records of one document never outnumber its ordinals (a document is at most
-# MAX_TEXT_BYTES; a chunk has at least one character).
-MAX_SLOTS = MAX_TEXT_BYTES
+# The chunk records of one document never outnumber its ordinals. A bound well above any
+# real document (a 1 MB one is about 1,000 chunks of 256 tokens, 16,000 of the smallest
+# chunk size, 16 tokens) and far below the million a 1 MB text allows: every lookup of a
+# document expands its ordinals (`rag.store.ChunkStore.current_chunks`, the replica's view).
+MAX_SLOTS = 65_536
 
 
 def pack_vector(values: list[float]) -> str:
@@ -417,7 +425,7 @@ class IndexedChunk(Event):
     SCHEMA: ClassVar[str] = "indexed_chunk"
 
     schema_name: Literal["indexed_chunk"] = "indexed_chunk"
-    tenant: Id
+    tenant: TenantId
     doc_id: Id
     ordinal: int = Field(ge=0, lt=MAX_SLOTS)
     content_hash: Hash
@@ -461,7 +469,7 @@ class IndexedDoc(Event):
     SCHEMA: ClassVar[str] = "indexed_doc"
 
     schema_name: Literal["indexed_doc"] = "indexed_doc"
-    tenant: Id
+    tenant: TenantId
     doc_id: Id
     version: int = Field(ge=0, le=MAX_VERSION)
     deleted: bool = False

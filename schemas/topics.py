@@ -48,8 +48,15 @@ TOPICS: dict[str, TopicSpec] = {
 
 def kb_key(tenant: str, doc_id: str) -> bytes:
     """The `kb.changes` key of a document: its doc_id for the default tenant (the key of
-    records written before tenants were part of it), else tenant, U+001F, doc_id."""
-    return (doc_id if tenant == "default" else f"{tenant}\x1f{doc_id}").encode("utf-8")
+    records written before tenants were part of it), else tenant, U+001F, doc_id.
+
+    One key per document: a tenant id holds no U+001F (`schemas.events.TenantId`), so a
+    key splits at its first one; a default-tenant doc id holding one takes the long form
+    too, else ("default", "a\x1fb") and ("a", "b") shared the key "a\x1fb"."""
+    if "\x1f" in tenant:
+        raise ValueError("a tenant id may not hold U+001F (it separates tenant and doc id)")
+    short = tenant == "default" and "\x1f" not in doc_id
+    return (doc_id if short else f"{tenant}\x1f{doc_id}").encode("utf-8")
 
 
 def split_kb_key(key: str) -> tuple[str, str]:

@@ -1,8 +1,9 @@
 """Thin Faust agents: one per route of `streams/routes.py`, and the guarded timers.
 
 A record that is malformed or invalid is dead-lettered at once; a transient failure is
-retried with backoff while its partition waits (per-key order kept) and dead-lettered only
-when the retry budget is spent. The handlers (`streams/handlers.py`) hold what the app does.
+retried with backoff while its partition waits (per-key order kept), and past the retry
+budget parked: retried for good, with the `parked_records` gauge up (`faults.retry` says
+why it is never dead-lettered). The handlers (`streams/handlers.py`) hold what the app does.
 """
 
 from __future__ import annotations
@@ -91,13 +92,22 @@ class RecordRunner:
                 msg.topic, msg.partition, msg.offset, faults.reason_of(exc)[0], delay, attempts,
             )
 
-        error = await faults.retry(handle, self.backoff, on_retry)
-        if error is not None:
-            if not faults.is_permanent(error):
-                self.p.stats["transient_dead_letters"] += 1
-                log.error("%s: retries exhausted", self.route.agent, exc_info=error)
-            prefix = "" if faults.is_permanent(error) else "transient failure, retries exhausted: "
-            await self.dead_letter(_origin(event), error, prefix)
+        error = await faults.retry(handle, self.backoff, on_retry, on_park=self.parked)
+        if error is not None:  # permanent: a transient failure is retried until it passes
+            await self.dead_letter(_origin(event), error, "")
+
+    def on_flush_retry(self, exc: BaseException, attempts: int, delay: float) -> None:
+        self.p.stats["retries"] += 1
+        log.warning("%s: writing the windows: %s; retrying in %.1f s", self.route.agent,
+                    faults.reason_of(exc)[0], delay)
+
+    def parked(self, change: int) -> None:
+        """Count records parked on a transient failure (a gauge: an alert while above 0)."""
+        self.p.stats["parked_records"] += change
+        if change > 0:
+            self.p.stats["parked"] += 1
+            log.error("%s: a record is parked on a transient failure; retried every %.0f s "
+                      "until it passes", self.route.agent, self.backoff.max_s)
 
     async def dead_letter(self, origin: deadletter.Origin, exc: BaseException, prefix: str) -> None:
         """Send the dead letter, retrying until it is sent: the record's offset is committed
@@ -150,7 +160,9 @@ class KbBatchRunner:
             results[:] = await batch.index_batch(self.p, changes)
             self.p.stats["kb_index_ms"] += round((time.perf_counter() - start) * 1000)
 
-        if await faults.retry(index, self.one.backoff, self._on_retry) is not None:
+        error = await faults.retry(index, self.one.backoff, self._on_retry,
+                                   on_park=self.one.parked)
+        if error is not None:  # permanent: find the bad record one at a time
             self.p.stats["kb_batch_fallbacks"] += 1
             for event, _ in decoded:
                 with writing_to(event.message.partition):
@@ -208,23 +220,53 @@ def _batch_agent(app: faust.App, topic: faust.TopicT, runner: KbBatchRunner) -> 
 
 
 def _query_agent(app: faust.App, topic: faust.TopicT, runner: RecordRunner) -> None:
-    """Queries counted one by one, their hot-token windows written once per batch (a
-    changelog record per query would cost more than counting it). Only a query whose prefix
-    is due a warm op goes through the retrying runner: the rest is bookkeeping that cannot
-    fail for a transient reason, and at thousands of queries a second the per-record
-    wrapper was a tenth of the agent's time (issue 14)."""
-    p = runner.p
-    s = p.settings
+    s = runner.p.settings
 
     async def agent(stream):
         async for events in stream.take_events(s.query_batch_max, within=s.query_batch_within_s):
-            for event in events:
-                query = await runner.decode(event)
-                if query is not None and handlers.count_query(p, query):
-                    await runner.run(event, lambda q=query: handlers.send_query_op(p, q))
-            p.tracker.flush(p.clock())
+            await handle_queries(runner, events)
 
     app.agent(topic, name=runner.route.agent)(agent)
+
+
+async def handle_queries(runner: RecordRunner, events: list[faust.EventT]) -> None:
+    """Queries counted one by one, their hot-token windows written once per batch (a
+    changelog record per query would cost more than counting it). Counting goes through
+    the retrying runner only when it fails, and a query whose prefix is due a warm op
+    sends it through it: at thousands of queries a second the per-record wrapper was a
+    tenth of the agent's time (issue 14). The windows' write is retried (parked past the
+    budget) like a record: outside any runner, one failure lost the batch's counts."""
+    p = runner.p
+    for event in events:
+        query = await runner.decode(event)
+        if query is None:
+            continue
+        try:
+            due = handlers.count_query(p, query)
+        except Exception:  # noqa: BLE001 - rare; the runner retries it or dead-letters it
+            due = await _count_retried(runner, event, query)
+        if due:
+            await runner.run(event, lambda q=query: handlers.send_query_op(p, q))
+
+    async def flush() -> None:
+        p.tracker.flush(p.clock())
+
+    error = await faults.retry(flush, runner.backoff, runner.on_flush_retry,
+                               on_park=runner.parked)
+    if error is not None:  # not a record's fault: nothing to dead-letter; counted, kept
+        p.stats["flush_errors"] += 1
+        log.error("token-frequency windows could not be written", exc_info=error)
+
+
+async def _count_retried(runner: RecordRunner, event: faust.EventT, query: QueryEvent) -> bool:
+    """`count_query` under the runner (after it failed once): whether the query is due."""
+    counted: list[bool] = []
+
+    async def count() -> None:
+        counted[:] = [handlers.count_query(runner.p, query)]
+
+    await runner.run(event, count)
+    return bool(counted and counted[0])
 
 
 def _op_agent(app: faust.App, topic: faust.TopicT, runner: RecordRunner) -> None:

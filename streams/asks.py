@@ -9,7 +9,9 @@ It is process-local like the hot tracker's windows before they are flushed, not 
 the tracked prefixes live in the `prefixes` table, keyed by prefix hash, which the
 partition handling a KB change cannot read; losing the log (a restart, a moved partition)
 only makes the next edits re-check less until the asks come back. Bounded by `capacity`
-prefixes; the least recently asked go first.
+prefixes, the least recently asked going first, and by `MAX_TIMES` ask times a prefix
+(older ones dropped as each ask comes in): a prefix asked a million times between two
+edits kept a million floats (32 MB) until the next edit pruned them.
 
 It also counts every prefix's asks however long ago (`seen`, same bound): an edit brings
 back dependents asked more than once before the hot window (`often_asked`).
@@ -17,10 +19,19 @@ back dependents asked more than once before the hot window (`often_asked`).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from schemas import ChunkRef
+
+# Ask times kept per prefix: the ranking of re-checks (most asked first) then sees at most
+# this many, which still orders the many prefixes asked a few times that it is for.
+MAX_TIMES = 64
+
+
+def _times() -> deque[float]:
+    return deque(maxlen=MAX_TIMES)
 
 
 @dataclass
@@ -31,7 +42,7 @@ class Asked:
     question: str
     chunk_refs: tuple[ChunkRef, ...]
     tokens: int
-    times: list[float] = field(default_factory=list)
+    times: deque[float] = field(default_factory=_times)
 
     @property
     def last(self) -> float:
@@ -64,6 +75,8 @@ class AskLog:
             entry = Asked(tenant, question, tuple(chunk_refs), tokens)
         entry.question = question  # the newest question re-checks it best
         entry.times.append(now)
+        while entry.times[0] < now - self.window_s:
+            entry.times.popleft()
         self.entries[prefix_hash] = entry
         while len(self.entries) > self.capacity:
             del self.entries[next(iter(self.entries))]
@@ -78,7 +91,8 @@ class AskLog:
         horizon = now - self.window_s
         for prefix_hash in list(self.entries):
             entry = self.entries[prefix_hash]
-            entry.times = [t for t in entry.times if t >= horizon]
+            while entry.times and entry.times[0] < horizon:
+                entry.times.popleft()
             if not entry.times:
                 del self.entries[prefix_hash]
         return dict(self.entries)

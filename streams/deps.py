@@ -17,14 +17,18 @@ from typing import Any, Protocol
 from schemas import WarmupCommand
 from streams.asks import AskLog
 from streams.chunks import WarmedChunks
+from streams.fleet import EpochCheck
 from streams.hot import HotTracker
 from streams.pacing import KeyPacing
 from streams.ports import IndexReplica, RagPort
-from streams.records import DocLink, PrefixOp, ReadyRewarm, WorkerState
+from streams.records import DocLink, DocState, PrefixOp, ReadyRewarm, WorkerState
 from streams.settings import StreamsSettings
 from streams.synthetic import SyntheticState
 
 Table = MutableMapping[str, Any]
+# Changes remembered between attempts (`HandlerDeps.applying`): one per partition at a time
+# but for those a permanent failure left behind.
+APPLYING_MAX = 1024
 
 
 class Outbox(Protocol):
@@ -92,6 +96,9 @@ class HandlerDeps:
     settings: StreamsSettings
     tracker: HotTracker
     clock: Clock = time.time
+    # This host's wall clock, whatever `clock` is (the benchmark's is simulated): what the
+    # workers' boot epochs (their wall clocks) are bounded by (`handlers.epoch_check`).
+    wall_clock: Clock = time.time
     stats: Counter = field(default_factory=Counter)
     # Qdrant local mode and the embedder are not safe to share across threads: in the app
     # one thread runs every store call, off the event loop. None runs them inline.
@@ -113,6 +120,9 @@ class HandlerDeps:
     chunk_warmed: WarmedChunks = field(default_factory=WarmedChunks)  # this process's sends
     # The asks of the last `edit_hold_s` that edits rank by (`edit_watch`), this process's.
     asks: AskLog = field(init=False)
+    # (doc key, version) -> the docs table's state before that change was first applied,
+    # until it was applied whole (`handlers.apply_indexed`; a retry plans from it again).
+    applying: dict[tuple[str, int], DocState | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.asks = AskLog(self.settings.edit_hold_s)
@@ -135,6 +145,25 @@ class HandlerDeps:
                 self.stats[f"exec_{name}_calls"] += 1
 
         return await asyncio.get_running_loop().run_in_executor(self.executor, timed)
+
+    def first_prior(self, key: str, version: int) -> DocState | None:
+        """The docs table's state of `key` as the first attempt at applying `version` read
+        it (read now on a first attempt): a retry after the table was written planned from
+        the new state, found nothing changed and skipped the follow-up work (re-checks,
+        chunk warmup, synthesis)."""
+        if (key, version) not in self.applying:
+            raw = self.tables.docs.get(key)
+            self.applying[(key, version)] = DocState.model_validate(raw) if raw else None
+            while len(self.applying) > APPLYING_MAX:  # one left by a permanent failure
+                del self.applying[next(iter(self.applying))]
+        return self.applying[(key, version)]
+
+    def epoch_check(self, prior: WorkerState | None) -> EpochCheck:
+        """Epochs are the workers' wall clocks (microseconds), so they are bounded by this
+        host's (`wall_clock`, not `clock`: the benchmark simulates that one)."""
+        quiet = prior is not None and self.clock() - prior.last_seen > self.settings.worker_stale_s
+        return EpochCheck(now_us=int(self.wall_clock() * 1_000_000),
+                          ahead_us=int(self.settings.epoch_ahead_s * 1_000_000), expired=quiet)
 
     def live_workers(self) -> list[WorkerState]:
         horizon = self.clock() - self.settings.worker_stale_s

@@ -60,22 +60,42 @@ async def retry(
     backoff: Backoff,
     on_retry: Callable[[BaseException, int, float], None],
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    on_park: Callable[[int], None] = lambda change: None,
 ) -> BaseException | None:
-    """Run `fn` until it succeeds (None), fails permanently, or the budget is spent; the
-    error that ended it otherwise. The caller waits meanwhile, so per-key order is kept."""
+    """Run `fn` until it succeeds (None) or fails permanently (that error). A transient
+    failure is never given up: past the backoff's `attempts` the record is parked, i.e.
+    retried every `max_s` for good, with `on_park(+1)` as it is parked and `on_park(-1)`
+    once it passes (a gauge that alerts while it is above 0).
+
+    Why park rather than dead-letter and redrive once the dependency is back: the caller
+    waits meanwhile, so per-key order holds and nothing is acked before it is handled; a
+    dead letter is acked at once, and a later redrive would replay a KB change behind
+    newer ones, with no sure sign that "the dependency is back" (the store, the
+    embedder, the broker and a worker fail differently). A transient failure (a full
+    disk, a store held by another process) stops every record of the partition alike,
+    so waiting costs nothing the dependency did not already stop; the gauge and the
+    retries counter say that it is stuck and why (the log names the error)."""
     delays = backoff.delays()
-    while True:
-        try:
-            await fn()
-            return None
-        except Exception as exc:  # noqa: BLE001 - classified here, re-raised by none
-            if is_permanent(exc):
-                return exc
-            delay = next(delays, None)
-            if delay is None:
-                return exc
-            on_retry(exc, backoff.attempts, delay)
-            await sleep(delay)
+    parked = False
+    try:
+        while True:
+            try:
+                await fn()
+                return None
+            except Exception as exc:  # noqa: BLE001 - classified here, re-raised by none
+                if is_permanent(exc):
+                    return exc
+                delay = next(delays, None)
+                if delay is None:
+                    delay = backoff.max_s
+                    if not parked:
+                        parked = True
+                        on_park(1)
+                on_retry(exc, backoff.attempts, delay)
+                await sleep(delay)
+    finally:
+        if parked:
+            on_park(-1)
 
 
 async def retry_until_done(

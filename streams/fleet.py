@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from schemas import WorkerEvent
@@ -44,25 +45,54 @@ def choose_worker(
     return max(sorted(eligible, key=lambda w: w.worker_id), key=cold_weight).worker_id
 
 
-Epoch = Literal["same", "new", "old"]
+Epoch = Literal["same", "new", "old", "future"]
 
 
-def epoch_order(state: WorkerState | None, event: WorkerEvent) -> Epoch:
+@dataclass(frozen=True)
+class EpochCheck:
+    """What bounds a boot epoch (a worker's start, wall-clock microseconds): the receiver's
+    wall clock, how far ahead of it an epoch may be (clock skew), and whether the row's
+    worker went quiet (no event within the heartbeat horizon)."""
+
+    now_us: int
+    ahead_us: int
+    expired: bool = False
+
+
+def epoch_order(state: WorkerState | None, event: WorkerEvent,
+                check: EpochCheck | None = None) -> Epoch:
     """Whether an event comes from the boot the row describes, a later one (the worker
     restarted: its cache is gone), or an earlier one (a leftover: ignore it). A v1 worker
-    reports no epoch and is always the same boot."""
+    reports no epoch and is always the same boot.
+
+    With `check`: an epoch too far ahead of this clock is "future" (refused: one such
+    event made every later, honest epoch look old and locked the worker out of routing
+    for good), a row holding such an epoch (written before) is replaced by the next honest
+    boot, and a worker whose events stopped may come back (ready or heartbeat) with a
+    smaller epoch (its clock stepped back, or another process took the id)."""
     if event.epoch is None:
         return "same"
+    if check is not None and event.epoch > check.now_us + check.ahead_us:
+        return "future"
     if state is None or state.epoch is None or event.epoch > state.epoch:
         return "new"
-    return "old" if event.epoch < state.epoch else "same"
+    if event.epoch == state.epoch:
+        return "same"
+    if check is not None and (
+        state.epoch > check.now_us + check.ahead_us
+        or (check.expired and event.kind in ("ready", "heartbeat"))
+    ):
+        return "new"
+    return "old"
 
 
-def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float) -> WorkerState:
+def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float,
+                       order: Epoch | None = None) -> WorkerState:
     """The worker's row after one of its events; a new boot starts from an empty row, an
-    event of an older boot changes nothing."""
-    order = epoch_order(state, event)
-    if state is not None and order == "old":
+    event of an older boot (or from the future) changes nothing; `order`: as the caller
+    found it (`epoch_order` with its check), else without bounds."""
+    order = order or epoch_order(state, event)
+    if state is not None and order in ("old", "future"):
         return state
     if order == "new":
         state = WorkerState(worker_id=event.worker_id, url=state.url if state else None)

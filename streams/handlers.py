@@ -99,9 +99,9 @@ async def apply_indexed(
     """Record an indexed change and send an op per dependent prefix; `new_chunks` is what
     indexing returned (None: older than the table, or the store holds a newer version)."""
     key = doc_key(change.tenant, change.doc_id)
-    prior_raw = p.tables.docs.get(key)
-    prior = DocState.model_validate(prior_raw) if prior_raw else None
+    prior = p.first_prior(key, change.version)  # as the first attempt found it
     if new_chunks is None or change.is_stale(prior.version if prior else None):
+        p.applying.pop((key, change.version), None)
         p.stats["stale_events"] += 1
         return
     links = p.tables.doc_prefixes.get(key) or {}
@@ -119,6 +119,7 @@ async def apply_indexed(
         await edits.recheck_others(p, change, new_chunks, dependents, plan.ops, recent, budget)
     await chunk_warm.warm_changed(p, change, prior, new_chunks, bool(dependents))
     await synthesize.on_kb_changed(p, prior, plan.state, change.doc_id)
+    p.applying.pop((key, change.version), None)  # done: a later change reads the table
 
 
 # --- ragwarm.prefix-ops (key prefix hash) ----------------------------------------------------
@@ -188,9 +189,9 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
         return
     raw = p.tables.workers.get(event.worker_id)
     prior = WorkerState.model_validate(raw) if raw else None
-    order = logic.epoch_order(prior, event)
-    if order == "old":
-        p.stats["stale_epoch_events"] += 1  # a leftover of a previous boot
+    order = logic.epoch_order(prior, event, p.epoch_check(prior))
+    if order in ("old", "future"):  # a leftover of a previous boot; a clock far ahead
+        p.stats["stale_epoch_events" if order == "old" else "future_epoch_events"] += 1
         return
     if order == "new" and prior is not None:
         # Restarted (a crash leaves no `stopped`): whatever the row listed is gone.
@@ -199,7 +200,7 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
                  "disk tier)", event.worker_id, event.epoch, len(event.tier_prefixes))
     if event.kind == "expired":
         p.stats["expired_commands"] += 1
-    state = logic.apply_worker_event(prior, event, p.clock())
+    state = logic.apply_worker_event(prior, event, p.clock(), order)
     p.tables.workers[event.worker_id] = state.model_dump(mode="json")
     if event.kind == "stored" and event.prefix_tokens:
         p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens
@@ -365,9 +366,8 @@ async def on_query(p: HandlerDeps, query: QueryEvent) -> None:
 
 
 def count_query(p: HandlerDeps, query: QueryEvent) -> bool:
-    """A query's bookkeeping (hot-token window, ask log, counters), which cannot fail for
-    a transient reason; True when its prefix is due a warm op (`send_query_op`). Apart, so
-    that a retried op does not count its query twice and the agent awaits only when due."""
+    """A query's bookkeeping (hot-token window, ask log, counters); True when its prefix is
+    due a warm op (`send_query_op`), apart so that a retried op does not count it twice."""
     payload = HotPayload(tenant=query.tenant, question=query.question,
                          chunk_refs=tuple(query.chunk_refs), prefix_tokens=query.prefix_tokens)
     p.tracker.observe(query.prefix_hash, payload, p.clock())

@@ -234,16 +234,19 @@ class HotTracker:
     def flush(self, now: float) -> int:
         """Write the rows observed since the last flush; drop the rows past the window.
         Returns how many rows were written."""
-        pending, self._pending = self._pending, {}
-        for key, sketch in pending.items():
+        written = 0
+        for key in list(self._pending):  # each kept until written: a failed write is retried
+            sketch = self._pending[key]
             raw = self.rows[key] = sketch.to_row()
             self._decoded[key] = (raw, sketch)
+            del self._pending[key]
+            written += 1
         owned = [k for k in list(self.rows.keys()) if self.owns(tenant_of(k))]
         for key in expired_rows(owned, now, self.window_s, self.step_s):
             self.rows.pop(key, None)
         for key in [k for k in self._decoded if k not in self.rows]:
             del self._decoded[key]
-        return len(pending)
+        return written
 
     def ranked(self, now: float) -> list[tuple[str, float, HotPayload]]:
         sketches = (s.prefixes for per in self._window_by_tenant(now).values() for s in per)

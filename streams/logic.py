@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from schemas import ChunkRef, KbChange, WarmupCommand
 from streams.fleet import (  # noqa: F401 - re-exported: the app's decisions in one place
     MEMORY_THRESHOLD,
+    EpochCheck,
     apply_worker_event,
     choose_worker,
     cold_weight,

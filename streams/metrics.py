@@ -42,9 +42,10 @@ NAMED_COUNTERS: dict[str, tuple[str, str]] = {
                              "First asks served whole from a synthetic prefix."),
 }
 PENDING_MAX = 10_000
-# Figures kept among the counters that are not counts: a size; and times in milliseconds,
-# exported in seconds by `_timings` (`*_max_ms` the largest seen, other `*_ms` sums).
-NOT_COUNTERS = frozenset({"kv_bytes_per_token"})
+# Figures kept among the counters that are not counts: a size, a level (parked records);
+# and times in milliseconds, exported in seconds by `_timings` (`*_max_ms` the largest seen,
+# other `*_ms` sums).
+NOT_COUNTERS = frozenset({"kv_bytes_per_token", "parked_records"})
 MS = "_ms"
 MAX_MS = "_max_ms"
 
@@ -137,6 +138,9 @@ def families(snap: Mapping[str, Any]) -> Iterator[Metric]:
                     if k not in NOT_COUNTERS and k not in own and not k.endswith(MS)],
                    ["name"])
     yield from _timings(stats)
+    yield _gauge("ragwarm_streams_parked_records", "Records retried past the retry budget on "
+                 "a transient failure (their partition waits); alert while above 0.",
+                 [((), stats.get("parked_records", 0))])
     yield _gauge("ragwarm_streams_kv_bytes_per_token", "KV bytes per token the workers report.",
                  [((), stats.get("kv_bytes_per_token", 0))])
     yield _counter("ragwarm_streams_messages_received_total", "Records consumed, by topic.",
@@ -167,7 +171,8 @@ def _timings(stats: Mapping[str, int]) -> Iterator[Metric]:
 
 
 def _dead_letters(stats: Mapping[str, int]) -> Metric:
-    """Dead letters by reason class: invalid records vs transient failures out of retries."""
+    """Dead letters by reason class: invalid records, and transient failures (none since
+    they are parked, `faults.retry`; kept so dashboards and alerts on it still read 0)."""
     transient = stats.get("transient_dead_letters", 0)
     invalid = max(0, stats.get("dead_letters", 0) - transient)
     return _counter("ragwarm_streams_dead_letters_total", "Records sent to the dead-letter "

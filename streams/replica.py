@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from schemas import SchemaError, encode
 from schemas import deadletter as letters
-from schemas.chunks import ReplicaRecord, decode_record
+from schemas.chunks import RefusedRecords, ReplicaRecord, decode_record
 from streams import catchup, faults
 from streams.handlers import HandlerDeps
 from streams.ports import ReplicaStore
@@ -41,15 +41,19 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
+Decoded = tuple[Any, ReplicaRecord]  # a message and its record
+
+
 def decode_batch(
     messages: Iterable[Any],
-) -> tuple[list[ReplicaRecord], list[tuple[Any, SchemaError]]]:
-    """The valid records of `messages` in order, and the bad ones with their error."""
-    good: list[ReplicaRecord] = []
+) -> tuple[list[Decoded], list[tuple[Any, SchemaError]]]:
+    """The valid records of `messages` in order (with their message), and the bad ones
+    with their error."""
+    good: list[Decoded] = []
     bad: list[tuple[Any, SchemaError]] = []
     for msg in messages:
         try:
-            good.append(decode_record(msg.key, msg.value, list(msg.headers or ())))
+            good.append((msg, decode_record(msg.key, msg.value, list(msg.headers or ()))))
         except SchemaError as exc:
             bad.append((msg, exc))
     return good, bad
@@ -196,22 +200,40 @@ class ChunkReplica:
             self._moved.notify_all()
 
     async def apply(self, messages: Sequence[Any]) -> None:
-        """Apply one batch (dead-lettering bad records), then record the offsets after it;
-        the store is retried until it takes the batch (a skipped one would be lost)."""
+        """Apply one batch (dead-lettering bad records, and those the store refuses), then
+        record the offsets after it; a transient failure of the store is retried until it
+        takes the batch (a skipped one would be lost)."""
         good, bad = decode_batch(messages)
         for msg, exc in bad:
             await self._dead_letter(msg, exc)
+        counts = await self._apply_decoded(good)
+        offsets = {**self.positions, **next_offsets(messages)}
+        await self.p.blocking(self.store.save_replica_offsets, self.name, offsets)
+        for name, n in counts.items():
+            self.p.stats[f"replica_{name}"] += n
+
+    async def _apply_decoded(self, good: list[Decoded]) -> Mapping[str, int]:
+        """Apply the decoded records: those the store refuses for good (a vector of another
+        size) are dead-lettered and the rest applied; any other failure is retried until
+        the store is back."""
+
+        async def attempt() -> Mapping[str, int]:
+            nonlocal good
+            while True:
+                try:
+                    return await self.p.blocking(self.store.apply_replicated,
+                                                 [r for _, r in good])
+                except RefusedRecords as exc:  # valid records the store cannot hold
+                    for i in sorted(exc.refused):
+                        await self._dead_letter(good[i][0], exc.refused[i])
+                    self.p.stats["replica_refused"] += len(exc.refused)
+                    good = [g for i, g in enumerate(good) if i not in exc.refused]
 
         def failed(_exc: Exception, delay: float) -> None:  # the store may come back
             log.exception("index replica: applying a batch failed; again in %.1f s", delay)
             self.p.stats["retries"] += 1
 
-        counts = await faults.retry_until_done(
-            lambda: self.p.blocking(self.store.apply_replicated, good), self.backoff, failed)
-        offsets = {**self.positions, **next_offsets(messages)}
-        await self.p.blocking(self.store.save_replica_offsets, self.name, offsets)
-        for name, n in counts.items():
-            self.p.stats[f"replica_{name}"] += n
+        return await faults.retry_until_done(attempt, self.backoff, failed)
 
     async def _dead_letter(self, msg: Any, exc: SchemaError) -> None:
         origin = letters.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value)

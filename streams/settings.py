@@ -129,6 +129,11 @@ class StreamsSettings(BaseSettings):
     worker_stale_s: float = Field(
         default=30.0, description="Heartbeat age that marks a worker gone."
     )
+    epoch_ahead_s: float = Field(
+        default=300.0, gt=0, description="How far ahead of this host's clock a worker's boot "
+        "epoch (its start, wall clock) may be; a later one is refused and counted "
+        "(future_epoch_events), since it would make every honest epoch after it look old.",
+    )
     forget_after_s: float = Field(
         default=3600.0,
         gt=0,
@@ -149,7 +154,9 @@ class StreamsSettings(BaseSettings):
     retry_max_s: float = Field(default=30.0, gt=0, description="Longest wait between retries.")
     retry_attempts: int = Field(
         default=12, ge=0, description="Retries of a transient failure before the record is "
-        "dead-lettered (with the last error); 12 from 0.5 s doubling to 30 s: about 3.5 min."
+        "parked: retried every retry_max_s until it passes, never dead-lettered, with the "
+        "ragwarm_streams_parked_records gauge above 0 (alert on it); 12 from 0.5 s "
+        "doubling to 30 s: about 3.5 min."
     )
     deadletter_max_bytes: int = Field(
         default=deadletter.PAYLOAD_BYTES, ge=0,

@@ -10,6 +10,7 @@ so the first real ask that retrieves the same chunks starts warm.
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -120,7 +121,8 @@ def due(candidates: Sequence[DocCandidate], last_at: Mapping[str, float], now: f
 
 
 def doc_key_of(c: DocCandidate) -> str:
-    return f"{c.tenant}\x00{c.doc_id}"
+    # JSON, not a separator: ids may hold any character, so no two documents share a key.
+    return json.dumps([c.tenant, c.doc_id])
 
 
 def sampling_seed(base: int | None, c: DocCandidate) -> int | None:

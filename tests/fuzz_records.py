@@ -17,7 +17,18 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from schemas import KbChange, QueryEvent, SchemaError, WarmupCommand, WorkerEvent, decode, encode
+from schemas import (
+    IndexedChunk,
+    IndexedDoc,
+    KbChange,
+    QueryEvent,
+    SchemaError,
+    WarmupCommand,
+    WorkerEvent,
+    decode,
+    encode,
+)
+from schemas.events import pack_vector
 from schemas.generate import schema_file
 
 # A fixed timestamp: the same bytes on every run.
@@ -29,6 +40,10 @@ VALID = {
     WarmupCommand: WarmupCommand(command_id="c1", op="prefill", token_ids=[1, 2, 3], ttl_s=60,
                                  timestamp=AT),
     WorkerEvent: WorkerEvent(worker_id="w1", kind="heartbeat", url="http://w1", timestamp=AT),
+    IndexedChunk: IndexedChunk(tenant="t", doc_id="d.md", ordinal=0, content_hash="ab" * 32,
+                               text="hello", tokens=1, version=3,
+                               vector_b64=pack_vector([0.5, -0.5, 0.5, -0.5]), timestamp=AT),
+    IndexedDoc: IndexedDoc(tenant="t", doc_id="d.md", version=3, slots=1, timestamp=AT),
 }  # fmt: skip
 # One value of each JSON type (and the non-JSON NaN/Infinity); `retype` picks one of a type
 # the field's schema does not allow.

@@ -24,6 +24,7 @@ from ragwarm.kafka.local import LocalKafka
 from ragwarm.settings import HomeSettings, KafkaSettings
 from schemas import DeadLetter, KbChange, QueryEvent, decode, encode
 from schemas.topics import DEADLETTER, KB_CHANGES, RAG_QUERIES, TopicSpec
+from tests.integration.kafka_read import read_topic
 from tests.integration.streams_proc import StreamsApp, free_port
 from tests.integration.test_streams_e2e import QUESTION, Client, Events, initial_docs
 from tests.integration.waiting import wait_for
@@ -300,33 +301,55 @@ def _ragwarm(namespace: str, bootstrap: str, *args: str) -> str:
     return done.stdout
 
 
-def test_a_transient_dead_letter_is_redriven_once_the_cause_is_fixed(
+def test_a_transient_failure_past_its_budget_is_parked_not_dead_lettered(
     kafka_bootstrap, kafka_producer, namespace, streams_factory, tmp_path
 ):
-    """With no retry budget the outage dead-letters the update; `ragwarm deadletter
-    redrive --reason transient` sends it to kb.changes again once the store is back."""
-    env = {"RAGWARM_STREAMS_RETRY_ATTEMPTS": "0"}
-    app = streams_factory(namespace, "redrive", env).start()
+    """Before (issue 41): with the retry budget spent the outage dead-lettered the update
+    and acked it (lost until someone redrove it). Now it is parked: retried until the
+    store is back, the parked gauge up meanwhile, and never dead-lettered."""
+    env = {"RAGWARM_STREAMS_RETRY_ATTEMPTS": "0", "RAGWARM_STREAMS_RETRY_MAX_S": "1.0"}
+    app = streams_factory(namespace, "parked", env).start()
     wait_ready(app)
-    store = tmp_path / "qdrant-redrive"
-    away = store.with_name("qdrant-redrive.away")
+    store = tmp_path / "qdrant-parked"
+    away = store.with_name("qdrant-parked.away")
     update = KbChange(op="upsert", doc_id="runbook.md", version=1,
                       text="Runbook. Rotate the signing keys of the gateway every ninety days.")
     store.rename(away)
     try:
         send_docs(kafka_producer, namespace + KB_CHANGES, [update])
-        wait_for(lambda: app.counters().get("dead_letters", 0) >= 1, 120, "the dead letter")
+        wait_for(lambda: app.counters().get("parked_records", 0) >= 1, 120, "the update parked")
+        time.sleep(3)  # parked: retried every second, still not dead-lettered
+        assert app.counters().get("dead_letters", 0) == 0
+        metrics = httpx.get(app.url + "/metrics", timeout=10).text
+        assert "ragwarm_streams_parked_records 1.0" in metrics
     finally:
         away.rename(store)
-    assert app.counters()["transient_dead_letters"] == 1
-    listed = _ragwarm(namespace, kafka_bootstrap, "list", "--reason", "transient")
-    assert "retries exhausted" in listed and namespace + KB_CHANGES in listed
-    assert "would be sent" in _ragwarm(namespace, kafka_bootstrap, "redrive", "--dry-run")
-    time.sleep(2)
-    assert app.counters().get("kb_events", 0) == 0
-    assert "sent 1 of 1" in _ragwarm(
-        namespace, kafka_bootstrap, "redrive", "--reason", "transient"
-    )
-    wait_for(lambda: app.counters().get("kb_events", 0) >= 1, 120, "the re-driven update")
-    docs = app.get("/ragwarm/docs")["docs"]
-    assert docs["runbook.md"]["version"] == 1
+    wait_for(lambda: app.counters().get("kb_events", 0) >= 1, 120, "the parked update applied")
+    counters = app.counters()
+    assert counters.get("parked_records", 0) == 0 and counters.get("dead_letters", 0) == 0
+    assert app.get("/ragwarm/docs")["docs"]["runbook.md"]["version"] == 1
+    assert letters(kafka_bootstrap, namespace + DEADLETTER) == []
+
+
+def test_redrive_sends_allowed_letters_once(kafka_bootstrap, kafka_producer, namespace):
+    """Before (issue 41): redrive sent a letter to whatever topic it named, with the
+    operator's credentials, and every redrive sent every letter again."""
+    from schemas.deadletter import Origin, dead_letter
+
+    change = KbChange(op="upsert", doc_id="r.md", version=1, text="Redriven once.")
+    ours = dead_letter(Origin(namespace + KB_CHANGES, 0, 5, b"r.md", encode(change)),
+                       "a letter to send again", None, 1 << 20)
+    crafted = dead_letter(Origin(namespace + "payments.ledger", 0, 1, b"k", b"pay me"),
+                          "crafted", None, 1 << 20)
+    for letter in (ours, crafted):
+        kafka_producer.send(namespace + DEADLETTER, key=b"k", value=encode(letter))
+    kafka_producer.flush()
+    dry = _ragwarm(namespace, kafka_bootstrap, "redrive", "--dry-run")
+    assert "refused: topic " + repr(namespace + "payments.ledger") in dry
+    assert "dry run: 1 of 2 letters would be sent" in dry
+    assert "sent 1 of 2" in _ragwarm(namespace, kafka_bootstrap, "redrive")
+    again = _ragwarm(namespace, kafka_bootstrap, "redrive")
+    assert "sent 0 of 2" in again and "already redriven" in again
+    sent = read_topic(kafka_bootstrap, namespace + KB_CHANGES)
+    assert [decode(r.value, KbChange) for r in sent] == [change]
+    assert "(redriven " in _ragwarm(namespace, kafka_bootstrap, "list")

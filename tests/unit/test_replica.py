@@ -197,3 +197,15 @@ def test_any_replay_ends_at_the_latest_version(versions, cut, split):
         apply(start, log[at:])
         assert held(start, "a") == expect
         assert start.docs[("t", "a")].version == len(versions)
+
+
+def test_a_document_naming_more_slots_than_the_bound_is_refused():
+    """The defect: an IndexedDoc could name 1,000,000 slots, and every lookup of that
+    document (the replica's view, `current_chunks`) expanded them all."""
+    from schemas.events import MAX_SLOTS
+
+    assert MAX_SLOTS <= 65_536
+    doc = {"schema_name": "indexed_doc", "tenant": "t", "doc_id": "a", "version": 1,
+           "slots": 1_000_000}
+    with pytest.raises(SchemaError, match="slots"):
+        decode_record(indexed_doc_key("t", "a"), json.dumps(doc).encode())

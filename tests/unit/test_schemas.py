@@ -39,7 +39,7 @@ kb_changes = st.one_of(
         version=st.integers(0, 2**40),
         text=st.text(max_size=200),
         timestamp=times,
-        tenant=ids,
+        tenant=st.text(min_size=1, max_size=40).filter(lambda t: "\x1f" not in t),
     ),
     st.builds(
         KbChange, op=st.just("delete"), doc_id=ids, version=st.integers(0, 2**40), timestamp=times

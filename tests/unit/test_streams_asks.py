@@ -14,7 +14,7 @@ def test_asks_leave_the_log_with_the_window_and_the_least_recent_go_past_capacit
     log.observe("p1", "t", "one again?", REFS, 32, 50.0)
     log.observe("p2", "t", "two?", REFS, 16, 60.0)
     recent = log.recent(120.0)  # the ask at 0 s is out of the window
-    assert recent["p1"].times == [50.0] and recent["p1"].question == "one again?"
+    assert list(recent["p1"].times) == [50.0] and recent["p1"].question == "one again?"
     log.observe("p1", "t", "one?", REFS, 32, 130.0)  # p1 asked last: p2 is the oldest
     log.observe("p3", "t", "three?", REFS, 8, 140.0)
     assert set(log.recent(140.0)) == {"p1", "p3"}
@@ -53,3 +53,17 @@ def test_often_asked_keeps_dependents_asked_more_than_once_most_asked_then_lates
         log.observe(h, "t", f"{h}?", REFS, 32, at)
     found = often_asked(log.seen, dependents={"a", "b", "c", "d", "x"}, skip={"e", "d"})
     assert [h for h, _ in found] == ["b", "a"]  # c asked once, d skipped, e no dependent
+
+
+def test_the_ask_log_keeps_a_bounded_number_of_ask_times():
+    """The defect: every ask time stayed until the next edit (1M asks of one prefix: a
+    million floats, 32 MB); now at most `MAX_TIMES`, and none older than the window."""
+    from streams.asks import MAX_TIMES, AskLog
+
+    log = AskLog(window_s=100.0)
+    for i in range(20_000):
+        log.observe("p1", "default", "q?", [], 10, float(i) / 10)
+    assert len(log.entries["p1"].times) <= MAX_TIMES
+    log.observe("p2", "default", "q?", [], 10, 0.0)
+    log.observe("p2", "default", "q?", [], 10, 500.0)  # the first ask left the window
+    assert list(log.entries["p2"].times) == [500.0]

@@ -12,7 +12,16 @@ import pytest
 from pydantic import BaseModel
 
 from ragwarm.bench.strategies.streams_sim import run_sync
-from schemas import KbChange, SchemaError, WarmupCommand, WorkerEvent, deadletter, decode, encode
+from schemas import (
+    KbChange,
+    QueryEvent,
+    SchemaError,
+    WarmupCommand,
+    WorkerEvent,
+    deadletter,
+    decode,
+    encode,
+)
 from streams import faults, handlers
 from streams.logic import (
     apply_worker_event,
@@ -62,7 +71,7 @@ def test_backoff_is_bounded_and_exponential():
 
 
 def _retry(fails: list[Exception]):
-    calls, slept, seen = [], [], []
+    calls, slept, seen, parked = [], [], [], []
 
     async def fn():
         calls.append(1)
@@ -71,24 +80,33 @@ def _retry(fails: list[Exception]):
 
     async def sleep(s):
         slept.append(s)
+        parked_now.append(sum(parked))
 
+    parked_now: list[int] = []
     backoff = faults.Backoff(initial_s=1, max_s=2, attempts=3)
-    err = asyncio.run(faults.retry(fn, backoff, lambda e, n, d: seen.append(d), sleep))
-    return err, calls, slept
+    err = asyncio.run(faults.retry(fn, backoff, lambda e, n, d: seen.append(d), sleep,
+                                   on_park=parked.append))
+    return err, calls, slept, parked, parked_now
 
 
 def test_transient_failures_are_retried_until_they_pass():
-    err, calls, slept = _retry([OSError("disk"), OSError("disk")])
-    assert err is None and len(calls) == 3 and slept == [1, 2]
+    err, calls, slept, parked, _ = _retry([OSError("disk"), OSError("disk")])
+    assert err is None and len(calls) == 3 and slept == [1, 2] and parked == []
 
 
-def test_transient_failure_past_the_budget_is_returned():
-    err, calls, slept = _retry([OSError(str(i)) for i in range(10)])
-    assert isinstance(err, OSError) and len(calls) == 4 and slept == [1, 2, 2]
+def test_a_transient_failure_past_the_budget_is_parked_never_given_up():
+    """Before: after the budget (3.5 min by default) the error came back, the record was
+    dead-lettered and acked, and the KB change was lost. Now it is retried every `max_s`
+    until it passes, counted as parked meanwhile (+1 once, -1 when it passes)."""
+    err, calls, slept, parked, parked_now = _retry([OSError(str(i)) for i in range(10)])
+    assert err is None and len(calls) == 11
+    assert slept == [1, 2, 2] + [2] * 7
+    assert parked == [1, -1]
+    assert parked_now == [0, 0, 0] + [1] * 7  # the gauge is up while it waits past the budget
 
 
 def test_permanent_failure_is_not_retried():
-    err, calls, slept = _retry([SchemaError("x", "bad")])
+    err, calls, slept, _, _ = _retry([SchemaError("x", "bad")])
     assert isinstance(err, SchemaError) and len(calls) == 1 and slept == []
 
 
@@ -255,6 +273,57 @@ def test_leftover_events_of_an_old_boot_are_ignored():
     assert WorkerState.model_validate(p.tables.workers["w1"]).epoch == 9
 
 
+def _wall(p, seconds: float) -> None:
+    p.wall_clock = lambda: seconds
+
+
+def test_a_huge_epoch_is_refused_and_does_not_lock_the_worker_out():
+    """The defect: one event with a huge boot epoch became the row's epoch, and every later
+    (honest, smaller) epoch was dropped as old: the worker was out of routing for good."""
+    p, _ = pipeline(Port({}))
+    _wall(p, 1_000.0)  # this host's clock: epoch 1e9 us
+    honest = 999_000_000
+    forged = WorkerEvent(worker_id="w9", kind="ready", epoch=2**62, mem_total_bytes=10**9)
+    run_sync(handlers.on_worker_event(p, forged))
+    assert p.stats["future_epoch_events"] == 1 and "w9" not in p.tables.workers
+    ready = WorkerEvent(worker_id="w9", kind="ready", epoch=honest, mem_total_bytes=10**9,
+                        url="http://w9")
+    run_sync(handlers.on_worker_event(p, ready))
+    row = WorkerState.model_validate(p.tables.workers["w9"])
+    assert row.ready and row.epoch == honest and row.url == "http://w9"
+
+
+def test_a_row_locked_by_a_huge_epoch_is_replaced_by_the_next_honest_boot():
+    # A row written before the bound existed: the next honest boot takes it over.
+    p, _ = pipeline(Port({}))
+    _wall(p, 1_000.0)
+    p.tables.workers["w9"] = WorkerState(worker_id="w9", epoch=2**62, last_seen=100.0,
+                                         ready=False).model_dump(mode="json")
+    beat = WorkerEvent(worker_id="w9", kind="heartbeat", epoch=999_000_000)
+    run_sync(handlers.on_worker_event(p, beat))
+    row = WorkerState.model_validate(p.tables.workers["w9"])
+    assert row.epoch == 999_000_000 and row.ready and p.stats["stale_epoch_events"] == 0
+
+
+def test_a_worker_whose_clock_stepped_back_comes_back_once_its_heartbeats_stopped():
+    p, _ = pipeline(Port({}), worker_stale_s=30.0)  # the handlers' clock reads 100.0
+    _wall(p, 1_000.0)
+    p.tables.workers["w9"] = WorkerState(worker_id="w9", epoch=900_000_000, last_seen=90.0,
+                                         ready=True).model_dump(mode="json")
+    back = WorkerEvent(worker_id="w9", kind="ready", epoch=800_000_000)
+    run_sync(handlers.on_worker_event(p, back))  # heard of 10 s ago: still a leftover
+    assert WorkerState.model_validate(p.tables.workers["w9"]).epoch == 900_000_000
+    assert p.stats["stale_epoch_events"] == 1
+    p.clock = lambda: 200.0  # its heartbeats stopped 110 s ago
+    run_sync(handlers.on_worker_event(p, back))
+    row = WorkerState.model_validate(p.tables.workers["w9"])
+    assert row.epoch == 800_000_000 and row.ready and p.stats["worker_restarts"] == 1
+    stopped = WorkerEvent(worker_id="w9", kind="stopped", epoch=700_000_000)
+    p.clock = lambda: 400.0
+    run_sync(handlers.on_worker_event(p, stopped))  # a leftover `stopped` stays one
+    assert WorkerState.model_validate(p.tables.workers["w9"]).epoch == 800_000_000
+
+
 # --- prefill expiry and re-sends -----------------------------------------------------------
 
 
@@ -342,3 +411,165 @@ def test_resend_timer_asks_once_per_unconfirmed_prefill():
 def test_command_expiry_round_trip():
     cmd = WarmupCommand(command_id="c", op="prefill", token_ids=[1], expires_at=datetime.now(UTC))
     assert decode(encode(cmd)).expires_at == cmd.expires_at
+
+
+def _letter_of(value: bytes, limit: int = 1_000_000) -> deadletter.DeadLetter:
+    """The dead letter the KB route sends for `value` (decode, classify, build)."""
+    try:
+        BY_TYPE[KbChange].decode(value)
+    except Exception as exc:  # noqa: BLE001 - the route's decode error is the point
+        reason, field = faults.reason_of(exc)
+    else:
+        raise AssertionError("the record decoded")
+    origin = deadletter.Origin("kb.changes", 0, 9, b"k", value)
+    return deadletter.dead_letter(origin, reason, field, deadletter.value_limit(limit, 10**9))
+
+
+def test_a_huge_metadata_key_gives_a_letter_that_fits_the_producer_limit():
+    """The audit's case: a 900 KB metadata key became the letter's `error_field` whole, a
+    1.25 MB letter the producer refused for good (the partition stalled)."""
+    key = "k" * 900_000
+    value = ('{"schema_name":"kb_change","op":"upsert","doc_id":"d","version":1,'
+             f'"metadata":{{"{key}":[1]}}}}').encode()
+    letter = _letter_of(value)
+    assert len(encode(letter)) < 1_000_000
+    assert letter.error_field is not None and len(letter.error_field) <= deadletter.MAX_FIELD
+    assert letter.error_field.startswith("metadata.kkk")
+    assert "error_field of" in letter.reason and "truncated" in letter.reason
+    assert decode(encode(letter)) == letter
+
+
+@pytest.mark.parametrize("char", ["k", "\x01", "é", "\U0001f600"])
+def test_every_text_field_of_a_letter_is_bounded_in_bytes(char):
+    # A bound in characters is not one in bytes: a control character is 6 bytes as JSON.
+    big = char * 200_000
+    origin = deadletter.Origin(big, 0, 1, big.encode(), big.encode())
+    limit = 1_000_000
+    letter = deadletter.dead_letter(origin, big, big, deadletter.value_limit(limit, 10**9))
+    assert len(encode(letter)) < limit
+    assert "reason of" in letter.reason and "error_field of" in letter.reason
+    assert decode(encode(letter)) == letter
+
+
+def test_a_small_field_and_reason_stay_whole():
+    origin = deadletter.Origin("kb.changes", 0, 1, b"k", b"v")
+    letter = deadletter.dead_letter(origin, "bad \x01 op", "op", 1024)
+    assert (letter.reason, letter.error_field) == ("bad \x01 op", "op")
+
+
+# --- retries redo the whole of a change ----------------------------------------------------
+
+
+class _FlakyRetrieval(Port):
+    """Retrieval that fails once (the store busy), then finds nothing new."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.failures = 1
+
+    def prefix_for_question(self, question, tenant):
+        if self.failures:
+            self.failures -= 1
+            raise OSError("store busy")
+        return super().prefix_for_question(question, tenant)
+
+
+def test_a_retried_apply_indexed_still_does_its_follow_up_work():
+    """The defect: the first attempt wrote the docs table, then its re-check failed; the
+    retry planned from the new state, found nothing changed and skipped the re-checks,
+    the chunk warmup and synthesis."""
+    from streams.records import DocState
+
+    port = _FlakyRetrieval()
+    p, _ = pipeline(port, hot_tokens=False)
+    p.tables.workers["w1"] = WorkerState(worker_id="w1", ready=True, mem_total=10**12,
+                                         last_seen=100.0).model_dump(mode="json")
+    old = DocState(version=1, chunks={"d.md#0": "1" * 64})
+    p.tables.docs["d.md"] = old.model_dump(mode="json")
+    p.asks.observe("f" * 64, "default", "another question?", REFS, 32, 100.0)
+    change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
+    new_chunks = {"d.md#0": "2" * 64}
+
+    async def apply():
+        await handlers.apply_indexed(p, change, new_chunks)
+
+    backoff = faults.Backoff(initial_s=0.001, max_s=0.001, attempts=3)
+    assert asyncio.run(faults.retry(apply, backoff, lambda *a: None)) is None
+    assert port.failures == 0 and p.stats["edit_rechecks"] == 1
+    assert p.tables.docs["d.md"]["version"] == 2 and p.applying == {}
+
+
+class _FlakyRows(dict):
+    """A windows table whose first writes fail (the changelog producer busy)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def __setitem__(self, key, value):
+        if self.failures:
+            self.failures -= 1
+            raise OSError("changelog busy")
+        super().__setitem__(key, value)
+
+
+def _query_events(n: int) -> list:
+    from types import SimpleNamespace
+
+    from tests.unit.test_streams_handlers import query
+
+    return [SimpleNamespace(message=SimpleNamespace(
+        topic="rag.queries", partition=0, offset=i, key=None,
+        value=encode(query(f"question {i}?")))) for i in range(n)]
+
+
+def test_a_failed_window_write_is_retried_not_the_batch_lost():
+    """The defect: the query agent flushed its windows outside the retrying runner, and
+    the flush dropped its pending rows before writing them: one failed write lost the
+    counts of the whole batch."""
+    from streams.agents import RecordRunner, handle_queries
+    from streams.hot import HotTracker
+
+    p, _ = pipeline(Port({}), retry_initial_s=0.001, retry_max_s=0.001)
+    rows = _FlakyRows(failures=2)
+    p.tracker = HotTracker(600.0, 60.0, rows=rows)
+    runner = RecordRunner(p, None, BY_TYPE[QueryEvent])
+    asyncio.run(handle_queries(runner, _query_events(3)))
+    assert rows.failures == 0 and len(rows) >= 1 and p.stats["retries"] == 2
+    assert p.tracker.flush(100.0) == 0  # nothing left behind, nothing lost
+    assert p.stats["queries"] == 3 and p.stats["dead_letters"] == 0
+
+
+def test_a_failed_count_goes_through_the_runner(monkeypatch):
+    from streams.agents import RecordRunner, handle_queries
+
+    p, _ = pipeline(Port({}), retry_initial_s=0.001, retry_max_s=0.001)
+    calls = []
+    real = handlers.count_query
+
+    def flaky(pp, q):
+        calls.append(q.question)
+        if len(calls) == 1:
+            raise OSError("busy")
+        return real(pp, q)
+
+    runner = RecordRunner(p, None, BY_TYPE[QueryEvent])
+    monkeypatch.setattr(handlers, "count_query", flaky)
+    asyncio.run(handle_queries(runner, _query_events(2)))
+    # The failed count is tried again by the runner (not dropped), then the next query.
+    assert calls == ["question 0?", "question 0?", "question 1?"]
+    assert p.stats["queries"] == 2 and p.stats["dead_letters"] == 0
+
+
+def test_a_failed_window_flush_keeps_its_rows_for_the_next_one():
+    """The flush took its pending rows out before writing them: a write that failed lost
+    them, whoever retried it."""
+    from streams.hot import HotPayload, HotTracker
+
+    rows = _FlakyRows(failures=1)
+    tracker = HotTracker(600.0, 60.0, rows=rows)
+    tracker.observe(P1, HotPayload(tenant="default", question="q?", chunk_refs=tuple(REFS),
+                                   prefix_tokens=32), 100.0)
+    with pytest.raises(OSError):
+        tracker.flush(100.0)
+    assert tracker.flush(100.0) == 1 and len(rows) == 1

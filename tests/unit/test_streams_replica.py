@@ -4,9 +4,10 @@ to catch up, indexing publishes before its ops, and bad rag.chunks records are t
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
-from schemas import ChunkRef, KbChange
+from schemas import ChunkRef, IndexedChunk, KbChange, encode
 from schemas.events import VERSION_HEADER
 from schemas.topics import chunk_key
 from streams import handlers
@@ -124,7 +125,8 @@ def test_a_batch_keeps_the_good_records_in_order_and_names_the_bad_ones():
     msgs.insert(1, message(0, 4, chunk_key("t", "a#5"), None))  # a tombstone with no version
     msgs.append(message(0, 5, b"junk", b"{}"))
     good, bad = decode_batch(msgs)
-    assert [type(r).__name__ for r in good] == ["IndexedChunk", "Tombstone", "IndexedDoc"]
+    assert [type(r).__name__ for _, r in good] == ["IndexedChunk", "Tombstone", "IndexedDoc"]
+    assert [m.offset for m, _ in good] == [10, 11, 12]
     assert [(m.offset, e.field) for m, e in bad] == [(4, f"headers.{VERSION_HEADER}"),
                                                      (5, "key")]
     assert next_offsets(msgs) == {0: 6, 1: 13}
@@ -152,3 +154,65 @@ def test_recovery_rebuilds_from_the_replica_before_it_re_indexes_anything():
     assert asyncio.run(recover_index(p, lambda wanted: kb)) == 1
     assert [c.doc_id for c in port.applied] == ["b"]  # only what no instance published
     assert order == ["publish"] and p.replica.waits == 2
+
+
+# --- records the store cannot hold -------------------------------------------------------------
+
+
+class HeldStore:
+    """A replica store of `dim`-sized vectors that refuses what `rag.replica.apply_batch`
+    refuses (the same check), and keeps what it applied and the offsets saved."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim, self.applied, self.offsets = dim, [], {}
+
+    def apply_replicated(self, records):
+        from rag.replica import refused
+        from schemas.chunks import RefusedRecords
+
+        if bad := refused(records, self.dim, "chunks"):
+            raise RefusedRecords(bad)
+        self.applied.extend(records)
+        return {"written": len(records)}
+
+    def save_replica_offsets(self, name, offsets):
+        self.offsets = dict(offsets)
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.letters: list[bytes] = []
+
+    async def send(self, key, value):
+        self.letters.append(value)
+
+
+def _replica(store, letters):
+    from streams.replica import ChunkReplica
+
+    p, _ = pipeline(Port({}))
+    topic = SimpleNamespace(get_topic_name=lambda: "rag.chunks", partitions=4)
+    return ChunkReplica(p, store, topic, letters, lambda: None, follow=True), p
+
+
+def test_a_vector_of_another_size_is_dead_lettered_and_the_rest_applied():
+    """The defect: a chunk embedded by another model (a rolling upgrade) failed the store's
+    write on every attempt; `apply` retried that batch for good, on every instance, and the
+    replica (and start-up recovery, which waits for it) never moved again."""
+    from schemas import DeadLetter, decode
+
+    good = publish("a", 1, ["x", "y"])  # 4-dimensional vectors (tests.unit.test_replica.DIM)
+    other = publish("b", 1, ["z"])
+    wide = IndexedChunk.model_validate({**json.loads(other[0].value), "vector_b64": None,
+                                        "vector": [0.5] * 7})
+    msgs = [message(0, i, r.key, r.value, r.headers) for i, r in enumerate(good)]
+    msgs.insert(1, message(0, 99, other[0].key, encode(wide)))
+    store, letters = HeldStore(4), Sent()
+    replica, p = _replica(store, letters)
+    asyncio.run(asyncio.wait_for(replica.apply(msgs), 5))
+    assert [type(r).__name__ for r in store.applied] == ["IndexedChunk", "IndexedChunk",
+                                                         "IndexedDoc"]
+    (letter,) = [decode(v, DeadLetter) for v in letters.letters]
+    assert letter.offset == 99 and letter.error_field == "vector"
+    assert "7 values" in letter.reason and "4-dimensional" in letter.reason
+    assert store.offsets == {0: 100} and p.stats["replica_refused"] == 1

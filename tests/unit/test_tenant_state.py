@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
+
 from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef, KbChange
 from schemas.topics import kb_key, split_kb_key
@@ -69,3 +71,31 @@ def test_the_default_tenant_keeps_its_older_keys_and_recovery_reads_both() -> No
 def test_a_doc_link_from_before_tenants_reads_as_the_default_tenant() -> None:
     old = DocLink.model_validate_json(json.dumps({"doc_id": "d.md", "prefix_hash": PA}))
     assert old.tenant == "default"
+
+
+def test_document_keys_never_collide_across_tenants():
+    """The defect: doc_key joined tenant and doc id with U+001F, which ids may hold, so
+    ("a", "b\\x1fc") and ("a\\x1fb", "c") shared a key (state, links, partition), and so
+    did ("default", "a\\x1fb") and ("a", "b")."""
+    from pydantic import ValidationError
+
+    from schemas import KbChange
+
+    pairs = [("a", "b\x1fc"), ("default", "a\x1fb"), ("a", "b"), ("default", "b\x1fc"),
+             ("default", "a"), ("b", "a")]
+    keys = [doc_key(t, d) for t, d in pairs]
+    assert len(set(keys)) == len(pairs)
+    assert [split_kb_key(k) for k in keys] == pairs
+    with pytest.raises(ValidationError, match="tenant"):
+        KbChange(op="delete", doc_id="c", version=1, tenant="a\x1fb")
+    with pytest.raises(ValueError, match="U\\+001F"):
+        doc_key("a\x1fb", "c")
+
+
+def test_synthetic_warmup_keys_documents_unambiguously():
+    from streams.synthetic import DocCandidate, doc_key_of
+
+    def key(tenant: str, doc_id: str) -> str:
+        return doc_key_of(DocCandidate(tenant=tenant, doc_id=doc_id, refs=()))
+
+    assert key("a", "b\x00c") != key("a\x00b", "c")
