@@ -56,10 +56,10 @@ class LazyGroup(click.Group):
         try:
             return getattr(importlib.import_module(module), attr)
         except ModuleNotFoundError as exc:
-            extra = EXTRAS.get(cmd_name, "all")
-            raise click.ClickException(
-                f"`ragwarm {cmd_name}` needs {exc.name}, which this install lacks: "
-                f"pip install 'ragwarm[{extra}]'") from None
+            from ragwarm.cli.extras import install_hint
+
+            raise click.ClickException(install_hint(
+                cmd_name, EXTRAS.get(cmd_name, "all"), exc.name or str(exc))) from None
 
 
 # Commands that run whatever the environment holds: `config` lists and checks it.
