@@ -26,6 +26,7 @@ pytestmark = pytest.mark.integration
 DOCS = ("docs/faq.md",)
 QUESTION = "I forgot the admin password, how do I reset it?"
 KEY = "sk-ragwarm-test"
+ANSWER_TOKENS = 12  # long enough to hold a stop sequence, short on two shared CPU cores
 
 
 def start_gateway(workdir, app, bootstrap: str, namespace: str) -> Proc:
@@ -42,6 +43,7 @@ def start_gateway(workdir, app, bootstrap: str, namespace: str) -> Proc:
     return proc
 
 
+@pytest.mark.timeout(1200)  # a stack, then ten requests on the real model
 def test_the_openai_sdk_gets_warm_answers_through_the_gateway(
     kafka_bootstrap, kafka_producer, namespace, streams_factory, worker_factory, tmp_path
 ):
@@ -133,7 +135,7 @@ def stop_at_sequences_and_answer_an_alias(client: OpenAI, base_url: str) -> None
     assert names[1:] == ["gpt-4o-mini", "gpt-4o"]
     messages = [{"role": "user", "content": QUESTION}]
     full = client.chat.completions.create(model="gpt-4o-mini", messages=messages,
-                                          max_tokens=32, temperature=0)
+                                          max_tokens=ANSWER_TOKENS, temperature=0)
     assert full.model == "gpt-4o-mini" and full.choices[0].message.content
     text = full.choices[0].message.content
     # A stop sequence the greedy answer surely holds, beside "\n" (which it may not).
@@ -141,16 +143,17 @@ def stop_at_sequences_and_answer_an_alias(client: OpenAI, base_url: str) -> None
     stops = ["\n", middle]
     expected = text[:min(i for i in (text.find(s) for s in stops) if i >= 0)]
     stopped = client.chat.completions.create(model="gpt-4o-mini", messages=messages,
-                                             max_tokens=32, temperature=0, stop=stops)
+                                             max_tokens=ANSWER_TOKENS, temperature=0,
+                                             stop=stops)
     assert stopped.choices[0].message.content == expected
     assert stopped.choices[0].finish_reason == "stop" and "\n" not in expected
     chunks = list(client.chat.completions.create(
-        model=names[0], messages=messages, max_tokens=32, temperature=0, stop=stops,
+        model=names[0], messages=messages, max_tokens=ANSWER_TOKENS, temperature=0, stop=stops,
         stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
-    completion = client.completions.create(model="gpt-4o", prompt=QUESTION, max_tokens=32,
-                                           temperature=0, stop=["\n"])
+    completion = client.completions.create(model="gpt-4o", prompt=QUESTION,
+                                           max_tokens=ANSWER_TOKENS, temperature=0, stop=["\n"])
     assert "\n" not in completion.choices[0].text
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=names[0], messages=messages, top_p=0.5)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ragwarm.cli import COMMANDS, EXTRAS
-from ragwarm.cli.extras import extra_for, extras_with
+from ragwarm.cli.extras import extra_for, extras_with, missing_distributions, required_by
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = {"ragwarm", "rag", "streams", "workers", "schemas"}
@@ -97,6 +97,17 @@ def test_the_hint_names_an_extra_that_brings_the_module() -> None:
     assert extra_for("all", "torch", REQUIRES) == "all"
     assert extra_for("client", "somewhere_else", REQUIRES) == "client"
     assert extra_for("client", "torch", None) == "client"
+
+
+def test_a_role_without_its_extra_is_refused_with_the_missing_distributions() -> None:
+    requires = [*REQUIRES, 'ragwarm[client,worker]; extra == "bench"',
+                'matplotlib>=3.11; extra == "bench"', 'ragwarm[bench]; extra == "all"']
+    assert required_by("bench", requires) == [
+        "matplotlib", "transformers", "aiohttp", "torch", "prometheus-client"]
+    assert required_by("all", requires) == required_by("bench", requires)
+    client_only = {"transformers", "aiohttp", "prometheus-client"}
+    assert missing_distributions("worker", requires, client_only.__contains__) == ["torch"]
+    assert missing_distributions("client", requires, client_only.__contains__) == []
 
 
 def test_the_client_extra_brings_what_the_gateway_needs() -> None:
