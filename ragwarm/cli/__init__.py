@@ -37,6 +37,9 @@ COMMANDS: dict[str, str] = {
 EXTRAS: dict[str, str] = {"worker": "worker", "streams": "streams", "bench": "bench",
                           "query": "client", "gateway": "client", "models": "worker",
                           "demo": "all", "replay": "bench"}
+# Commands with an extra whose sub-commands also serve other installs (`models status`;
+# `models fetch` checks what it needs itself).
+ANY_EXTRA = frozenset({"models"})
 
 
 class LazyGroup(click.Group):
@@ -62,13 +65,19 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module, _, attr = target.partition(":")
+        if cmd_name in EXTRAS and cmd_name not in ANY_EXTRA:
+            from ragwarm.cli.extras import check_extra
+
+            problem = check_extra(cmd_name, EXTRAS[cmd_name])
+            if problem is not None:
+                raise click.ClickException(problem)
         try:
             return getattr(importlib.import_module(module), attr)
         except ModuleNotFoundError as exc:
-            extra = EXTRAS.get(cmd_name, "all")
-            raise click.ClickException(
-                f"`ragwarm {cmd_name}` needs {exc.name}, which this install lacks: "
-                f"pip install 'ragwarm[{extra}]'") from None
+            from ragwarm.cli.extras import install_hint
+
+            raise click.ClickException(install_hint(
+                cmd_name, EXTRAS.get(cmd_name, "all"), exc.name or str(exc))) from None
 
 
 # ctx.meta key: whether the sub-command was asked for --json.

@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import click
@@ -24,13 +24,16 @@ from ragwarm.gateway.protocol import (
     CompletionRequest,
     GatewayError,
     Keys,
+    Limits,
     Reply,
+    Served,
     models_body,
     parse_request,
     sse,
     tenant_for,
 )
 from ragwarm.gateway.settings import GatewaySettings
+from ragwarm.gateway.stops import StopCut
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,15 @@ class GatewayState:
                     self.settings.operator_key.get_secret_value()
                     if self.settings.operator_key else None,
                     self.settings.tenant_header, self.client_settings.tenant)
+
+    @property
+    def served(self) -> Served:
+        return Served(self.model_id, tuple(self.settings.model_aliases))
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.settings.max_tokens, self.settings.max_question_chars,
+                      self.client_settings.temperature)
 
     def live_client(self) -> AsyncRagClient:
         if self.client is None:
@@ -136,13 +148,19 @@ class Handlers:
             return json_response({"status": "not ready", "reason": self.state.not_ready}, 503)
         return json_response({"status": "ready", "model": self.state.model_id})
 
+    async def health(self, request: web.Request) -> web.Response:
+        """vLLM's `/health`: 200 with no body once requests can be answered."""
+        if self.state.client is None:
+            return json_response({"status": "not ready", "reason": self.state.not_ready}, 503)
+        return web.Response(status=200)
+
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.state.metrics.render(),
                             headers={"Content-Type": CONTENT_TYPE})
 
     async def models(self, request: web.Request) -> web.Response:
         tenant_for(self.state.keys, request.headers)
-        return json_response(models_body(self.state.model_id, self.state.started))
+        return json_response(models_body(self.state.served, self.state.started))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._answer(request, ChatRequest, chat=True)
@@ -154,17 +172,20 @@ class Handlers:
                       chat: bool) -> web.StreamResponse:
         tenant = tenant_for(self.state.keys, request.headers)
         body = await _json(request)
-        req = parse_request(kind, body, self.state.model_id, self.state.settings.max_tokens)
+        req = parse_request(kind, body, self.state.served, self.state.limits)
         client = self.state.live_client()
         started = time.perf_counter()  # the answer's time to first token counts retrieval
         prepared = await client.prepare(req.question(), tenant)
-        reply = Reply.new(chat, self.state.model_id)
+        reply = Reply.new(chat, req.model)  # an alias is answered under its own name (vLLM)
         if req.stream:
             return await _stream(request, self.state, prepared, req, reply, started)
         answer = await client.ask(prepared, req.token_limit(), started=started,
                                   temperature=req.temperature)
         self.state.metrics.answered(answer, stream=False)
-        return json_response(reply.body(answer))
+        cut = StopCut(req.stops())
+        text = cut.cut(answer.text)
+        return json_response(reply.body(replace(
+            answer, text=text, finish_reason=cut.finish_reason(answer.finish_reason))))
 
 
 async def _stream(request: web.Request, state: GatewayState, prepared: PreparedQuery,
@@ -177,15 +198,20 @@ async def _stream(request: web.Request, state: GatewayState, prepared: PreparedQ
     if reply.chat:
         await response.write(sse(reply.chunk("", role=True)))
 
+    cut = StopCut(req.stops())
+
     async def forward(text: str) -> None:
-        await response.write(sse(reply.chunk(text)))
+        if out := cut.feed(text):
+            await response.write(sse(reply.chunk(out)))
 
     try:
         answer: Answer = await state.live_client().ask(
             prepared, req.token_limit(), forward, started, temperature=req.temperature,
             restart_on_retry=False)
         state.metrics.answered(answer, stream=True)
-        await response.write(sse(reply.chunk("", answer.finish_reason)))
+        if rest := cut.flush():
+            await response.write(sse(reply.chunk(rest)))
+        await response.write(sse(reply.chunk("", cut.finish_reason(answer.finish_reason))))
         if req.include_usage:
             await response.write(sse(reply.usage_chunk(answer)))
     except PartialAnswerLost as exc:
@@ -228,6 +254,7 @@ def build_app(state: GatewayState) -> web.Application:
     app[STATE] = state
     h = Handlers(state)
     app.add_routes([
+        web.get("/health", h.health),
         web.get("/health/live", h.live),
         web.get("/health/ready", h.ready),
         web.get("/metrics", h.metrics),

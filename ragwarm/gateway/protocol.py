@@ -8,13 +8,14 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ragwarm.client.rag import Answer
 
 DONE = b"data: [DONE]\n\n"
+MAX_STOPS = 4  # OpenAI's limit on stop sequences
 
 
 class GatewayError(Exception):
@@ -40,17 +41,29 @@ class StreamOptions(BaseModel):
 
 
 class _Request(BaseModel):
-    # The SDKs send many optional fields (user, seed, metadata…); unknown ones are ignored.
+    # The SDKs send many optional fields (user, metadata…); unknown ones are ignored, but
+    # every field that changes the answer is either honoured or refused (`check_sampling`).
     model_config = ConfigDict(extra="ignore")
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(default=None, max_length=MAX_STOPS)
     tools: list[Any] | None = None
+    question_field: ClassVar[str]  # the field the question comes from, named in refusals
+
+    def question(self) -> str:
+        raise NotImplementedError
 
     @property
     def include_usage(self) -> bool:
@@ -59,6 +72,9 @@ class _Request(BaseModel):
     def token_limit(self) -> int | None:
         """The most tokens to generate, from whichever field the API names it by."""
         return self.max_tokens
+
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
 
 class TextPart(BaseModel):
@@ -85,6 +101,7 @@ class ChatRequest(_Request):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    question_field: ClassVar[str] = "messages"
 
     def question(self) -> str:
         users = [m.text().strip() for m in self.messages if m.role == "user"]
@@ -101,6 +118,7 @@ class CompletionRequest(_Request):
     """`POST /v1/completions`: the prompt is the question (a batch of one is unwrapped)."""
 
     prompt: str | list[str]
+    question_field: ClassVar[str] = "prompt"
 
     def question(self) -> str:
         prompt = self.prompt
@@ -114,7 +132,34 @@ class CompletionRequest(_Request):
         return prompt.strip()
 
 
-def parse_request(model: type[_Request], body: Any, model_id: str, max_tokens: int) -> Any:
+@dataclass(frozen=True)
+class Served:
+    """The model the gateway serves and the other names it answers to (aliases)."""
+
+    model_id: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.model_id, *(a for a in self.aliases if a != self.model_id))
+
+    def check(self, name: str) -> None:
+        if name not in self.names:
+            known = ", ".join(f"`{n}`" for n in self.names)
+            raise GatewayError(404, f"The model `{name}` does not exist; this gateway serves "
+                               f"{known}", code="model_not_found", param="model")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one request, and the temperature used when a request gives none."""
+
+    max_tokens: int
+    max_question_chars: int
+    default_temperature: float = 0.0
+
+
+def parse_request(model: type[_Request], body: Any, served: Served, limits: Limits) -> Any:
     """Validate a body; refuse what the gateway does not implement, with the field named."""
     if not isinstance(body, dict):
         raise GatewayError(400, "the request body must be a JSON object")
@@ -125,17 +170,56 @@ def parse_request(model: type[_Request], body: Any, model_id: str, max_tokens: i
         loc = ".".join(str(p) for p in err.get("loc", ()))
         raise GatewayError(400, f"{loc or 'body'}: {err.get('msg', 'invalid')}",
                            param=loc or None) from None
-    if req.model != model_id:
-        raise GatewayError(404, f"The model `{req.model}` does not exist; this gateway serves "
-                           f"`{model_id}`", code="model_not_found", param="model")
-    if req.stop:
-        raise GatewayError(400, "stop sequences are not supported", param="stop")
+    served.check(req.model)
     if req.tools:
         raise GatewayError(400, "tools are not supported", param="tools")
-    if (req.token_limit() or 0) > max_tokens:
+    if any(not s for s in req.stops()):
+        raise GatewayError(400, "a stop sequence is empty", param="stop")
+    check_sampling(req, limits.default_temperature)
+    if (req.token_limit() or 0) > limits.max_tokens:
         raise GatewayError(400, f"max_tokens={req.token_limit()} exceeds this gateway's limit "
-                           f"of {max_tokens}", param="max_tokens")
+                           f"of {limits.max_tokens}", param="max_tokens")
+    question = req.question()
+    if len(question) > limits.max_question_chars:
+        raise GatewayError(400, f"the question has {len(question)} characters, more than this "
+                           f"gateway's limit of {limits.max_question_chars}",
+                           param=req.question_field, code="question_too_long")
     return req
+
+
+def check_sampling(req: _Request, default_temperature: float) -> None:
+    """Sampling fields the workers cannot honour are refused unless they change nothing.
+
+    The workers sample with temperature only (no nucleus, penalties, bias, log
+    probabilities, or seed), so `top_p=1`, zero penalties, `logprobs=false` and a seed at
+    temperature 0 (greedy: every answer is the same, whatever the seed) are accepted.
+    """
+    temperature = default_temperature if req.temperature is None else req.temperature
+    refusals = {
+        "top_p": req.top_p is not None and req.top_p < 1.0,
+        "seed": req.seed is not None and temperature > 0,
+        "logprobs": req.logprobs is not None and req.logprobs is not False,
+        "top_logprobs": bool(req.top_logprobs),
+        "frequency_penalty": bool(req.frequency_penalty),
+        "presence_penalty": bool(req.presence_penalty),
+        "logit_bias": bool(req.logit_bias),
+    }
+    for param, refused in refusals.items():
+        if refused:
+            raise GatewayError(400, f"{param}={getattr(req, param)!r} is not supported: "
+                               f"{UNSUPPORTED[param]}", param=param,
+                               code="unsupported_parameter")
+
+
+UNSUPPORTED = {
+    "top_p": "the workers sample from the whole distribution; use temperature",
+    "seed": "the workers cannot seed sampling; use temperature 0 for reproducible answers",
+    "logprobs": "the workers return no log probabilities",
+    "top_logprobs": "the workers return no log probabilities",
+    "frequency_penalty": "the workers apply no penalties",
+    "presence_penalty": "the workers apply no penalties",
+    "logit_bias": "the workers apply no logit bias",
+}
 
 
 # --- tenants -------------------------------------------------------------------------------
@@ -176,7 +260,8 @@ def _bearer(value: str) -> str:
 
 
 def _same(given: str, expected: str) -> bool:
-    return hmac.compare_digest(given.encode(), expected.encode())
+    # An empty configured key would match a request that sends none (no header, "Bearer ").
+    return bool(expected) and hmac.compare_digest(given.encode(), expected.encode())
 
 
 # --- responses -----------------------------------------------------------------------------
@@ -252,6 +337,8 @@ def sse(body: Mapping[str, Any]) -> bytes:
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
-def models_body(model_id: str, created: int) -> dict[str, Any]:
+def models_body(served: Served, created: int) -> dict[str, Any]:
+    """`/v1/models`: the served model and each alias, as vLLM lists its served names."""
     return {"object": "list", "data": [
-        {"id": model_id, "object": "model", "created": created, "owned_by": "ragwarm"}]}
+        {"id": name, "object": "model", "created": created, "owned_by": "ragwarm",
+         "root": served.model_id} for name in served.names]}

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.integration
 DOCS = ("docs/faq.md",)
 QUESTION = "I forgot the admin password, how do I reset it?"
 KEY = "sk-ragwarm-test"
+ANSWER_TOKENS = 12  # long enough to hold a stop sequence, short on two shared CPU cores
 
 
 def start_gateway(workdir, app, bootstrap: str, namespace: str) -> Proc:
@@ -33,6 +34,7 @@ def start_gateway(workdir, app, bootstrap: str, namespace: str) -> Proc:
     env = {"RAGWARM_CLIENT_STREAMS_URL": app.url, "RAGWARM_KAFKA_BOOTSTRAP": bootstrap,
            "RAGWARM_KAFKA_TOPIC_PREFIX": namespace,
            "RAGWARM_GATEWAY_KEYS": json.dumps({"default": KEY}),
+           "RAGWARM_GATEWAY_MODEL_ALIASES": "gpt-4o-mini,gpt-4o",
            "RAGWARM_CLIENT_MAX_TOKENS": "4"}
     proc = Proc("gateway", ["gateway", "--port", str(port)], workdir,
                 f"http://127.0.0.1:{port}/health/ready", env)
@@ -41,6 +43,7 @@ def start_gateway(workdir, app, bootstrap: str, namespace: str) -> Proc:
     return proc
 
 
+@pytest.mark.timeout(1200)  # a stack, then ten requests on the real model
 def test_the_openai_sdk_gets_warm_answers_through_the_gateway(
     kafka_bootstrap, kafka_producer, namespace, streams_factory, worker_factory, tmp_path
 ):
@@ -59,8 +62,9 @@ def test_the_openai_sdk_gets_warm_answers_through_the_gateway(
     gateway = start_gateway(tmp_path, app, kafka_bootstrap, namespace)
     try:
         base_url = gateway.health_url.removesuffix("/health/ready") + "/v1"
-        ask_twice_stream_and_refuse(OpenAI(base_url=base_url, api_key=KEY, max_retries=0),
-                                    base_url, kafka_bootstrap, namespace)
+        client = OpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+        ask_twice_stream_and_refuse(client, base_url, kafka_bootstrap, namespace)
+        stop_at_sequences_and_answer_an_alias(client, base_url)
     finally:
         gateway.stop()
     streams = scrape(app.url)
@@ -123,3 +127,35 @@ def ask_twice_stream_and_refuse(client: OpenAI, base_url: str, bootstrap: str,
     assert gateway[("ragwarm_gateway_cached_tokens_total", ())] >= 2 * cached
     assert gateway[("ragwarm_gateway_retrieval_duration_seconds_count", ())] == 4
     assert gateway[("ragwarm_gateway_failovers_total", ())] == 0
+
+
+def stop_at_sequences_and_answer_an_alias(client: OpenAI, base_url: str) -> None:
+    """`stop` cuts the answer where the SDK asked; an alias of the model gets an answer."""
+    assert httpx.get(base_url.removesuffix("/v1") + "/health", timeout=10).status_code == 200
+    names = [m.id for m in client.models.list().data]
+    assert names[1:] == ["gpt-4o-mini", "gpt-4o"]
+    messages = [{"role": "user", "content": QUESTION}]
+    full = client.chat.completions.create(model="gpt-4o-mini", messages=messages,
+                                          max_tokens=ANSWER_TOKENS, temperature=0)
+    assert full.model == "gpt-4o-mini" and full.choices[0].message.content
+    text = full.choices[0].message.content
+    # A stop sequence the greedy answer surely holds, beside "\n" (which it may not).
+    middle = text[len(text) // 2:len(text) // 2 + 2]
+    stops = ["\n", middle]
+    expected = text[:min(i for i in (text.find(s) for s in stops) if i >= 0)]
+    stopped = client.chat.completions.create(model="gpt-4o-mini", messages=messages,
+                                             max_tokens=ANSWER_TOKENS, temperature=0,
+                                             stop=stops)
+    assert stopped.choices[0].message.content == expected
+    assert stopped.choices[0].finish_reason == "stop" and "\n" not in expected
+    chunks = list(client.chat.completions.create(
+        model=names[0], messages=messages, max_tokens=ANSWER_TOKENS, temperature=0, stop=stops,
+        stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    completion = client.completions.create(model="gpt-4o", prompt=QUESTION,
+                                           max_tokens=ANSWER_TOKENS, temperature=0, stop=["\n"])
+    assert "\n" not in completion.choices[0].text
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=names[0], messages=messages, top_p=0.5)
+    assert err.value.code == "unsupported_parameter" and err.value.param == "top_p"

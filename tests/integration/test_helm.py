@@ -126,6 +126,7 @@ def test_strimzi_topics_are_the_schema_topics(helm: str) -> None:
     assert set(topics) == {"prod." + name for name in TOPICS}
     for name, spec in TOPICS.items():
         got = topics["prod." + name]
+        assert got["apiVersion"] == "kafka.strimzi.io/v1"  # Strimzi >= 0.49
         assert got["spec"]["partitions"] == spec.partitions
         assert got["spec"]["config"] == spec.config
         assert re.fullmatch(r"[a-z0-9-]+", got["metadata"]["name"])

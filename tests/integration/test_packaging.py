@@ -1,5 +1,6 @@
 """A fresh venv with the base install (`pip install .`, not editable): the README's KbProducer
 sends an event, there is no torch or Faust, and `ragwarm kafka start` finds infra/ in the venv.
+Another with `[client]` alone runs the gateway's and the query's commands.
 """
 
 from __future__ import annotations
@@ -35,11 +36,20 @@ print("sent")
 @pytest.fixture(scope="module")
 def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv with `pip install .` of a copy of the checkout (base only, from pip's cache)."""
-    where = tmp_path_factory.mktemp("slim")
+    return _venv_with(tmp_path_factory.mktemp("slim"), str(ROOT))
+
+
+@pytest.fixture(scope="module")
+def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with `pip install '.[client]'` and nothing else."""
+    return _venv_with(tmp_path_factory.mktemp("client"), f"{ROOT}[client]")
+
+
+def _venv_with(where: Path, target: str) -> Path:
     venv.create(where / "venv", with_pip=True)
     pip = [str(where / "venv" / "bin" / "python"), "-m", "pip"]
     run = subprocess.run([*pip, "install", "--quiet", "--disable-pip-version-check",
-                          str(ROOT)], capture_output=True, text=True, timeout=900,
+                          target], capture_output=True, text=True, timeout=900,
                          cwd=where, env=_env())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return where / "venv"
@@ -97,3 +107,17 @@ def test_the_installed_launcher_starts_a_broker_from_the_packaged_infra(
     finally:
         stopped = _run(base_venv, "ragwarm", "kafka", "stop", timeout=60, **env)
     assert stopped.returncode == 0, stopped.stderr[-2000:]
+
+
+def test_the_client_extra_alone_runs_the_gateway_and_query_commands(client_venv: Path) -> None:
+    listed = _run(client_venv, "python", "-m", "pip", "list", "--format=freeze").stdout.lower()
+    for heavy in ("torch", "faust-streaming", "qdrant-client", "sentence-transformers"):
+        assert f"\n{heavy}==" not in "\n" + listed, heavy
+    for command in ("gateway", "query"):
+        run = _run(client_venv, "ragwarm", command, "--help")
+        assert run.returncode == 0 and "Usage:" in run.stdout, (command, run.stderr[-2000:])
+    worker = _run(client_venv, "ragwarm", "worker", "--help")
+    assert worker.returncode != 0 and "ragwarm[worker]" in worker.stderr
+    fetch = _run(client_venv, "ragwarm", "models", "fetch")
+    assert fetch.returncode != 0 and "torch" in fetch.stderr
+    assert "ragwarm[streams,worker]" in fetch.stderr
