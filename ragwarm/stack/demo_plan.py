@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rag.trace import Question, TraceEvent, split_initial
+from ragwarm.trace import Question, TraceEvent, split_initial
 
 # Before the edits a row's phase is what the cache held when it was asked (not the order of
 # asking: a question's second ask may already be warm); after them it is `after_edit`.

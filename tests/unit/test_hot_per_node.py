@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import WorkerEvent
 from streams import handlers
 from streams.fleet import MIN_HOT_PER_NODE, apply_worker_event, hot_targets
 from streams.records import WorkerState
+from streams.sim import run_sync
 from tests.unit.test_streams_handlers import P1, Port, pipeline, query
 
 

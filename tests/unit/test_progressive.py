@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import WorkerEvent
 from streams import handlers
 from streams.progressive import WARMUP_STEPS, next_step, step_shares, wave
 from streams.records import PrefixState, WorkerState
 from streams.settings import StreamsSettings
+from streams.sim import run_sync
 from tests.unit.test_streams_handlers import REFS, Port, pipeline
 
 

@@ -4,10 +4,10 @@ turn, kept the ops behind it waiting after a takeover)."""
 
 from __future__ import annotations
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef
 from streams import handlers, logic
 from streams.records import PrefixOp, PrefixState
+from streams.sim import run_sync
 from tests.unit.test_streams_handlers import P1, REFS, Port, pipeline, query
 
 NEW = [ChunkRef(chunk_id="d.md#0", content_hash="2" * 64)]

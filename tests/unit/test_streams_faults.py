@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import BaseModel
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import KbChange, SchemaError, WarmupCommand, WorkerEvent, deadletter, decode, encode
 from streams import faults, handlers
 from streams.logic import (
@@ -23,6 +22,7 @@ from streams.logic import (
 )
 from streams.records import DocLink, PrefixOp, PrefixState, WorkerState
 from streams.routes import BY_TYPE, ROUTES, route_for
+from streams.sim import run_sync
 from tests.unit.test_streams_handlers import P1, REFS, Port, pipeline
 
 # --- transient vs permanent --------------------------------------------------------------

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
 from streams import handlers, logic
 from streams.hot import HotPayload, HotTracker
 from streams.ports import WarmPrefix
 from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState, doc_key
 from streams.settings import StreamsSettings
+from streams.sim import run_sync
 
 P1 = "a" * 64
 REFS = [ChunkRef(chunk_id="d.md#0", content_hash="1" * 64)]

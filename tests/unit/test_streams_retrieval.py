@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef
 from streams import handlers, retrieval
 from streams.ports import WarmPrefix
+from streams.sim import run_sync
 from tests.unit.test_streams_handlers import Port, pipeline, query
 
 STALE = [ChunkRef(chunk_id="d.md#0", content_hash="0" * 64)]  # no longer current

@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef, KbChange
 from schemas.topics import kb_key, split_kb_key
 from streams import handlers
 from streams.records import DocLink, DocState, doc_key
 from streams.recovery import plan_reindex
+from streams.sim import run_sync
 from tests.unit.test_streams_handlers import Port, pipeline
 
 PA, PB = "a" * 64, "b" * 64

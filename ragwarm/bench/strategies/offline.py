@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragwarm.bench.stats import percentile
-from ragwarm.bench.strategies.cost import CostEngine, CostModel, fit_cost
 from ragwarm.bench.strategies.lanes import Lane, SimClock, open_lane
 from ragwarm.bench.strategies.lograg import LogRag, log_questions
 from ragwarm.bench.strategies.policies import policy_class
 from ragwarm.bench.strategies.settings import StrategySettings
-from ragwarm.bench.strategies.worker import make_cache
 from schemas import QueryEvent
+from streams.sim import SimRag
 from workers.blocks import BLOCK_SIZE
 from workers.eviction import DEFAULT_POLICY
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
+from workers.sim import CostEngine, CostModel, fit_cost, make_cache
 
 
 @dataclass
@@ -62,7 +62,8 @@ def evaluate(
                         kv_bytes_per_token=settings.streams.kv_bytes_per_token)
     rag = LogRag(ordered, tenant=settings.tenant, block_size=block_size, model=engine.model_id,
                  hasher=lambda ids, tenant: engine.block_hashes(ids, tenant=tenant))
-    lane = open_lane(cls, engine, clock, rag, settings, log_questions(ordered), ttft_runs=1)
+    lane = open_lane(cls, engine, clock, SimRag(rag, rag.doc_states), settings,
+                     log_questions(ordered), ttft_runs=1)
     times = _times(ordered)
     _yesterday(lane, rag, ordered, times, clock, settings.mean_gap_s)
     clock.now = 0.0

@@ -24,23 +24,29 @@ from rag.prompt import Prompt, PromptBuilder, canonical_order
 from rag.retrieve import Retriever
 from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
-from rag.trace import Question, TraceEvent
 from ragwarm.bench.strategies import workload as wl
-from ragwarm.bench.strategies.cost import CostEngine, CostModel
-from ragwarm.bench.strategies.lanes import Lane, SimClock, StoreRag, open_lane
+from ragwarm.bench.strategies.lanes import Lane, SimClock, open_lane, store_rag
 from ragwarm.bench.strategies.policies import policy_class, policy_names
 from ragwarm.bench.strategies.records import QueryRow, Span, reuse_check
 from ragwarm.bench.strategies.restart import restart_step
 from ragwarm.bench.strategies.settings import StrategySettings
 from ragwarm.bench.strategies.tiered import open_sim_tier
-from ragwarm.bench.strategies.worker import MeasurementMemo, Measurements, SimAnswer, make_cache
 from ragwarm.rag_port import RagService
+from ragwarm.trace import Question, TraceEvent
 from schemas import KbChange, QueryEvent
 from schemas.prefix import PromptChain, prefix_chain
 from workers.chunk_kv import ChunkSpan
 from workers.engines.torch_engine import TorchEngine
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
 from workers.settings import WorkerSettings
+from workers.sim import (
+    CostEngine,
+    CostModel,
+    MeasurementMemo,
+    Measurements,
+    SimAnswer,
+    make_cache,
+)
 
 
 @dataclass
@@ -173,7 +179,7 @@ class Runner:
 
     def open_lanes(self, budget: Budget, past: Sequence[Question],
                    log: Sequence[tuple[float, Question]] = ()) -> None:
-        rag = StoreRag(self.rig.rag)
+        rag = store_rag(self.rig.rag)
         self.budget = budget
         for name in self.names:
             self.lanes[name] = open_lane(policy_class(name), self.engine_for(name), self.clock,

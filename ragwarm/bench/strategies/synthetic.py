@@ -14,10 +14,11 @@ from typing import ClassVar
 
 from ragwarm.bench.strategies.metrics import mean
 from ragwarm.bench.strategies.policies import PolicyContext
-from ragwarm.bench.strategies.streams_sim import StreamsPolicy, run_sync
+from ragwarm.bench.strategies.streams_policy import StreamsPolicy
 from schemas import QueryEvent
 from streams import synthesize
 from streams.records import PrefixState
+from streams.sim import run_sync
 from streams.synthetic import synthetic_hit
 
 

@@ -1,4 +1,4 @@
-"""A deterministic stand-in tokenizer for unit tests and tools that must not load a model."""
+"""Shared fakes of the unit tests: a stand-in tokenizer and the streams handlers' port and deps."""
 
 from __future__ import annotations
 
