@@ -19,6 +19,7 @@ from ragwarm.bench.strategies.lograg import LogRag, log_questions
 from ragwarm.bench.strategies.policies import policy_class
 from ragwarm.bench.strategies.settings import StrategySettings
 from schemas import QueryEvent
+from schemas.prefix import warm_hit
 from streams.sim import SimRag
 from workers.blocks import BLOCK_SIZE
 from workers.eviction import DEFAULT_POLICY
@@ -98,8 +99,7 @@ def _replay(lane: Lane, rag: LogRag, event: QueryEvent, at: float, clock: SimClo
     cached = served.result.cached_tokens
     ttft_ms = served.ttft_s * 1000
     lane.policy.served(rag.event(event, prompt, cached, ttft_ms))
-    aligned = event.prefix_tokens // rag.block_size * rag.block_size
-    return Outcome(event, cached, aligned > 0 and cached >= aligned, ttft_ms)
+    return Outcome(event, cached, warm_hit(cached, event.prefix_tokens, rag.block_size), ttft_ms)
 
 
 def summary(outcomes: Sequence[Outcome], cost: CostModel) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from schemas import KbChange, QueryEvent, WarmupCommand
+from schemas.prefix import prefix_kv_bytes
 from streams.logic import command_id
 
 if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run starts
@@ -49,8 +50,8 @@ class PolicyContext:
 
     def prefix_bytes(self, prefix: WarmPrefix) -> int:
         engine = self.worker.engine
-        blocks = len(prefix.token_ids) // engine.block_size
-        return blocks * engine.block_size * engine.kv_bytes_per_token
+        return prefix_kv_bytes(len(prefix.token_ids), engine.kv_bytes_per_token,
+                               engine.block_size)
 
 
 class Policy:
