@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from schemas import ChunkRef, QueryEvent, WarmupCommand, WorkerEvent
+from schemas.prefix import prefix_kv_bytes
 from workers.api import Limits
 from workers.cache import ChunkKey, PrefixCache, WarmupRefused
 from workers.chunk_kv import ChunkSpan
@@ -364,7 +365,8 @@ class CostEngine(PrefixEngine[int]):
     def _prefix_kv(self, tokens: list[int], hashes: list[str], tenant: str) -> tuple[int, int]:
         # Blocks are shared: whatever chain is cached is reused, whoever stored it.
         _, matched = self.cache.peek(hashes)
-        return len(tokens) * self.kv_bytes_per_token, len(tokens) - matched * self.block_size
+        nbytes = prefix_kv_bytes(len(tokens), self.kv_bytes_per_token, self.block_size)
+        return nbytes, len(tokens) - matched * self.block_size
 
     def _generate(self, request: Request) -> Iterator[GenerationStep]:
         start = time.perf_counter()
@@ -376,13 +378,14 @@ class CostEngine(PrefixEngine[int]):
         keep = request.keep
         if keep is not None and hashes and matched < len(hashes):
             n_tokens = len(hashes) * self.block_size
+            nbytes = prefix_kv_bytes(n_tokens, self.kv_bytes_per_token, self.block_size)
             try:
                 admitted, evicted = self.cache.admit(
                     tenant=request.tenant, hashes=hashes,
-                    nbytes=n_tokens * self.kv_bytes_per_token, chunk_refs=keep.chunk_refs,
+                    nbytes=nbytes, chunk_refs=keep.chunk_refs,
                     ttl_s=keep.ttl_s, kind="request",
                 )
-                stored = self._record(admitted, n_tokens * self.kv_bytes_per_token, evicted,
+                stored = self._record(admitted, nbytes, evicted,
                                       n_tokens - cached, start)
             except WarmupRefused:
                 stored = None  # the answer matters more than caching its prompt

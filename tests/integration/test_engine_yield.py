@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from ragwarm.models import fetch_llm
 from workers.api import Limits
 from workers.commands import NullSink
-from workers.engines.torch_engine import TorchEngine, load_torch_engine
+from workers.engines.torch_engine import TorchEngine
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
-from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -25,15 +23,13 @@ TEXT = ("The mill by the river grinds wheat in spring and barley in autumn; its 
 
 
 @pytest.fixture(scope="module")
-def engine() -> TorchEngine:
-    settings = WorkerSettings(device="cpu", threads=1, prefill_chunk_tokens=PASS)
-    return load_torch_engine(fetch_llm(), settings)
+def engine(load_engine: Callable[..., TorchEngine]) -> TorchEngine:
+    return load_engine(prefill_chunk_tokens=PASS)
 
 
 @pytest.fixture
 def runtime(engine: TorchEngine) -> Iterator[WorkerRuntime]:
-    engine.cache.clear()
-    engine.sync()
+    engine.reset()
     yield WorkerRuntime(
         engine, worker_id="w-yield", url="inproc://w-yield", sink=NullSink(),
         metrics=WorkerMetrics(worker_id="w-yield", model_name=engine.model_id),
@@ -120,8 +116,7 @@ def test_blocks_evicted_while_a_warmup_yielded_are_stored_again(runtime: WorkerR
 def test_a_warmup_finishes_under_back_to_back_requests(engine: TorchEngine) -> None:
     # Two clients keep the engine busy with requests; the warmup still gets a pass each
     # time it has waited the bound (0.2 s here), so it completes while they go on.
-    engine.cache.clear()
-    engine.sync()
+    engine.reset()
     metrics = WorkerMetrics(worker_id="w-busy", model_name=engine.model_id)
     runtime = WorkerRuntime(
         engine, worker_id="w-busy", url="inproc://w-busy", sink=NullSink(), metrics=metrics,

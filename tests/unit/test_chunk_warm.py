@@ -10,7 +10,7 @@ from streams.chunks import plan_ready_chunks, within_budget
 from streams.hot import HotPayload
 from streams.records import DocState, PrefixOp, doc_key
 from streams.sim import run_sync
-from tests.unit.test_streams_handlers import Port, pipeline
+from tests.unit.conftest import Port, pipeline
 
 OLD, NEW = "1" * 64, "2" * 64
 OPENING = [5, 6, 7]

@@ -7,7 +7,7 @@ from streams import handlers
 from streams.fleet import MIN_HOT_PER_NODE, apply_worker_event, hot_targets
 from streams.records import WorkerState
 from streams.sim import run_sync
-from tests.unit.test_streams_handlers import P1, Port, pipeline, query
+from tests.unit.conftest import P1, Port, pipeline, query
 
 
 def worker(wid: str, node: str | None, *, held=(), used=0, pinned=0, ready=True) -> WorkerState:

@@ -13,7 +13,7 @@ from streams.progressive import WARMUP_STEPS, next_step, step_shares, wave
 from streams.records import PrefixState, WorkerState
 from streams.settings import StreamsSettings
 from streams.sim import run_sync
-from tests.unit.test_streams_handlers import REFS, Port, pipeline
+from tests.unit.conftest import REFS, Port, pipeline
 
 
 def test_three_growing_steps_by_default() -> None:

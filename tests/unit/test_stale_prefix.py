@@ -8,7 +8,7 @@ from schemas import ChunkRef
 from streams import handlers, logic
 from streams.records import PrefixOp, PrefixState
 from streams.sim import run_sync
-from tests.unit.test_streams_handlers import P1, REFS, Port, pipeline, query
+from tests.unit.conftest import P1, REFS, Port, pipeline, query
 
 NEW = [ChunkRef(chunk_id="d.md#0", content_hash="2" * 64)]
 

@@ -23,7 +23,7 @@ from streams.logic import (
 from streams.records import DocLink, PrefixOp, PrefixState, WorkerState
 from streams.routes import BY_TYPE, ROUTES, route_for
 from streams.sim import run_sync
-from tests.unit.test_streams_handlers import P1, REFS, Port, pipeline
+from tests.unit.conftest import P1, REFS, Port, pipeline
 
 # --- transient vs permanent --------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from schemas import ChunkRef
 from streams import handlers, retrieval
 from streams.ports import WarmPrefix
 from streams.sim import run_sync
-from tests.unit.test_streams_handlers import Port, pipeline, query
+from tests.unit.conftest import Port, pipeline, query
 
 STALE = [ChunkRef(chunk_id="d.md#0", content_hash="0" * 64)]  # no longer current
 

@@ -11,7 +11,7 @@ from streams import handlers
 from streams.records import DocLink, DocState, doc_key
 from streams.recovery import plan_reindex
 from streams.sim import run_sync
-from tests.unit.test_streams_handlers import Port, pipeline
+from tests.unit.conftest import Port, pipeline
 
 PA, PB = "a" * 64, "b" * 64
 

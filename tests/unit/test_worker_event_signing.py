@@ -11,7 +11,7 @@ from streams import handlers
 from streams.logic import choose_worker
 from streams.records import WorkerState
 from streams.sim import run_sync
-from tests.unit.test_streams_handlers import Port, pipeline
+from tests.unit.conftest import Port, pipeline
 
 SECRET = b"workers-only"
 P1 = "c" * 64

@@ -190,6 +190,10 @@ class Engine(Protocol):
         """Free the KV of entries the cache no longer holds; returns the bytes freed."""
         ...
 
+    def reset(self) -> int:
+        """Drop every cached prefix and free its KV; returns the bytes freed."""
+        ...
+
     def memory(self) -> Memory: ...
 
     def tier_state(self) -> tuple[list[str], int]:
@@ -277,6 +281,11 @@ class PrefixEngine(ABC, Generic[H]):
     def sync(self) -> int:
         stale = [key for key in self._held if key not in self.cache]
         return sum(self._held_bytes(self._held.pop(key)) for key in stale)
+
+    def reset(self) -> int:
+        # A clean slate for a test or a benchmark step; `sync` so the KV goes with them.
+        self.cache.clear()
+        return self.sync()
 
     def memory(self) -> Memory:
         return Memory(used=self.cache.bytes_used, total=self.cache.budget.max_bytes)
