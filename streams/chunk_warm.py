@@ -32,6 +32,8 @@ class HandlerDeps(Protocol):
 
     def live_workers(self) -> list[WorkerState]: ...
 
+    def kv_bytes_per_token(self) -> int: ...
+
 
 async def warm_changed(
     p: HandlerDeps, change: KbChange, prior: DocState | None, new_chunks: Mapping[str, str],
