@@ -1,4 +1,5 @@
-"""The prefix contract: block-chain hashes of a prompt and the id of its warmable prefix.
+"""The prefix contract: block-chain hashes of a prompt, the id of its warmable prefix, and
+its measures (aligned tokens, KV bytes, a warm hit).
 
 Clients, the streams app, benchmarks and workers all hash prompts with these functions,
 so a prefix warmed from a KB event has the hash a later query's prompt starts with.
@@ -48,6 +49,24 @@ def block_hashes(
         parent = hashlib.sha256(parent + data).digest()[: HASH_CHARS // 2]
         hashes.append(parent.hex())
     return hashes
+
+
+def aligned_tokens(n_tokens: int, block_size: int = BLOCK_SIZE) -> int:
+    """The tokens of the full blocks among `n_tokens`: what a worker stores of a prefix
+    (a trailing partial block is neither hashed nor kept)."""
+    return n_tokens // block_size * block_size
+
+
+def prefix_kv_bytes(n_tokens: int, kv_bytes_per_token: int, block_size: int = BLOCK_SIZE) -> int:
+    """The KV bytes a prefix of `n_tokens` takes on a worker: its full blocks."""
+    return aligned_tokens(n_tokens, block_size) * kv_bytes_per_token
+
+
+def warm_hit(cached_tokens: int, prefix_tokens: int, block_size: int = BLOCK_SIZE) -> bool:
+    """Whether a query found its prefix warm: it took every full block of the prefix from
+    the cache. A prefix under one block has nothing to warm, so it is never a hit."""
+    aligned = aligned_tokens(prefix_tokens, block_size)
+    return aligned > 0 and cached_tokens >= aligned
 
 
 @dataclass(frozen=True)

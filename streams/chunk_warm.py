@@ -32,6 +32,8 @@ class HandlerDeps(Protocol):
 
     def live_workers(self) -> list[WorkerState]: ...
 
+    def kv_bytes_per_token(self) -> int: ...
+
 
 async def warm_changed(
     p: HandlerDeps, change: KbChange, prior: DocState | None, new_chunks: Mapping[str, str],
@@ -151,7 +153,7 @@ async def warm_ready(p: HandlerDeps, worker_id: str) -> None:
 def chunk_tokens_budget(p: HandlerDeps) -> int:
     """Tokens of chunk KV one change (or one ready worker) may warm: `chunk_warm_share` of
     the smallest ready worker's KV memory (every worker gets the same chunks)."""
-    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    per_token = p.kv_bytes_per_token()
     ready = [w.mem_total for w in p.live_workers() if w.ready]
     return int(p.settings.chunk_warm_share * min(ready, default=0)) // max(1, per_token)
 

@@ -127,6 +127,11 @@ class HandlerDeps:
     def __post_init__(self) -> None:
         self.asks = AskLog(self.settings.edit_hold_s)
 
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one token takes on the workers: as their `stored` events report it,
+        the setting until one has."""
+        return int(self.stats.get("kv_bytes_per_token") or self.settings.kv_bytes_per_token)
+
     async def blocking(self, fn: Callable, *args):
         if self.executor is None:
             return fn(*args)

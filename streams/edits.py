@@ -20,7 +20,7 @@ from streams.records import PrefixOp
 
 def rewarm_tokens(p: HandlerDeps) -> int:
     """Tokens of KV one KB change may re-warm into prefixes no worker holds any more."""
-    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    per_token = p.kv_bytes_per_token()
     memory = sum(w.mem_total for w in p.live_workers() if w.ready)
     return int(p.settings.edit_rewarm_share * memory) // max(1, per_token)
 
@@ -33,7 +33,7 @@ def older(p: HandlerDeps, dependents: Collection[str], recent: Sequence[logic.Ho
     skip = {c.prefix_hash for c in recent} | {op.prefix_hash for op in p.tracker.hot.values()}
     found = [logic.HotCandidate(h, s.count, s.tokens)
              for h, s in asks.often_asked(p.asks.seen, dependents, skip)]
-    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    per_token = p.kv_bytes_per_token()
     pinned = sum(w.pinned for w in p.live_workers() if w.ready)
     return found, max(0, rewarm_tokens(p) - pinned // max(1, per_token))
 

@@ -226,7 +226,7 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     await chunk_warm.warm_ready(p, event.worker_id)
     if not p.settings.track_queries:
         return
-    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    per_token = p.kv_bytes_per_token()
     # Room the hot set takes (its share at most); what it leaves unused is not kept empty.
     hot = sum(len(op.token_ids) for op in p.tracker.hot.values()) * per_token
     reserve = min(hot, int(p.settings.hot_share * event.mem_total_bytes))
@@ -275,7 +275,7 @@ async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
     local one) while they fit its share of the budget; least used first, so the worker's
     LRU evicts those before the ones most in use (they are unpinned)."""
     now = p.clock()
-    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    per_token = p.kv_bytes_per_token()
     tracked = [
         (h, PrefixState.model_validate(v))
         for h, v in list(p.tables.prefixes.items())
@@ -434,7 +434,7 @@ async def _plan_hot(p: HandlerDeps) -> None:
     ranked = p.tracker.ranked(now)
     ready = [w for w in p.live_workers() if w.ready]
     budget = int(p.settings.hot_share * sum(w.mem_total for w in ready) * p.owned_share())
-    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    per_token = p.kv_bytes_per_token()
     candidates = [logic.HotCandidate(h, c, pl.prefix_tokens) for h, c, pl in ranked]
     hot, cooled = logic.plan_hot_set(
         candidates, budget, per_token, p.tracker.hot, p.settings.hot_min_count

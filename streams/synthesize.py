@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from schemas import QueryEvent, WorkerEvent
-from schemas.prefix import BLOCK_SIZE
+from schemas.prefix import BLOCK_SIZE, prefix_kv_bytes, warm_hit
 from streams import logic
 from streams import synthetic as syn
 from streams.hot import HotTracker
@@ -39,6 +39,8 @@ class HandlerDeps(Protocol):
     async def blocking(self, fn: Callable, *args): ...
 
     def live_workers(self) -> list[WorkerState]: ...
+
+    def kv_bytes_per_token(self) -> int: ...
 
 
 async def on_kb_changed(p: HandlerDeps, prior: DocState | None, state: DocState,
@@ -79,7 +81,7 @@ async def request(p: HandlerDeps, c: syn.DocCandidate, why: str) -> int:
         p.stats["synthetic_skipped"] += 1
         return 0
     p.synthetic.last_at[syn.doc_key_of(c)] = p.clock()
-    per_token = p.stats.get("kv_bytes_per_token") or s.kv_bytes_per_token
+    per_token = p.kv_bytes_per_token()
     if not syn.sampling_fits(len(prompt.token_ids), s.synthetic_max_new_tokens, per_token,
                              workers[worker].mem_total, s.synthetic_share):
         p.stats["synthetic_over_share"] += 1  # the worker would refuse it
@@ -99,7 +101,7 @@ async def on_synthesized(p: HandlerDeps, event: WorkerEvent) -> None:
     if not p.settings.synthetic or not event.tenant:
         return
     tenant, now = event.tenant, p.clock()
-    per_token = p.stats.get("kv_bytes_per_token") or p.settings.kv_bytes_per_token
+    per_token = p.kv_bytes_per_token()
     prefixes: dict[str, WarmPrefix] = {}
     for question in event.questions:
         prefix = await p.blocking(p.rag.prefix_for_question, question, tenant)
@@ -110,7 +112,7 @@ async def on_synthesized(p: HandlerDeps, event: WorkerEvent) -> None:
     known = [h for h in prefixes if p.tables.prefixes.get(h)]
     row = p.tables.workers.get(event.worker_id) or {}
     cap = int(p.settings.synthetic_share * int(row.get("mem_total", 0)))
-    sizes = [(h, syn.prefix_bytes(len(w.token_ids), BLOCK_SIZE, per_token))
+    sizes = [(h, prefix_kv_bytes(len(w.token_ids), per_token, BLOCK_SIZE))
              for h, w in prefixes.items()]
     chosen = syn.choose_prefixes(sizes, held, known, now, cap)
     p.stats["synthetic_questions"] += len(event.questions)
@@ -135,7 +137,7 @@ def count_query(p: HandlerDeps, query: QueryEvent) -> None:
         return
     p.stats["first_asks"] += 1
     raw = p.tables.prefixes.get(query.prefix_hash) if query.prefix_hash else None
-    if raw and PrefixState.model_validate(raw).synthetic and syn.synthetic_hit(
+    if raw and PrefixState.model_validate(raw).synthetic and warm_hit(
         query.cached_tokens, query.prefix_tokens, BLOCK_SIZE
     ):
         p.stats["synthetic_first_hits"] += 1

@@ -192,21 +192,10 @@ def choose_prefixes(
     return out
 
 
-def prefix_bytes(n_tokens: int, block_size: int, kv_bytes_per_token: int) -> int:
-    """KV a warmed prefix takes on a worker: its full blocks."""
-    return n_tokens // block_size * block_size * kv_bytes_per_token
-
-
 def prune(held: dict[str, Held], now: float) -> None:
     """Forget the synthetic prefixes whose TTL has ended (their KV is no longer counted)."""
     for prefix_hash in [h for h, v in held.items() if v.expires_at <= now]:
         del held[prefix_hash]
-
-
-def synthetic_hit(cached_tokens: int, prefix_tokens: int, block_size: int) -> bool:
-    """Whether a query took its whole block-aligned prefix from the cache."""
-    aligned = prefix_tokens // block_size * block_size
-    return aligned > 0 and cached_tokens >= aligned
 
 
 def _ordinal(item: tuple[str, str]) -> tuple[str, int, str]:

@@ -248,10 +248,10 @@ def retrieve_cases(
     from rag.retrieve import Retriever
     from rag.settings import QdrantSettings, RagSettings
     from rag.store import ChunkStore
-    from rag.trace import TraceError, read_events, read_questions
     from ragwarm.bench.rag import judged_questions
     from ragwarm.bench.strategies.workload import split_trace
     from ragwarm.models import load_embedder
+    from ragwarm.trace import TraceError, read_events, read_questions
 
     try:
         initial, _ = split_trace(list(read_events(events_path)))

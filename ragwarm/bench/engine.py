@@ -120,8 +120,7 @@ def measure(engine: Any, prefix: list[int], suffix: list[int], runs: int) -> Row
             warm.append(w)
             floors.append(f)
             restores.append(r)
-    engine.cache.clear()
-    engine.sync()
+    engine.reset()
     return Row(
         prefix_tokens=len(prefix),
         suffix_tokens=len(suffix),
@@ -141,8 +140,7 @@ def restore_first_token(engine: Any, prompt: list[int]) -> tuple[float, int]:
     """Seconds to the first token with the prefix on the disk tier only, and the prompt
     tokens the answer reports cached."""
     # Off the device, still on disk: an explicit clear neither spills nor cuts.
-    engine.cache.clear()
-    engine.sync()
+    engine.reset()
     engine.tier.costs = RestoreCosts()  # measure the restore even where it would lose
     start = time.perf_counter()
     steps = engine.generate(prompt, max_tokens=1, tenant="bench")

@@ -372,8 +372,8 @@ def faults(events: Path, questions: Path, kills: int, seed: int, docs: int, edit
     """Replay edits under faults (kills, broker restart, store outage, moved host) and
     compare the end state with the trace's oracle. Defaults are a quick scale for a small
     machine: --docs 0 with --edits at least the trace's edit count replays all of it."""
-    from rag.trace import read_events, read_questions
     from ragwarm.models import llm_dir
+    from ragwarm.trace import read_events, read_questions
     from schemas import MAX_TEXT_BYTES
 
     def say(text: str) -> None:

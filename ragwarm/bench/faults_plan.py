@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from rag.trace import Question, TraceEvent, split_initial
+from ragwarm.trace import Question, TraceEvent, split_initial
 
 # Fault kinds, in the JSON's `faults` object. A host move is one of the streams kills: that
 # restart gets a fresh RAGWARM_HOME (empty disk, same app id).

@@ -21,6 +21,7 @@ import httpx
 
 from ragwarm.settings import TRACE_DIR, HomeSettings, KafkaSettings, ModelSettings
 from ragwarm.stack.procs import Proc
+from ragwarm.trace import trace_changes
 from schemas import KbChange, QueryEvent, WarmupCommand, WorkerEvent, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS, prefixed
 
@@ -212,13 +213,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def trace_changes(events: Path, limit: int | None) -> list[KbChange]:
-    from rag.trace import read_events
-
-    changes = [e.to_change() for e in read_events(events)]
-    return changes[:limit] if limit else changes
-
-
 def synthetic_queries(n: int, prefixes: int, seed: int, tenants: int = 1) -> list[QueryEvent]:
     """Zipf-popular prefix hashes, as a busy gateway would log them; prefix i belongs to
     tenant `synthetic-<i mod tenants>` (a tenant's records share a partition)."""
@@ -338,8 +332,8 @@ def pipeline(
     per stage is recorded as missed, with its reason, and the run goes on; the figures are
     printed all the same and the command then exits with status 1, as it does when no
     edit could be measured (no hot question warm, no chunk to edit)."""
-    from rag.trace import read_questions
     from ragwarm.kafka.local import LocalKafka
+    from ragwarm.trace import read_questions
 
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     kafka = KafkaSettings()

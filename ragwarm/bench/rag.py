@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from rag.trace import Question, TraceError, TraceEvent, read_events, read_questions, split_initial
+from ragwarm.trace import (
+    Question,
+    TraceError,
+    TraceEvent,
+    read_events,
+    read_questions,
+    split_initial,
+)
 
 if TYPE_CHECKING:
     from rag.chunking import Tokenizer

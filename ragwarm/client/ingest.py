@@ -18,10 +18,10 @@ import click
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from rag.trace import TraceError, TraceEvent, read_events, split_initial
 from ragwarm.client.producer import DeliveryFailure, KbProducer
 from ragwarm.kafka.common import KafkaUnreachable, quiet_client_logs
 from ragwarm.settings import KafkaSettings
+from ragwarm.trace import TraceError, TraceEvent, read_events, split_initial
 from schemas import MAX_TEXT_BYTES, KbChange
 from schemas.topics import KB_CHANGES, TOPICS
 

@@ -18,7 +18,6 @@ from typing import Any
 import click
 import httpx
 
-from rag.trace import TraceError, TraceEvent, read_events, read_questions
 from ragwarm.settings import TRACE_DIR, HomeSettings, KafkaSettings
 from ragwarm.stack.demo_plan import (
     DemoPlan,
@@ -34,6 +33,7 @@ from ragwarm.stack.demo_plan import (
     write_chart,
 )
 from ragwarm.stack.procs import Proc, operator_headers
+from ragwarm.trace import TraceError, TraceEvent, read_events, read_questions
 
 COLD_ASKS = 2  # asks that make a question hot (the streams app's hot_min_count)
 # A pause before each measured ask, so that neither worker's request runs while the stack

@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rag.trace import Question, TraceEvent, split_initial
+from ragwarm.trace import Question, TraceEvent, split_initial
+from schemas.prefix import warm_hit
 
 # Before the edits a row's phase is what the cache held when it was asked (not the order of
 # asking: a question's second ask may already be warm); after them it is `after_edit`.
@@ -88,7 +89,7 @@ def held(cached_tokens: int, prefix_tokens: int, block_size: int = 16) -> str:
     """What the cache held for an answer: nothing, part of the prefix, or all its full blocks."""
     if cached_tokens <= 0:
         return "cold"
-    if cached_tokens >= prefix_tokens // block_size * block_size:
+    if warm_hit(cached_tokens, prefix_tokens, block_size):
         return "warm"
     return "partial"
 

@@ -176,8 +176,8 @@ def test_model_free_takes_the_same_decisions_and_says_its_ttft_is_estimated(run,
     """The same command with `--model-free`: every policy that needs no tensors nor text
     from the model, on the cost engine; each query's hit and cached tokens are the real
     run's, and each TTFT is the cost model's estimate (labelled so), not a measurement."""
-    from ragwarm.bench.strategies.cost import DEFAULT_COST, CostModel
     from ragwarm.bench.strategies.policies import model_free
+    from workers.sim import DEFAULT_COST, CostModel
 
     folder = run["out"].parent
     out = tmp_path / "model-free"

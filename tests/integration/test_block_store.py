@@ -6,14 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from ragwarm.models import fetch_llm
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
 from workers.engines.base import GenerationResult, GenerationStep
-from workers.engines.torch_engine import TorchEngine, load_torch_engine
+from workers.engines.torch_engine import TorchEngine
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
-from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -41,15 +39,9 @@ class Sink:
         return None
 
 
-@pytest.fixture(scope="module")
-def engine() -> TorchEngine:
-    return load_torch_engine(fetch_llm(), WorkerSettings(device="cpu", threads=1))
-
-
 @pytest.fixture
 def runtime(engine: TorchEngine) -> Iterator[WorkerRuntime]:
-    engine.cache.clear()
-    engine.sync()
+    # `engine` (tests/integration/conftest.py) starts and ends empty.
     yield WorkerRuntime(
         engine,
         worker_id="w-blocks",
@@ -59,8 +51,6 @@ def runtime(engine: TorchEngine) -> Iterator[WorkerRuntime]:
         limits=Limits(4096, 8, 8192, engine.vocab_size),
         cache_requests=True,
     )
-    engine.cache.clear()
-    engine.sync()
 
 
 def ids(engine: TorchEngine, *parts: str) -> list[int]:

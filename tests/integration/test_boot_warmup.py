@@ -6,18 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from ragwarm.models import fetch_llm
 from workers.boot import warm_engine
 from workers.budgets import CPU_BANDWIDTH, boot_warmup_tokens
 from workers.engines.torch_engine import load_torch_engine
 from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def model_path() -> Path:
-    return fetch_llm()
 
 
 def test_the_engine_warms_the_seeds_amount_and_caches_nothing(model_path: Path) -> None:

@@ -4,7 +4,7 @@ prefix when chunk reuse is on, never when a request opts out or the chunk change
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -33,20 +33,16 @@ MAX_TOKENS = 4
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[TorchEngine]:
+def engine(load_engine: Callable[..., TorchEngine]) -> Iterator[TorchEngine]:
     # Share 1: every moved token is recomputed, so the blend must equal the full prefill.
-    settings = WorkerSettings(device="cpu", threads=1, chunk_reuse=True,
-                              chunk_recompute_share=1.0)
-    engine = load_torch_engine(fetch_llm(), settings)
+    engine = load_engine(chunk_reuse=True, chunk_recompute_share=1.0)
     yield engine
-    engine.cache.clear()
-    engine.sync()
+    engine.reset()
 
 
 @pytest.fixture
 def prompt(engine: TorchEngine) -> tuple[list[int], list[list[int]], list[ChunkSpan]]:
-    engine.cache.clear()
-    engine.sync()
+    engine.reset()
     opening = engine.tokenize(OPENING)
     chunks = [engine.tokenize(c) for c in CHUNKS]
     spans, start = [], len(opening)
@@ -83,8 +79,7 @@ def test_a_first_ask_reuses_its_warm_first_chunk_exactly_without_blending(
     steps = list(engine.generate(ids, max_tokens=MAX_TOKENS, tenant="t"))
     cold = steps[-1].result
     assert cold is not None and cold.cached_tokens == 0
-    engine.cache.clear()
-    engine.sync()
+    engine.reset()
     stored = engine.prefill_chunk(parts[0], parts[1], tenant="t", ref=REFS[0])
     assert stored.computed_tokens == stored.n_tokens  # opening and chunk, nothing cached
     result = list(engine.generate(ids, max_tokens=MAX_TOKENS, tenant="t", chunks=spans))[-1]
@@ -122,8 +117,7 @@ def test_blending_held_chunks_answers_like_the_full_prefill(engine: TorchEngine,
     ids, parts, spans = prompt
     cold, blended = _answer(engine, ids)
     assert blended == 0  # nothing held yet
-    engine.cache.clear()
-    engine.sync()
+    engine.reset()
     _warm_chunks(engine, parts)
     warm, blended = _answer(engine, ids, chunks=spans)
     assert blended > 0

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from ragwarm.models import fetch_llm
 from workers.api import Limits
 from workers.commands import NullSink
-from workers.engines.torch_engine import TorchEngine, load_torch_engine
+from workers.engines.torch_engine import TorchEngine
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
-from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -25,15 +23,13 @@ TEXT = ("The mill by the river grinds wheat in spring and barley in autumn; its 
 
 
 @pytest.fixture(scope="module")
-def engine() -> TorchEngine:
-    settings = WorkerSettings(device="cpu", threads=1, prefill_chunk_tokens=PASS)
-    return load_torch_engine(fetch_llm(), settings)
+def engine(load_engine: Callable[..., TorchEngine]) -> TorchEngine:
+    return load_engine(prefill_chunk_tokens=PASS)
 
 
 @pytest.fixture
 def runtime(engine: TorchEngine) -> Iterator[WorkerRuntime]:
-    engine.cache.clear()
-    engine.sync()
+    engine.reset()
     yield WorkerRuntime(
         engine, worker_id="w-yield", url="inproc://w-yield", sink=NullSink(),
         metrics=WorkerMetrics(worker_id="w-yield", model_name=engine.model_id),
@@ -120,8 +116,7 @@ def test_blocks_evicted_while_a_warmup_yielded_are_stored_again(runtime: WorkerR
 def test_a_warmup_finishes_under_back_to_back_requests(engine: TorchEngine) -> None:
     # Two clients keep the engine busy with requests; the warmup still gets a pass each
     # time it has waited the bound (0.2 s here), so it completes while they go on.
-    engine.cache.clear()
-    engine.sync()
+    engine.reset()
     metrics = WorkerMetrics(worker_id="w-busy", model_name=engine.model_id)
     runtime = WorkerRuntime(
         engine, worker_id="w-busy", url="inproc://w-busy", sink=NullSink(), metrics=metrics,
@@ -159,32 +154,3 @@ def test_a_warmup_finishes_under_back_to_back_requests(engine: TorchEngine) -> N
             t.join(30)
     overdue = metrics.registry.get_sample_value("ragwarm_worker_engine_overdue_turns_total")
     assert overdue is not None and overdue >= 1
-
-
-def test_bench_contention_reports_both_locks() -> None:
-    import json
-
-    from click.testing import CliRunner
-
-    from ragwarm.bench.contention import LOCKS, SATURATED_LOCKS, contention
-
-    fetch_llm()
-    args = ["--runs", "1", "--burst", "2", "--prefix", "64", "--question", "8", "--json",
-            "--device", "cpu"]
-    done = CliRunner().invoke(contention, args)
-    assert done.exit_code == 0, done.output
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (report["burst"], report["prefix_tokens"], report["question_tokens"]) == (2, 64, 8)
-    assert [r["lock"] for r in report["results"]] == list(LOCKS)
-    for row in report["results"]:
-        assert row["runs"] == 1 and 0 < row["alone_ms"] and 0 < row["ttft_ms"] <= row["ttft_max_ms"]
-        assert row["burst_ms"] > 0 and row["requests"] == 1
-    refused = CliRunner().invoke(contention, ["--burst", "0"])
-    assert refused.exit_code == 2 and "must be >= 1" in refused.output
-    # Saturated: clients send requests back to back; the lock without the bound is added.
-    done = CliRunner().invoke(contention, [*args, "--clients", "2", "--window", "3"])
-    assert done.exit_code == 0, done.output
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (report["clients"], report["window_s"]) == (2, 3.0)
-    assert [r["lock"] for r in report["results"]] == list(SATURATED_LOCKS)
-    assert all(r["requests"] > r["runs"] for r in report["results"])

@@ -17,9 +17,9 @@ from rag.index import Indexer, IndexResult
 from rag.retrieve import Retriever
 from rag.settings import QdrantSettings
 from rag.store import ChunkStore
-from rag.trace import TraceEvent, final_state, read_events, read_questions, split_initial
 from ragwarm.models import fetch_llm, load_embedder, load_tokenizer
 from ragwarm.settings import TRACE_DIR
+from ragwarm.trace import TraceEvent, final_state, read_events, read_questions, split_initial
 
 pytestmark = [
     pytest.mark.integration,

@@ -18,8 +18,8 @@ import time
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from ragwarm.bench.pipeline import trace_changes
 from ragwarm.settings import TRACE_DIR
+from ragwarm.trace import trace_changes
 from schemas import encode
 from schemas.topics import KB_CHANGES, kb_key
 from tests.integration.streams_proc import STARTED, StreamsApp

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from ragwarm.models import fetch_llm
 from workers.cache import PrefixCache
 from workers.engines.torch_engine import TorchEngine, load_torch_engine
 from workers.memory import Budget
@@ -17,11 +16,6 @@ from workers.settings import WorkerSettings
 pytestmark = pytest.mark.integration
 
 TEXT = "Argo CD syncs the live state of an application with the state kept in Git. " * 12
-
-
-@pytest.fixture(scope="module")
-def model_path() -> Path:
-    return fetch_llm()
 
 
 def _answer(engine: TorchEngine, prompt: list[int], tenant: str) -> tuple[tuple[int, ...], int]:

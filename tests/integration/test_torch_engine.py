@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from ragwarm.models import fetch_llm
 from ragwarm.settings import TRACE_DIR
 from workers.cache import PrefixCache
 from workers.engines.base import Engine, GenerationStep
@@ -26,31 +25,6 @@ FALLBACK_TEXT = (
 )
 QUESTION = "\nQuestion: What does Argo CD deploy? Answer:"
 MAX_TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def model_path() -> Path:
-    # Idempotent: returns at once when the copy is already there.
-    return fetch_llm()
-
-
-def _engine(path: Path, cache: PrefixCache | None = None) -> TorchEngine:
-    # One thread: the CPU is shared with the rest of the suite.
-    return load_torch_engine(path, WorkerSettings(device="cpu", threads=1), cache=cache)
-
-
-@pytest.fixture(scope="module")
-def shared_engine(model_path: Path) -> TorchEngine:
-    return _engine(model_path)
-
-
-@pytest.fixture
-def engine(shared_engine: TorchEngine) -> Iterator[TorchEngine]:
-    shared_engine.cache.clear()
-    shared_engine.sync()
-    yield shared_engine
-    shared_engine.cache.clear()
-    shared_engine.sync()
 
 
 @pytest.fixture(scope="module")
@@ -184,10 +158,12 @@ def test_invalidate_frees_the_kv_and_the_next_generate_misses(
     assert result is not None and result.cached_tokens == 0
 
 
-def test_eviction_by_the_budget_drops_the_kv(model_path: Path, doc_tokens: list[int]) -> None:
+def test_eviction_by_the_budget_drops_the_kv(
+    load_engine: Callable[..., TorchEngine], doc_tokens: list[int]
+) -> None:
     entry_bytes = 32 * 46080  # 32 tokens of SmolLM2-135M fp32 KV
     cache = PrefixCache(Budget(max_bytes=entry_bytes * 3 // 2, max_entries=8, warm_bytes=0))
-    small = _engine(model_path, cache=cache)
+    small = load_engine(cache=cache)
     assert small.kv_bytes_per_token == 46080
     first = small.prefill(doc_tokens[:32], tenant="t")
     second = small.prefill(doc_tokens[40:72], tenant="t")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from rag.trace import read_events, read_questions
 from ragwarm.cli.trace import trace
+from ragwarm.trace import read_events, read_questions
 
 pytestmark = pytest.mark.integration
 

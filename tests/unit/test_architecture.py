@@ -76,3 +76,30 @@ def test_function_sizes() -> None:
                 if size > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} {size}")
     assert not long, "functions over 60 lines:\n" + "\n".join(long)
+
+
+# The benchmarks' own tests; every other test reaches the simulation harness through
+# `streams.sim` and `workers.sim`, so the product's tests never depend on the benchmarks.
+BENCH_TESTS = ("test_bench_*.py", "test_strategies_*.py", "test_rag_bench.py")
+
+
+def _imports_bench(path: Path) -> list[int]:
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        if any(n == "ragwarm.bench" or n.startswith("ragwarm.bench.") for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_product_tests_do_not_import_the_benchmarks() -> None:
+    tests = ROOT / "tests"
+    bench = {p for pattern in BENCH_TESTS for p in tests.rglob(pattern)}
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted(tests.rglob("*.py")) if p not in bench
+             for n in _imports_bench(p)]
+    assert not found, "product tests importing ragwarm.bench:\n" + "\n".join(found)

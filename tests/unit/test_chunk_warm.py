@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef, KbChange, WorkerEvent
 from streams import handlers
 from streams.chunks import plan_ready_chunks, within_budget
 from streams.hot import HotPayload
 from streams.records import DocState, PrefixOp, doc_key
-from tests.unit.test_streams_handlers import Port, pipeline
+from streams.sim import run_sync
+from tests.unit.conftest import Port, pipeline
 
 OLD, NEW = "1" * 64, "2" * 64
 OPENING = [5, 6, 7]

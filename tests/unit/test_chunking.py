@@ -16,7 +16,7 @@ from rag.chunking import (
     normalize,
     split_chunk_id,
 )
-from rag.testing import WordTokenizer
+from tests.unit.conftest import WordTokenizer
 
 TOK = WordTokenizer()
 

@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rag.prompt import PromptBuilder
-from rag.testing import WordTokenizer
 from ragwarm.client.rag import RagClient, query_event
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import (
@@ -29,6 +28,7 @@ from ragwarm.client.wire import (
 )
 from schemas import QueryEvent, decode, encode
 from schemas.prefix import PromptChain, block_hashes
+from tests.unit.conftest import WordTokenizer
 
 HASH = "ab" * 32
 CHUNKS = [

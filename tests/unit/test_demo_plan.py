@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from rag.trace import Question, TraceEvent
 from ragwarm.stack.demo_plan import (
     Row,
     after_edit_state,
@@ -18,6 +17,7 @@ from ragwarm.stack.demo_plan import (
     table_lines,
     write_chart,
 )
+from ragwarm.trace import Question, TraceEvent
 
 T = datetime(2024, 1, 1, tzinfo=UTC)
 

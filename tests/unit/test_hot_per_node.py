@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import WorkerEvent
 from streams import handlers
 from streams.fleet import MIN_HOT_PER_NODE, apply_worker_event, hot_targets
 from streams.records import WorkerState
-from tests.unit.test_streams_handlers import P1, Port, pipeline, query
+from streams.sim import run_sync
+from tests.unit.conftest import P1, Port, pipeline, query
 
 
 def worker(wid: str, node: str | None, *, held=(), used=0, pinned=0, ready=True) -> WorkerState:

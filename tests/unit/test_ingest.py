@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from rag.trace import TraceEvent
 from ragwarm.client.ingest import (
     IngestReport,
     Skipped,
@@ -20,6 +19,7 @@ from ragwarm.client.ingest import (
     trace_events,
 )
 from ragwarm.client.producer import DeliveryFailure
+from ragwarm.trace import TraceEvent
 from schemas import MAX_TEXT_BYTES, KbChange
 
 

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import WorkerEvent
 from streams import handlers
 from streams.progressive import WARMUP_STEPS, next_step, step_shares, wave
 from streams.records import PrefixState, WorkerState
 from streams.settings import StreamsSettings
-from tests.unit.test_streams_handlers import REFS, Port, pipeline
+from streams.sim import run_sync
+from tests.unit.conftest import REFS, Port, pipeline
 
 
 def test_three_growing_steps_by_default() -> None:

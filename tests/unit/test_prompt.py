@@ -17,7 +17,7 @@ from rag.prompt import (
     canonical_order,
     chat_layout,
 )
-from rag.testing import WordTokenizer
+from tests.unit.conftest import WordTokenizer
 
 
 @dataclass(frozen=True)

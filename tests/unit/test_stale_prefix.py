@@ -4,11 +4,11 @@ turn, kept the ops behind it waiting after a takeover)."""
 
 from __future__ import annotations
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef
 from streams import handlers, logic
 from streams.records import PrefixOp, PrefixState
-from tests.unit.test_streams_handlers import P1, REFS, Port, pipeline, query
+from streams.sim import run_sync
+from tests.unit.conftest import P1, REFS, Port, pipeline, query
 
 NEW = [ChunkRef(chunk_id="d.md#0", content_hash="2" * 64)]
 

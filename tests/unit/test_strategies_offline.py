@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ragwarm.bench.strategies.cost import CostModel, fit_cost
 from ragwarm.bench.strategies.offline import evaluate, summary
 from ragwarm.bench.strategies.settings import StrategySettings
 from schemas import ChunkRef, QueryEvent
+from workers.sim import CostModel, fit_cost
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 PER_TOKEN = 1000

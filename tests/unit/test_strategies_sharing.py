@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from ragwarm.bench.strategies.cost import CostEngine, CostModel
 from ragwarm.bench.strategies.lanes import SimClock
-from ragwarm.bench.strategies.worker import MeasurementMemo, Measurements, SimWorker, make_cache
 from workers.memory import Budget
+from workers.sim import (
+    CostEngine,
+    CostModel,
+    MeasurementMemo,
+    Measurements,
+    SimWorker,
+    make_cache,
+)
 
 PROMPT = list(range(100))  # 6 full blocks of 16 and 4 tokens
 

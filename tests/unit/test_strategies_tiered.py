@@ -8,17 +8,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from rag.trace import Question, TraceEvent
 from ragwarm.bench.strategies import workload as wl
-from ragwarm.bench.strategies.cost import CostEngine, CostModel
 from ragwarm.bench.strategies.lanes import SimClock
 from ragwarm.bench.strategies.metrics import json_report, summarize
 from ragwarm.bench.strategies.policies import policy_class, policy_names
 from ragwarm.bench.strategies.records import QueryRow
 from ragwarm.bench.strategies.restart import restart_figures, restart_markdown, restart_step
 from ragwarm.bench.strategies.seedtable import SEED_000, seed_markdown, seed_rows
-from ragwarm.bench.strategies.worker import SimWorker, make_cache
+from ragwarm.trace import Question, TraceEvent
 from workers.memory import Budget
+from workers.sim import CostEngine, CostModel, SimWorker, make_cache
 
 Q = Question(qid="q1", question="how?")
 EDIT = TraceEvent(seq=1, timestamp=datetime(2026, 1, 1, tzinfo=UTC), op="upsert", doc_id="d")

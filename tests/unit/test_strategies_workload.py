@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag.trace import Question, TraceEvent
 from ragwarm.bench.strategies import workload as wl
+from ragwarm.trace import Question, TraceEvent
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 

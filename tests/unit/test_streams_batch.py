@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from schemas import KbChange
 from streams import batch
 from streams import handlers as h
-from tests.unit.test_streams_handlers import pipeline
+from tests.unit.conftest import pipeline
 
 
 class IndexPort:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from streams import catchup, handlers
 from streams.replica import ChunkReplica
-from tests.unit.test_streams_handlers import Port, pipeline
+from tests.unit.conftest import Port, pipeline
 from tests.unit.test_streams_replica import warm
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import WorkerEvent
 from streams import handlers as h
 from streams.agents import partition_of
 from streams.records import PrefixState, ReadyRewarm
-from tests.unit.test_streams_handlers import REFS, Port, pipeline
+from streams.sim import run_sync
+from tests.unit.conftest import REFS, Port, pipeline
 
 HASHES = [f"{i:064x}" for i in range(1, 13)]
 

@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import BaseModel
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import (
     KbChange,
     QueryEvent,
@@ -32,7 +31,8 @@ from streams.logic import (
 )
 from streams.records import DocLink, PrefixOp, PrefixState, WorkerState
 from streams.routes import BY_TYPE, ROUTES, route_for
-from tests.unit.test_streams_handlers import P1, REFS, Port, pipeline
+from streams.sim import run_sync
+from tests.unit.conftest import P1, REFS, Port, pipeline
 
 # --- transient vs permanent --------------------------------------------------------------
 
@@ -516,7 +516,7 @@ class _FlakyRows(dict):
 def _query_events(n: int) -> list:
     from types import SimpleNamespace
 
-    from tests.unit.test_streams_handlers import query
+    from tests.unit.conftest import query
 
     return [SimpleNamespace(message=SimpleNamespace(
         topic="rag.queries", partition=0, offset=i, key=None,

@@ -3,102 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import pytest
 
-from ragwarm.bench.strategies.streams_sim import run_sync
-from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
+from schemas import ChunkRef, KbChange, WorkerEvent
 from streams import handlers, logic
-from streams.hot import HotPayload, HotTracker
+from streams.hot import HotPayload
 from streams.ports import WarmPrefix
-from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState, doc_key
-from streams.settings import StreamsSettings
-
-P1 = "a" * 64
-REFS = [ChunkRef(chunk_id="d.md#0", content_hash="1" * 64)]
-
-
-class Port:
-    """A RAG port over a fixed set of current chunks, recording what it was asked."""
-
-    def __init__(self, current: dict[tuple[str, str], str]) -> None:
-        self.current = current  # (tenant, chunk id) -> content hash
-        self.calls: list[str] = []
-        self.tails: dict[str, list[int]] = {}  # question -> its tokens after the prefix
-
-    def index(self, change):
-        raise AssertionError("not used here")
-
-    def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
-        self.calls.append("prefix_for_question")
-        return None
-
-    def prefix_for_refs(self, refs: Sequence[ChunkRef], tenant: str) -> WarmPrefix | None:
-        self.calls.append("prefix_for_refs")
-        if not self.refs_current(refs, tenant):
-            return None
-        return WarmPrefix(prefix_hash=P1, token_ids=[7] * 32, chunk_refs=list(refs))
-
-    def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
-        return all(self.current.get((tenant, r.chunk_id)) == r.content_hash for r in refs)
-
-    def question_ids(self, question: str) -> list[int]:
-        return self.tails.get(question, [])
-
-    def search(self, question, tenant, k):
-        return []
-
-
-class Outbox:
-    def __init__(self) -> None:
-        self.ops: list[PrefixOp] = []
-        self.links: list[DocLink] = []
-        self.commands: list[WarmupCommand] = []
-        self.readies: list = []
-        self.pipeline: handlers.HandlerDeps | None = None
-
-    async def op(self, op: PrefixOp) -> None:
-        self.ops.append(op)
-
-    async def link(self, link: DocLink) -> None:
-        self.links.append(link)
-
-    async def command(self, cmd: WarmupCommand) -> None:
-        self.commands.append(cmd)
-
-    async def ready(self, req) -> None:
-        """One process holding every partition: the re-warm runs here at once."""
-        self.readies.append(req)
-        await handlers.on_ready_rewarm(self.pipeline, req)
-
-
-def pipeline(port: Port, now: float = 100.0, **settings) -> tuple[handlers.HandlerDeps, Outbox]:
-    out = Outbox()
-    tables = handlers.StreamTables(docs={}, doc_prefixes={}, prefixes={}, workers={})
-    worker = WorkerState(worker_id="w1", ready=True, mem_total=1000, last_seen=now)
-    tables.workers["w1"] = worker.model_dump(mode="json")
-    p = handlers.HandlerDeps(
-        tables=tables,
-        out=out,
-        rag=port,
-        settings=StreamsSettings(**settings),
-        tracker=HotTracker(600.0, 60.0),
-        clock=lambda: now,
-    )
-    out.pipeline = p
-    return p, out
-
-
-def query(question: str = "why?", tenant: str = "default") -> QueryEvent:
-    return QueryEvent(
-        tenant=tenant,
-        question=question,
-        chunk_refs=REFS,
-        prefix_hash=P1,
-        prefix_tokens=32,
-        prompt_tokens=40,
-    )
+from streams.records import DocState, PrefixOp, PrefixState, WorkerState, doc_key
+from streams.sim import run_sync
+from tests.unit.conftest import P1, REFS, Port, ask, edited, pipeline, query
 
 
 def test_a_new_query_prefix_is_registered_with_its_tokens():
@@ -448,25 +362,6 @@ def test_the_ask_an_edit_held_a_prefix_for_releases_it_and_an_unasked_hold_ends(
     assert (end.op, end.hold) == ("cool", True)
     run_sync(handlers.on_prefix_op(p, end))
     assert [c.op for c in out.commands] == ["release"]
-
-
-def ask(p: handlers.HandlerDeps, prefix_hash: str, question: str, at: float,
-          refs: Sequence[ChunkRef] = REFS) -> None:
-    """One answered query of `prefix_hash` at `at`, as the app handles it."""
-    event = QueryEvent(tenant="default", question=question, chunk_refs=list(refs),
-                       prefix_hash=prefix_hash, prefix_tokens=32, prompt_tokens=40)
-    p.clock = lambda: at
-    run_sync(handlers.on_query(p, event))
-
-
-def edited(p: handlers.HandlerDeps, deps: Sequence[str], at: float) -> None:
-    """d.md changes from version 1 to 2 (chunk d.md#0: hash 1 -> 2) at `at`."""
-    key = doc_key("default", "d.md")
-    p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": "1" * 64}).model_dump(mode="json")
-    p.tables.doc_prefixes[key] = {h: [r.model_dump(mode="json") for r in REFS] for h in deps}
-    p.clock = lambda: at
-    change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
-    run_sync(handlers.apply_indexed(p, change, {"d.md#0": "2" * 64}))
 
 
 class MovedPort(RetrievingPort):

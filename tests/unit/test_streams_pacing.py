@@ -10,7 +10,7 @@ import pytest
 from streams import handlers
 from streams.pacing import KeyPacing
 from streams.records import PrefixState
-from tests.unit.test_streams_handlers import P1, REFS, Port, pipeline, query
+from tests.unit.conftest import P1, REFS, Port, pipeline, query
 
 
 def test_a_key_that_never_sent_is_due():

@@ -8,7 +8,7 @@ from schemas import KbChange
 from streams.faults import Backoff
 from streams.records import DocState
 from streams.recovery import pick_changes, plan_reindex, recover_index, recover_until_done
-from tests.unit.test_streams_handlers import Port, pipeline
+from tests.unit.conftest import Port, pipeline
 
 
 def _doc(version: int, deleted: bool = False, tenant: str = "default") -> DocState:

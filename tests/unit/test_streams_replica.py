@@ -14,8 +14,8 @@ from streams import handlers
 from streams.ports import WarmPrefix
 from streams.records import PrefixOp, PrefixState
 from streams.replica import decode_batch, next_offsets
+from tests.unit.conftest import P1, REFS, Port, pipeline
 from tests.unit.test_replica import publish
-from tests.unit.test_streams_handlers import P1, REFS, Port, pipeline
 
 
 class Replica:

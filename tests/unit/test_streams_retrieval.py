@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef
 from streams import handlers, retrieval
 from streams.ports import WarmPrefix
-from tests.unit.test_streams_handlers import Port, pipeline, query
+from streams.sim import run_sync
+from tests.unit.conftest import Port, pipeline, query
 
 STALE = [ChunkRef(chunk_id="d.md#0", content_hash="0" * 64)]  # no longer current
 
@@ -60,7 +60,7 @@ def test_the_hot_tick_retrieves_its_new_hot_prefixes_in_batches():
 
 
 def test_an_edits_rechecks_are_retrieved_in_batches_and_warm_what_its_chunks_entered():
-    from tests.unit.test_streams_handlers import ask, edited
+    from tests.unit.conftest import ask, edited
 
     port = BatchPort()
     entered = WarmPrefix(prefix_hash="f" * 64, token_ids=[8] * 32,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
 from streams import handlers, synthesize
 from streams.hot import HotPayload, HotTracker
 from streams.ports import SynthesisPrompt, WarmPrefix
 from streams.records import DocState, PrefixOp, PrefixState, WorkerState, doc_key
 from streams.settings import StreamsSettings
+from streams.sim import run_sync
 
 H = "1" * 64
 TOKENS_PER_PREFIX = 32  # two blocks

@@ -96,17 +96,6 @@ def test_prune_forgets_expired_prefixes():
     assert list(held) == ["b"]
 
 
-def test_prefix_bytes_count_full_blocks():
-    assert syn.prefix_bytes(47, 16, 10) == 32 * 10
-    assert syn.prefix_bytes(15, 16, 10) == 0
-
-
-def test_a_synthetic_hit_covers_the_whole_aligned_prefix():
-    assert syn.synthetic_hit(cached_tokens=64, prefix_tokens=70, block_size=16)
-    assert not syn.synthetic_hit(cached_tokens=48, prefix_tokens=70, block_size=16)
-    assert not syn.synthetic_hit(cached_tokens=0, prefix_tokens=10, block_size=16)
-
-
 def test_first_asks_are_told_apart_from_repeats_and_bounded():
     asks = syn.FirstAsks(limit=2)
     assert asks.first("t", "How do I sync?")

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import ChunkRef, KbChange
 from schemas.topics import kb_key, split_kb_key
 from streams import handlers
 from streams.records import DocLink, DocState, doc_key
 from streams.recovery import plan_reindex
-from tests.unit.test_streams_handlers import Port, pipeline
+from streams.sim import run_sync
+from tests.unit.conftest import Port, pipeline
 
 PA, PB = "a" * 64, "b" * 64
 

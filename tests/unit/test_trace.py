@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.trace import (
+from ragwarm.trace import (
     TraceError,
     final_state,
     read_events,
@@ -151,7 +151,7 @@ def test_question_without_text_names_the_field(tmp_path: Path) -> None:
 
 
 def _events(rows: list[dict[str, object]]) -> list:
-    from rag.trace import TraceEvent
+    from ragwarm.trace import TraceEvent
 
     out = []
     for row in rows:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import WorkerEvent, decode, encode
 from schemas.signing import authentic, sign
 from streams import handlers
 from streams.logic import choose_worker
 from streams.records import WorkerState
-from tests.unit.test_streams_handlers import Port, pipeline
+from streams.sim import run_sync
+from tests.unit.conftest import Port, pipeline
 
 SECRET = b"workers-only"
 P1 = "c" * 64

@@ -19,6 +19,7 @@ from typing import (
     runtime_checkable,
 )
 
+from schemas.prefix import aligned_tokens, prefix_kv_bytes
 from workers.blocks import block_hashes
 from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
 from workers.cache_entries import Kind
@@ -190,6 +191,10 @@ class Engine(Protocol):
         """Free the KV of entries the cache no longer holds; returns the bytes freed."""
         ...
 
+    def reset(self) -> int:
+        """Drop every cached prefix and free its KV; returns the bytes freed."""
+        ...
+
     def memory(self) -> Memory: ...
 
     def tier_state(self) -> tuple[list[str], int]:
@@ -203,7 +208,7 @@ def keep_by_prefill(
     """`cache_prompt` for engines whose server caches prompts itself: on the last step,
     record the prompt with `prefill` (its blocks are cached there, so it costs ~1 token)."""
     result, block = step.result, engine.block_size
-    if result is None or len(prompt) // block * block <= result.cached_tokens:
+    if result is None or aligned_tokens(len(prompt), block) <= result.cached_tokens:
         return step  # not the last step, or the cached entry covers every full block
     try:
         stored = engine.prefill(
@@ -277,6 +282,11 @@ class PrefixEngine(ABC, Generic[H]):
     def sync(self) -> int:
         stale = [key for key in self._held if key not in self.cache]
         return sum(self._held_bytes(self._held.pop(key)) for key in stale)
+
+    def reset(self) -> int:
+        # A clean slate for a test or a benchmark step; `sync` so the KV goes with them.
+        self.cache.clear()
+        return self.sync()
 
     def memory(self) -> Memory:
         return Memory(used=self.cache.bytes_used, total=self.cache.budget.max_bytes)
@@ -447,7 +457,7 @@ class ServerKVEngine(PrefixEngine[int]):
         computed = 0
         if hashes[-1] not in self._held:
             computed = len(tokens) - self._warm(tokens, tenant)
-        return len(tokens) * self.kv_bytes_per_token, computed
+        return prefix_kv_bytes(len(tokens), self.kv_bytes_per_token, self.block_size), computed
 
     @abstractmethod
     def _warm(self, tokens: list[int], tenant: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ragwarm.bench.strategies.streams_sim import Hybrid
+from ragwarm.bench.strategies.streams_policy import Hybrid
 
 
 class HybridChunks(Hybrid):

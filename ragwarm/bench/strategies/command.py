@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from rag.trace import TraceError, read_events, read_questions
+from ragwarm.trace import TraceError, read_events, read_questions
 
 _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
 
@@ -186,9 +186,9 @@ def _plan(settings: Any, mode: str, queries: int | None, edits: int | None) -> d
 
 
 def _run(events: list, questions: list, settings: Any, names: list[str], plan: dict) -> Any:
-    from ragwarm.bench.strategies.cost import DEFAULT_COST, CostModel
     from ragwarm.bench.strategies.runner import open_rig, run_benchmark
     from ragwarm.models import ModelMissing
+    from workers.sim import DEFAULT_COST, CostModel
 
     cost = CostModel(*DEFAULT_COST) if plan["model_free"] else None
     with tempfile.TemporaryDirectory(prefix="ragwarm-strategies-") as tmp:

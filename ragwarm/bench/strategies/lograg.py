@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rag.trace import Question
+from ragwarm.trace import Question
 from schemas import ChunkRef, KbChange, QueryEvent
 from schemas.prefix import PromptParams
 from streams.ports import SynthesisPrompt, WarmPrefix

@@ -14,16 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragwarm.bench.stats import percentile
-from ragwarm.bench.strategies.cost import CostEngine, CostModel, fit_cost
 from ragwarm.bench.strategies.lanes import Lane, SimClock, open_lane
 from ragwarm.bench.strategies.lograg import LogRag, log_questions
 from ragwarm.bench.strategies.policies import policy_class
 from ragwarm.bench.strategies.settings import StrategySettings
-from ragwarm.bench.strategies.worker import make_cache
 from schemas import QueryEvent
+from schemas.prefix import warm_hit
+from streams.sim import SimRag
 from workers.blocks import BLOCK_SIZE
 from workers.eviction import DEFAULT_POLICY
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
+from workers.sim import CostEngine, CostModel, fit_cost, make_cache
 
 
 @dataclass
@@ -62,7 +63,8 @@ def evaluate(
                         kv_bytes_per_token=settings.streams.kv_bytes_per_token)
     rag = LogRag(ordered, tenant=settings.tenant, block_size=block_size, model=engine.model_id,
                  hasher=lambda ids, tenant: engine.block_hashes(ids, tenant=tenant))
-    lane = open_lane(cls, engine, clock, rag, settings, log_questions(ordered), ttft_runs=1)
+    lane = open_lane(cls, engine, clock, SimRag(rag, rag.doc_states), settings,
+                     log_questions(ordered), ttft_runs=1)
     times = _times(ordered)
     _yesterday(lane, rag, ordered, times, clock, settings.mean_gap_s)
     clock.now = 0.0
@@ -97,8 +99,7 @@ def _replay(lane: Lane, rag: LogRag, event: QueryEvent, at: float, clock: SimClo
     cached = served.result.cached_tokens
     ttft_ms = served.ttft_s * 1000
     lane.policy.served(rag.event(event, prompt, cached, ttft_ms))
-    aligned = event.prefix_tokens // rag.block_size * rag.block_size
-    return Outcome(event, cached, aligned > 0 and cached >= aligned, ttft_ms)
+    return Outcome(event, cached, warm_hit(cached, event.prefix_tokens, rag.block_size), ttft_ms)
 
 
 def summary(outcomes: Sequence[Outcome], cost: CostModel) -> dict[str, Any]:

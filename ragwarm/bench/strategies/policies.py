@@ -5,47 +5,19 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar
 
-from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand
-from schemas.prefix import PromptParams
+from schemas import KbChange, QueryEvent, WarmupCommand
+from schemas.prefix import prefix_kv_bytes
 from streams.logic import command_id
 
 if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run starts
     from rag.index import IndexResult
-    from rag.trace import Question
     from ragwarm.bench.strategies.settings import StrategySettings
-    from ragwarm.bench.strategies.worker import SimWorker
-    from streams.ports import SynthesisPrompt, WarmPrefix
-
-
-class PolicyRag(Protocol):
-    """What policies ask of the RAG layer: the streams app's port, and the state of the
-    documents at the start. The real store in the benchmark, a query log offline."""
-
-    def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None: ...
-
-    def prefix_for_refs(self, refs: Sequence[ChunkRef], tenant: str) -> WarmPrefix | None: ...
-
-    def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool: ...
-
-    def chunk_tokens(self, refs: Sequence[ChunkRef], tenant: str) -> dict[str, list[int]]: ...
-
-    def opening_ids(self) -> list[int]: ...
-
-    def question_ids(self, question: str) -> list[int]: ...
-
-    def search(self, question: str, tenant: str, k: int) -> list[dict]: ...
-
-    def synthesis_prompt(
-        self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
-    ) -> SynthesisPrompt | None: ...
-
-    def doc_states(self, tenant: str) -> dict[str, dict]:
-        """doc id -> `DocState` (as JSON) of every document of the start."""
-        ...
-
-    def prompt_params(self) -> PromptParams: ...
+    from ragwarm.trace import Question
+    from streams.ports import WarmPrefix
+    from streams.sim import SimRag
+    from workers.sim import SimWorker
 
 
 @dataclass
@@ -53,7 +25,7 @@ class PolicyContext:
     """What a policy may use: its worker, the shared RAG layer, settings and past traffic."""
 
     worker: SimWorker
-    rag: PolicyRag
+    rag: SimRag  # the real store in the benchmark, a query log offline
     settings: StrategySettings
     clock: Callable[[], float]
     past: Sequence[Question]  # yesterday's distinct questions, most asked first
@@ -78,8 +50,8 @@ class PolicyContext:
 
     def prefix_bytes(self, prefix: WarmPrefix) -> int:
         engine = self.worker.engine
-        blocks = len(prefix.token_ids) // engine.block_size
-        return blocks * engine.block_size * engine.kv_bytes_per_token
+        return prefix_kv_bytes(len(prefix.token_ids), engine.kv_bytes_per_token,
+                               engine.block_size)
 
 
 class Policy:
@@ -218,9 +190,9 @@ POLICIES: dict[str, str] = {
     "reactive": "ragwarm.bench.strategies.policies:Reactive",
     "scheduled": "ragwarm.bench.strategies.policies:Scheduled",
     "history": "ragwarm.bench.strategies.policies:History",
-    "event-rag": "ragwarm.bench.strategies.streams_sim:EventRag",
-    "hot-tokens": "ragwarm.bench.strategies.streams_sim:HotTokens",
-    "hybrid": "ragwarm.bench.strategies.streams_sim:Hybrid",
+    "event-rag": "ragwarm.bench.strategies.streams_policy:EventRag",
+    "hot-tokens": "ragwarm.bench.strategies.streams_policy:HotTokens",
+    "hybrid": "ragwarm.bench.strategies.streams_policy:Hybrid",
     "hybrid-chunks": "ragwarm.bench.strategies.blend_policy:HybridChunks",
     "hybrid-blend": "ragwarm.bench.strategies.blend_policy:HybridBlend",
     "tiered": "ragwarm.bench.strategies.tiered:TieredHybrid",

@@ -18,29 +18,40 @@ from typing import Any
 
 from tqdm import tqdm
 
-from rag.chunking import Chunk
 from rag.index import Indexer
-from rag.prompt import Prompt, PromptBuilder, canonical_order
+from rag.prompt import Prompt, PromptBuilder
 from rag.retrieve import Retriever
 from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
-from rag.trace import Question, TraceEvent
 from ragwarm.bench.strategies import workload as wl
-from ragwarm.bench.strategies.cost import CostEngine, CostModel
-from ragwarm.bench.strategies.lanes import Lane, SimClock, StoreRag, open_lane
+from ragwarm.bench.strategies.lanes import Lane, SimClock, open_lane, store_rag
 from ragwarm.bench.strategies.policies import policy_class, policy_names
 from ragwarm.bench.strategies.records import QueryRow, Span, reuse_check
 from ragwarm.bench.strategies.restart import restart_step
 from ragwarm.bench.strategies.settings import StrategySettings
 from ragwarm.bench.strategies.tiered import open_sim_tier
-from ragwarm.bench.strategies.worker import MeasurementMemo, Measurements, SimAnswer, make_cache
 from ragwarm.rag_port import RagService
+from ragwarm.trace import Question, TraceEvent
 from schemas import KbChange, QueryEvent
-from schemas.prefix import PromptChain, prefix_chain
+from schemas.prefix import (
+    PromptChain,
+    aligned_tokens,
+    prefix_chain,
+    prefix_kv_bytes,
+    warm_hit,
+)
 from workers.chunk_kv import ChunkSpan
 from workers.engines.torch_engine import TorchEngine
 from workers.memory import DEFAULT_MAX_ENTRIES, Budget
 from workers.settings import WorkerSettings
+from workers.sim import (
+    CostEngine,
+    CostModel,
+    MeasurementMemo,
+    Measurements,
+    SimAnswer,
+    make_cache,
+)
 
 
 @dataclass
@@ -105,15 +116,9 @@ def open_rig(settings: StrategySettings, store_dir: Path, chunk_tokens: int,
     return Rig(base, worker, store, indexer, retriever, prompts, rag, settings.tenant, cost)
 
 
-def chunk_spans(prompts: PromptBuilder, chunks: Sequence[Chunk]) -> list[Span]:
-    """Where each chunk's block sits in the prompt built from `chunks` (canonical order)."""
-    parts = prompts.prefix_parts(chunks)
-    size = [len(prompts.tokenizer.encode(p, add_special_tokens=False)) for p in parts]
-    spans, pos = [], size[0]
-    for chunk, n in zip(canonical_order(chunks), size[1:-1], strict=True):
-        spans.append((chunk.ref, pos, pos + n))
-        pos += n
-    return spans
+def prompt_spans(prompt: Prompt) -> list[Span]:
+    """Each chunk of `prompt` with where its block sits (the prompt's own `chunk_spans`)."""
+    return [(ref, a, b) for ref, (a, b) in zip(prompt.chunk_refs, prompt.chunk_spans, strict=True)]
 
 
 class Runner:
@@ -162,7 +167,7 @@ class Runner:
                 prefixes[prefix_hash] = len(tokens)
         base = self.rig.base
         block = base.block_size
-        total = sum(n // block * block * base.kv_bytes_per_token for n in prefixes.values())
+        total = sum(prefix_kv_bytes(n, base.kv_bytes_per_token, block) for n in prefixes.values())
         return deps, total
 
     def prefix_chain(self, prefix_ids: Sequence[int]) -> PromptChain:
@@ -173,7 +178,7 @@ class Runner:
 
     def open_lanes(self, budget: Budget, past: Sequence[Question],
                    log: Sequence[tuple[float, Question]] = ()) -> None:
-        rag = StoreRag(self.rig.rag)
+        rag = store_rag(self.rig.rag)
         self.budget = budget
         for name in self.names:
             self.lanes[name] = open_lane(policy_class(name), self.engine_for(name), self.clock,
@@ -322,7 +327,7 @@ class Runner:
     def prepare(self, step: wl.QueryStep) -> Prepared:
         retrieval = self.rig.retriever.retrieve(step.question.question, self.rig.tenant)
         prompt = self.rig.prompts.build(retrieval.chunks, step.question.question)
-        spans = chunk_spans(self.rig.prompts, retrieval.chunks)
+        spans = prompt_spans(prompt)
         chain = self.prefix_chain(prompt.prefix_ids)
         return Prepared(step, prompt, spans, chain, retrieval.doc_ids)
 
@@ -330,7 +335,7 @@ class Runner:
             repeat: bool) -> QueryRow:
         result, cache = served.result, lane.worker.cache
         block = lane.worker.engine.block_size
-        aligned = q.prompt.prefix_len // block * block
+        aligned = aligned_tokens(q.prompt.prefix_len, block)
         cached = result.cached_tokens
         stale, outdated = reuse_check(served.entry_refs, q.spans, cached, self._current)
         total = cache.budget.max_bytes or 1
@@ -339,7 +344,7 @@ class Runner:
             policy=name, index=q.step.index, at=q.step.at, qid=q.step.question.qid,
             burst=q.step.burst, post_edit=post_edit, repeat=repeat, ttft_ms=served.ttft_s * 1000,
             prompt_tokens=result.prompt_tokens, prefix_tokens=q.prompt.prefix_len,
-            cached_tokens=cached, hit=aligned > 0 and cached >= aligned,
+            cached_tokens=cached, hit=warm_hit(cached, q.prompt.prefix_len, block),
             partial=0 < cached < aligned, stale=stale, outdated_partial=outdated,
             mem_share=cache.bytes_used / total, pinned_share=cache.pinned_bytes / total,
             disk_share=None if tier is None else tier / total, restored=served.restored,

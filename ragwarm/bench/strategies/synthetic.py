@@ -14,11 +14,12 @@ from typing import ClassVar
 
 from ragwarm.bench.strategies.metrics import mean
 from ragwarm.bench.strategies.policies import PolicyContext
-from ragwarm.bench.strategies.streams_sim import StreamsPolicy, run_sync
+from ragwarm.bench.strategies.streams_policy import StreamsPolicy
 from schemas import QueryEvent
+from schemas.prefix import warm_hit
 from streams import synthesize
 from streams.records import PrefixState
-from streams.synthetic import synthetic_hit
+from streams.sim import run_sync
 
 
 class Synthetic(StreamsPolicy):
@@ -61,7 +62,7 @@ class Synthetic(StreamsPolicy):
         if not raw or not PrefixState.model_validate(raw).synthetic:
             return False
         block = self.ctx.worker.engine.block_size
-        return synthetic_hit(query.cached_tokens, query.prefix_tokens, block)
+        return warm_hit(query.cached_tokens, query.prefix_tokens, block)
 
     def synthetic_share(self) -> float:
         """KV the worker holds for synthetic prefixes, as a share of its budget (an entry's

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ragwarm.bench.strategies.streams_sim import Hybrid
+from ragwarm.bench.strategies.streams_policy import Hybrid
 from workers.engines.disk_tier import DiskTier, open_tier
 from workers.settings import WorkerSettings
 

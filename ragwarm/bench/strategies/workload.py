@@ -6,7 +6,7 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from rag.trace import Question, TraceEvent, split_initial
+from ragwarm.trace import Question, TraceEvent, split_initial
 
 
 @dataclass(frozen=True)

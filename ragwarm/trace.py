@@ -189,3 +189,9 @@ def _scalar(value: Any) -> Scalar:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     return json.dumps(value, sort_keys=True)
+
+
+def trace_changes(events: Path, limit: int | None = None) -> list[KbChange]:
+    """The trace's events as KB changes, the first `limit` of them (all when None)."""
+    changes = [e.to_change() for e in read_events(events)]
+    return changes[:limit] if limit else changes

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag.trace import Question, TraceEvent
 from ragwarm.bench import faults_plan as plan
+from ragwarm.trace import Question, TraceEvent
 
 T = datetime(2024, 1, 1, tzinfo=UTC)
 

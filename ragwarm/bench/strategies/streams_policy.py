@@ -1,114 +1,25 @@
 """event-rag, hot-tokens and hybrid: the streams app's own handlers on the simulated clock.
 
-Each policy runs `streams.handlers` (the code behind the Faust agents) on a `HandlerDeps`
-whose tables are dicts, whose topics are one in-order queue, whose commands reach the
-policy's worker at once, and whose clock is the benchmark's. A policy differs from the
-deployed app only in which inputs it is fed.
+Each policy runs `streams.handlers` (the code behind the Faust agents) on the harness of
+`streams.sim`: dict tables, one in-order queue, commands that reach the policy's worker at
+once, and the benchmark's clock. A policy differs from the deployed app only in which inputs
+it is fed.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from ragwarm.bench.strategies.policies import Policy, PolicyContext
-from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
-from schemas.prefix import PromptParams
+from schemas import KbChange, QueryEvent
 from streams import handlers
 from streams.hot import HotTracker
-from streams.ports import SynthesisPrompt, WarmPrefix
-from streams.records import DocLink, PrefixOp, ReadyRewarm
 from streams.routes import route_for
+from streams.sim import Item, SimOutbox, dict_tables, run_sync
 
 if TYPE_CHECKING:
     from rag.index import IndexResult
-    from ragwarm.bench.strategies.policies import PolicyRag
-
-Item = PrefixOp | DocLink | WorkerEvent | KbChange | QueryEvent | ReadyRewarm
-
-
-def run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run a handler that never waits: in the simulator every send and store call is
-    immediate, so the coroutine finishes on its first step."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("a streams handler waited on I/O inside the simulator")
-
-
-class IndexedOnce:
-    """The RAG port of one policy: the runner indexes each change once for every policy,
-    so `index` hands back that result instead of writing the shared store again."""
-
-    def __init__(self, rag: PolicyRag) -> None:
-        self.rag = rag
-        self.result: IndexResult | None = None
-        self.versions: dict[tuple[str, str], int | None] = {}  # what `index` handed back
-
-    def index(self, change: KbChange) -> dict[str, str] | None:
-        r = self.result
-        if r is None or not r.applied:
-            return None
-        self.versions[(change.tenant, change.doc_id)] = change.version
-        return {c.chunk_id: c.content_hash for c in r.chunks}
-
-    def index_many(self, changes: Sequence[KbChange]) -> list[dict[str, str] | None]:
-        return [self.index(c) for c in changes]
-
-    def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None:
-        return self.rag.prefix_for_question(question, tenant)
-
-    def prefix_for_refs(self, refs: Sequence[ChunkRef], tenant: str) -> WarmPrefix | None:
-        return self.rag.prefix_for_refs(refs, tenant)
-
-    def refs_current(self, refs: Sequence[ChunkRef], tenant: str) -> bool:
-        return self.rag.refs_current(refs, tenant)
-
-    def chunk_tokens(self, refs: Sequence[ChunkRef], tenant: str) -> dict[str, list[int]]:
-        return self.rag.chunk_tokens(refs, tenant)
-
-    def opening_ids(self) -> list[int]:
-        return self.rag.opening_ids()
-
-    def question_ids(self, question: str) -> list[int]:
-        return self.rag.question_ids(question)
-
-    def search(self, question: str, tenant: str, k: int) -> list[dict]:
-        return self.rag.search(question, tenant, k)
-
-    def synthesis_prompt(
-        self, refs: Sequence[ChunkRef], tenant: str, max_tokens: int
-    ) -> SynthesisPrompt | None:
-        return self.rag.synthesis_prompt(refs, tenant, max_tokens)
-
-    def indexed_versions(self) -> dict[tuple[str, str], int | None]:
-        return dict(self.versions)
-
-    def prompt_params(self) -> PromptParams:
-        return self.rag.prompt_params()
-
-
-class SimOutbox:
-    """Topics as one FIFO queue; commands are consumed by the worker as they are sent."""
-
-    def __init__(self, queue: deque[Item], policy: StreamsPolicy) -> None:
-        self.queue = queue
-        self.policy = policy
-
-    async def op(self, op: PrefixOp) -> None:
-        self.queue.append(op)
-
-    async def link(self, link: DocLink) -> None:
-        self.queue.append(link)
-
-    async def command(self, cmd: WarmupCommand) -> None:
-        self.policy.ctx.worker.apply(cmd)
-
-    async def ready(self, req: ReadyRewarm) -> None:
-        self.queue.append(req)  # one process holds every partition
 
 
 class StreamsPolicy(Policy):
@@ -134,10 +45,10 @@ class StreamsPolicy(Policy):
             "tenant": ctx.settings.tenant,
         })
         self.queue: deque[Item] = deque()
-        self.port = IndexedOnce(ctx.rag)
+        self.port = ctx.rag.fork()
         self.pipeline = handlers.HandlerDeps(
-            tables=handlers.StreamTables(docs={}, doc_prefixes={}, prefixes={}, workers={}),
-            out=SimOutbox(self.queue, self),
+            tables=dict_tables(),
+            out=SimOutbox(self.queue, ctx.worker.apply),
             rag=self.port,
             settings=settings,
             tracker=HotTracker(settings.hot_window_s, settings.hot_step_s, settings.hot_capacity),
@@ -175,9 +86,9 @@ class StreamsPolicy(Policy):
 
     def kb_change(self, change: KbChange, result: IndexResult) -> None:
         if self.kb_events:
-            self.port.result = result
-            self.feed(change)
-            self.port.result = None
+            chunks = {c.chunk_id: c.content_hash for c in result.chunks} if result.applied else None
+            with self.port.handing(chunks):
+                self.feed(change)
 
     def served(self, query: QueryEvent) -> None:
         self.feed(query)
