@@ -31,6 +31,7 @@ from streams.records import (
     WorkerState,
     doc_key,
 )
+from streams.rent import paying
 
 log = logging.getLogger(__name__)
 
@@ -433,12 +434,10 @@ async def _plan_hot(p: HandlerDeps) -> None:
     now, retry = p.clock(), p.settings.hot_unfound_retry_s
     ranked = p.tracker.ranked(now)
     ready = [w for w in p.live_workers() if w.ready]
-    budget = int(p.settings.hot_share * sum(w.mem_total for w in ready) * p.owned_share())
-    per_token = p.kv_bytes_per_token()
-    candidates = [logic.HotCandidate(h, c, pl.prefix_tokens) for h, c, pl in ranked]
-    hot, cooled = logic.plan_hot_set(
-        candidates, budget, per_token, p.tracker.hot, p.settings.hot_min_count
-    )
+    memory = sum(w.mem_total for w in ready) * p.owned_share()
+    budget, per_token, s = int(p.settings.hot_share * memory), p.kv_bytes_per_token(), p.settings
+    candidates = paying(p.tracker.rent, ranked, (memory - budget) / per_token, now, s)
+    hot, cooled = logic.plan_hot_set(candidates, budget, per_token, p.tracker.hot, s.hot_min_count)
     payloads = {h: pl for h, _, pl in ranked}
     held = {h for w in ready for h in w.prefixes}
     # New to the hot set, or still hot but on no worker (a refused or lost prefill, an

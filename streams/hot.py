@@ -15,6 +15,7 @@ from typing import Any
 
 from schemas import ChunkRef
 from streams.records import PrefixOp
+from streams.rent import RentLedger
 
 SEP = "\x1f"  # between the tenant and the step (or HOT_ROW) in a row key
 HOT_ROW = "hot"
@@ -214,6 +215,8 @@ class HotTracker:
     rows: MutableMapping[str, Any] = field(default_factory=dict)
     owns: Callable[[str], bool] = _owns_all
     hot: HotSet = field(init=False)
+    # Which prefixes' re-asks came from beyond request caching's reach (`streams.rent`).
+    rent: RentLedger = field(default_factory=RentLedger)
     _pending: dict[str, StepSketch] = field(default_factory=dict, init=False)
     # Decoded rows, kept while the mapping holds the very object decoded or written (a
     # row recovered from the changelog, after a partition moved, is a new object).
@@ -230,6 +233,7 @@ class HotTracker:
         sketch.questions.add(payload.question)
         if prefix_hash:
             sketch.prefixes.add(prefix_hash, payload=payload)
+            self.rent.ask(prefix_hash, payload.prefix_tokens, now)
 
     def flush(self, now: float) -> int:
         """Write the rows observed since the last flush; drop the rows past the window.

@@ -35,6 +35,14 @@ class StreamsSettings(BaseSettings):
         default=0.18, ge=0.0, le=0.5, description="Share of worker KV memory for hot tokens."
     )
     hot_min_count: float = Field(default=2.0, description="Queries in a window to count as hot.")
+    hot_pin_rent: bool = Field(
+        default=True,
+        description="Pin a hot prefix only when one of its asks in the window came from beyond "
+        "what request caching holds (its reuse distance exceeded the workers' KV memory outside "
+        "the hot share): a prefix re-asked sooner stays cached without a pin, and its pin would "
+        "only take bytes from request caching (streams.rent). Off: every prefix asked "
+        "hot_min_count times is pinned.",
+    )
     hot_unfound_retry_s: float = Field(
         default=30.0,
         ge=0.0,
