@@ -98,6 +98,7 @@ class WorkerMetrics:
             "Records on warmup.commands that were not valid commands (refused, dead-lettered).",
             registry=r,
         )
+        self._refusal_metrics(r)
         self.synthetic_questions = Counter(
             "worker_synthetic_questions", "Questions sampled for synthetic warmup.", registry=r
         )
@@ -108,6 +109,19 @@ class WorkerMetrics:
         self._n_requests = 0
         self._n_hits = 0
         self._by_outcome = {"hit": self.hits, "miss": self.misses, "cold": self.cold_starts}
+
+    def _refusal_metrics(self, r: CollectorRegistry) -> None:
+        """Issue 41: commands refused before or after handling (unsigned, bad_signature,
+        failed), and transient failures retried (an alert when it keeps rising)."""
+        self.commands_refused = Counter(
+            "ragwarm_worker_commands_refused",
+            "Warmup commands refused and dead-lettered, by reason.", ["reason"], registry=r,
+        )
+        self.command_retries = Counter(
+            "ragwarm_worker_command_retries",
+            "Warmup commands that failed transiently and are retried from their offset.",
+            registry=r,
+        )
 
     def _work_metrics(self, r: CollectorRegistry) -> None:
         """What the engine did: prefills, commands, and what each kind of work waited."""

@@ -133,8 +133,15 @@ class WorkerSettings(BaseSettings):
     )
     events_secret: SecretStr | None = Field(
         default=None,
-        description="Shared secret signing this worker's events (HMAC-SHA256); the streams "
-        "app, given the same one, ignores unsigned or forged worker events.",
+        description="This worker's own key signing its events (HMAC-SHA256): `ragwarm keys "
+        "worker-key --worker-id ID`, derived from the streams app's "
+        "RAGWARM_STREAMS_WORKER_EVENTS_SECRET, which then ignores unsigned or forged events.",
+    )
+    commands_key: SecretStr | None = Field(
+        default=None,
+        description="Key verifying warmup commands (`ragwarm keys commands-key`, derived from "
+        "the same streams secret): with one, unsigned or badly signed commands are refused, "
+        "counted and dead-lettered.",
     )
     tenant_keys: dict[str, SecretStr] = Field(
         default_factory=dict,

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "config": "ragwarm.cli.config:config",
     "deadletter": "ragwarm.cli.deadletter:deadletter",
     "openapi": "ragwarm.cli.openapi:openapi",
+    "keys": "ragwarm.cli.keys:keys",
 }
 
 # The extra each command needs beyond the base install (see pyproject.toml).

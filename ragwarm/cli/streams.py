@@ -40,16 +40,6 @@ def broker_options(kafka: KafkaSettings) -> Any:
     )
 
 
-def with_events_secret(settings: StreamsSettings) -> StreamsSettings:
-    """The app verifies worker events with the secret the workers sign with, unless set apart."""
-    if settings.worker_events_secret is not None:
-        return settings
-    from workers.settings import WorkerSettings
-
-    secret = WorkerSettings().events_secret
-    return settings.model_copy(update={"worker_events_secret": secret}) if secret else settings
-
-
 def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> StreamsApp:
     """The Faust app with its topics, tables, agents and views around `rag_port`."""
 
@@ -80,7 +70,8 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     metrics = StreamsMetrics()
     deps = HandlerDeps(
         tables=StreamTables(tables.docs, tables.doc_prefixes, tables.prefixes, tables.workers),
-        out=MeasuredOutbox(KafkaOutbox(topics, streams.partitions), metrics),
+        out=MeasuredOutbox(KafkaOutbox(topics, streams.partitions,
+                                       streams.worker_events_secret), metrics),
         rag=rag_port,
         settings=streams,
         tracker=HotTracker(
@@ -198,7 +189,7 @@ def streams(web_port: int | None, loglevel: str) -> None:
     from ragwarm.logs import faust_logging_config
     from ragwarm.rag_port import RagService
 
-    settings = with_events_secret(StreamsSettings())
+    settings = StreamsSettings()
     if web_port is not None:
         settings = settings.model_copy(update={"web_port": web_port})
     kafka = KafkaSettings()
