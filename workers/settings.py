@@ -61,6 +61,17 @@ class WorkerSettings(BaseSettings):
     ttl_s: float = Field(
         default=3600.0, gt=0, description="Lifetime of a cached prefix unless a command sets one."
     )
+    max_ttl_s: float = Field(
+        default=86400.0, gt=0,
+        description="Longest lease (TTL, and so pin) a prefill or a TTL extension gets, from "
+        "POST /v1/prefill or a command alike; a longer one asked is cut to it.",
+    )
+    tenant_share: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Share of the pinned budget and of the cache that one tenant's pinned and "
+        "TTL-held KV may take (a prefill over it is refused, 409); 1.0: no per-tenant quota. "
+        "Set it below 1 where tenants share workers.",
+    )
     prefill_chunk_tokens: int | None = Field(
         default=None,
         ge=1,
