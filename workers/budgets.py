@@ -126,4 +126,3 @@ def chunk_spans(n_tokens: int, chunk: int) -> list[tuple[int, int]]:
     if chunk <= 0:
         raise ValueError("chunk must be > 0")
     return [(s, min(s + chunk, n_tokens)) for s in range(0, n_tokens, chunk)]
-
