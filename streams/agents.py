@@ -13,8 +13,10 @@ import logging
 import time
 
 import faust
+from pydantic import SecretStr
 
 from schemas import KbChange, QueryEvent, WarmupCommand, deadletter, encode
+from schemas.signing import COMMAND_SIGNATURE_HEADER, command_signature, derive_commands_key
 from schemas.topics import kb_key
 from streams import batch, catchup, faults, handlers, priority, synthesize
 from streams.handlers import HandlerDeps
@@ -27,11 +29,16 @@ log = logging.getLogger(__name__)
 
 
 class KafkaOutbox:
-    """The handlers' outbox on the app's topics, keyed so each table keeps its partition."""
+    """The handlers' outbox on the app's topics, keyed so each table keeps its partition.
+    With the signing secret (`worker_events_secret`), each command carries its signature
+    in a record header, which the workers given `derive_commands_key` of it verify."""
 
-    def __init__(self, topics: Topics, partitions: int) -> None:
+    def __init__(self, topics: Topics, partitions: int, secret: SecretStr | None = None) -> None:
         self.topics = topics
         self.partitions = partitions
+        self.commands_key = (
+            derive_commands_key(secret.get_secret_value().encode()).encode() if secret else None
+        )
 
     async def op(self, op: PrefixOp) -> None:
         await self.topics.prefix_ops.send(
@@ -44,7 +51,13 @@ class KafkaOutbox:
         )
 
     async def command(self, cmd: WarmupCommand) -> None:
-        await self.topics.commands.send(key=(cmd.prefix_hash or "").encode(), value=encode(cmd))
+        value = encode(cmd)
+        headers = []
+        if self.commands_key is not None:
+            headers = [(COMMAND_SIGNATURE_HEADER, command_signature(value, self.commands_key))]
+        await self.topics.commands.send(
+            key=(cmd.prefix_hash or "").encode(), value=value, headers=headers
+        )
 
     async def ready(self, req: ReadyRewarm) -> None:
         n = self.partitions

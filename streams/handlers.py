@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
-from schemas.signing import authentic
+from schemas.signing import authentic_under_master
 from streams import catchup, chunk_warm, edits, logic, progressive, retrieval, synthesize, tails
 from streams.deps import (  # noqa: F401 - re-exported: the handlers' inputs in one place
     HandlerDeps,
@@ -184,8 +184,8 @@ async def on_doc_link(p: HandlerDeps, link: DocLink) -> None:
 
 async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
     secret = p.settings.worker_events_secret
-    if secret is not None and not authentic(event, secret.get_secret_value().encode()):
-        # A forged heartbeat would otherwise set the URL clients are routed to.
+    if secret is not None and not authentic_under_master(event, secret.get_secret_value()):
+        # A forged heartbeat would otherwise set the URL clients are routed to (per-worker key).
         p.stats["unauthenticated_events"] += 1
         return
     raw = p.tables.workers.get(event.worker_id)

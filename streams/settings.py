@@ -315,9 +315,11 @@ class StreamsSettings(BaseSettings):
     )
     worker_events_secret: SecretStr | None = Field(
         default=None,
-        description="Secret the workers sign their events with; unset: "
-        "RAGWARM_WORKER_EVENTS_SECRET. With one, unsigned or forged worker events are "
-        "ignored (and counted), so routing only returns authenticated workers.",
+        description="Master signing secret: each worker's events key is derived from it "
+        "and the worker id (`ragwarm keys worker-key`), and warmup commands are signed with "
+        "a key derived from it (`ragwarm keys commands-key`). With one, unsigned or forged "
+        "worker events are ignored (and counted), so routing only returns authenticated "
+        "workers.",
     )
     retrieve_concurrency: int = Field(
         default=2, ge=1, description="Retrieve calls served at once; the rest wait (see below)."

@@ -75,6 +75,9 @@ class BlockPool:
         self._n_shared = 0
         self._n_managed = 0
         self._n_pinned = 0
+        # Per tenant (a block has one: chains are salted by tenant), for the tenant quota.
+        self.pinned_by_tenant: dict[str, int] = {}
+        self.managed_by_tenant: dict[str, int] = {}
 
     # -- read side -------------------------------------------------------------------
 
@@ -96,6 +99,24 @@ class BlockPool:
     def new_bytes(self, chain: Sequence[str], nbytes: Sequence[int]) -> int:
         """Bytes the blocks of `chain` not yet here would add."""
         return sum(n for h, n in zip(chain, nbytes, strict=True) if h not in self._blocks)
+
+    def freed_by(self, chain: Sequence[str], left: dict[str, int], keep: set[str]) -> int:
+        """Bytes evicting the entry holding `chain` frees after the victims before it
+        (`left` counts each block's holders left; blocks in `keep` stay)."""
+        freed = 0
+        for h in chain:
+            block = self._blocks[h]
+            left[h] = left.get(h, block.refs) - 1
+            if left[h] == 0 and h not in keep:
+                freed += block.nbytes
+        return freed
+
+    def unmanaged_bytes(self, chain: Sequence[str], nbytes: Sequence[int]) -> int:
+        """Bytes of `chain` not yet held by any managed (pinned or TTL-held) entry."""
+        return sum(
+            n for h, n in zip(chain, nbytes, strict=True)
+            if (b := self._blocks.get(h)) is None or b.managed == 0
+        )
 
     def unpinned_bytes(self, chain: Sequence[str], nbytes: Sequence[int]) -> int:
         """Bytes of `chain` not yet held by a pinned entry (what pinning it would add)."""
@@ -199,11 +220,13 @@ class BlockPool:
             if block.pins == edge:
                 self.pinned_bytes += step * block.nbytes
                 self._n_pinned += step
+                _add(self.pinned_by_tenant, block.tenant, step * block.nbytes)
         if holding.managed:
             block.managed += step
             if block.managed == edge:
                 self.managed_bytes += step * block.nbytes
                 self._n_managed += step
+                _add(self.managed_by_tenant, block.tenant, step * block.nbytes)
 
     def _free(self, block: Block) -> None:
         del self._blocks[block.block_hash]
@@ -213,6 +236,14 @@ class BlockPool:
             _discard(self._by_chunk_id, ref[0], block.block_hash)
         if self._keep_freed:
             self._freed.append(block.block_hash)
+
+
+def _add(totals: dict[str, int], tenant: str, delta: int) -> None:
+    total = totals.get(tenant, 0) + delta
+    if total:
+        totals[tenant] = total
+    else:
+        totals.pop(tenant, None)  # no tenant id left behind once its KV is gone
 
 
 def split_bytes(nbytes: int, n_blocks: int) -> list[int]:

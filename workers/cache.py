@@ -31,6 +31,7 @@ from workers.cache_entries import (
 )
 from workers.eviction import EvictionPolicy, make_policy
 from workers.memory import Budget
+from workers.quota import capped, quota_check, tenant_quota
 from workers.tier_journal import TierJournal
 
 __all__ = ["Budget", "CacheEntry", "CacheEvent", "ChunkKey", "PrefixCache", "WarmupRefused"]
@@ -57,12 +58,16 @@ class PrefixCache:
         clock: Callable[[], float] = time.monotonic,
         default_ttl_s: float | None = 3600.0,
         block_size: int = BLOCK_SIZE,
+        tenant_share: float = 1.0,
+        max_ttl_s: float | None = None,
     ) -> None:
+        tenant_quota(1, tenant_share)  # a share outside (0, 1] fails here, not at admission
+        self.tenant_share, self.max_ttl_s = tenant_share, max_ttl_s
         if default_ttl_s is not None and default_ttl_s <= 0:
             raise ValueError(f"default_ttl_s must be > 0 or None, got {default_ttl_s}")
         self._budget = budget
         self.block_size = block_size
-        self.default_ttl_s = default_ttl_s
+        self.default_ttl_s = capped(default_ttl_s, max_ttl_s)
         self._policy: EvictionPolicy = make_policy(policy)
         self._clock = clock
         self._entries: dict[str, CacheEntry] = {}
@@ -176,6 +181,7 @@ class PrefixCache:
         """
         chain = tuple(hashes)
         check_admission(chain, nbytes, ttl_s)
+        ttl_s = capped(ttl_s, self.max_ttl_s)
         t = self._clock()
         self.expire(t)
         old = self._entries.get(chain[-1])
@@ -196,6 +202,8 @@ class PrefixCache:
             old,
         )
         self._check_fit(chain, sizes, entry.pinned)
+        quota_check(self.pool, self._budget, self.tenant_share, tenant, chain, sizes,
+                    entry.pinned, entry.managed)
         victims = self._plan_eviction(chain, sizes, old)
         # The incoming chain is held while victims leave: a block it shares with a victim
         # must not be freed (its KV and chunk marks would be lost) only to be re-added.
@@ -246,12 +254,15 @@ class PrefixCache:
         """
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
-        t = self._now(now)
+        ttl_s, t = capped(ttl_s, self.max_ttl_s) or ttl_s, self._now(now)
         self.expire(t)
         entry = self._entries.get(prefix_hash)
         if entry is None:
             return None
         if not entry.managed:
+            sizes = [self.pool[h].nbytes for h in entry.block_hashes]
+            quota_check(self.pool, self._budget, self.tenant_share, entry.tenant,
+                        entry.block_hashes, sizes, entry.pinned, True)
             self._rehold(entry, entry.pinned, "managed", t + ttl_s)
         elif entry.expires_at is not None and entry.expires_at < t + ttl_s:
             entry.expires_at = t + ttl_s
@@ -360,7 +371,7 @@ class PrefixCache:
                 continue
             victim = self._entries[key]
             victims.append(victim)
-            need_bytes -= self._bytes_freed_by(victim, left, keep)
+            need_bytes -= self.pool.freed_by(victim.block_hashes, left, keep)
             need_entries -= 1
         if need_bytes > 0 or need_entries > 0:
             raise WarmupRefused(
@@ -368,16 +379,6 @@ class PrefixCache:
                 "still missing after every unpinned entry"
             )
         return victims
-
-    def _bytes_freed_by(self, victim: CacheEntry, left: dict[str, int], keep: set[str]) -> int:
-        """Bytes evicting `victim` frees after the victims before it (`left` counts holders)."""
-        freed = 0
-        for h in victim.block_hashes:
-            block = self.pool[h]
-            left[h] = left.get(h, block.refs) - 1
-            if left[h] == 0 and h not in keep:
-                freed += block.nbytes
-        return freed
 
     def _place(self, entry: CacheEntry, sizes: list[int], old: CacheEntry | None) -> None:
         if old is not None:

@@ -13,12 +13,20 @@ from typing import Any, Protocol, TypeVar
 
 from schemas import DeadLetter, SchemaError, WarmupCommand, WorkerEvent, decode, encode
 from schemas.deadletter import Origin, dead_letter, letter_key, value_limit
-from schemas.signing import sign
+from schemas.signing import COMMAND_SIGNATURE_HEADER, command_authentic, header, sign
 from schemas.topics import DEADLETTER, WARMUP_COMMANDS, WORKER_EVENTS
 
 log = logging.getLogger(__name__)
 
 POLL_MS = 250
+# A command whose handling failed for a transient reason is retried from its offset after
+# this wait, doubling to the cap (issue 41: never skipped, its offset never committed).
+RETRY_INITIAL_S = 0.5
+RETRY_MAX_S = 30.0
+# A failure of the command's own content: the same command fails the same way again.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, TypeError, LookupError, AssertionError,
+)
 # How long start-up retries a broker that does not answer (it may be starting too).
 BROKER_WAIT_S = 300.0
 
@@ -135,6 +143,29 @@ def parse_command(value: bytes | None, worker_id: str) -> WarmupCommand | None:
     return command
 
 
+def is_transient(exc: BaseException) -> bool:
+    """Whether a command that raised `exc` may succeed if tried again (memory, the device,
+    the disk, a timeout): retried. Otherwise it is dead-lettered with the error as reason."""
+    return not isinstance(exc, PERMANENT_ERRORS)
+
+
+def retry_delay(failures: int, initial_s: float = RETRY_INITIAL_S,
+                max_s: float = RETRY_MAX_S) -> float:
+    """The wait before the `failures`-th retry of one command (1, 2, ...)."""
+    return min(max_s, initial_s * 2 ** min(max(failures - 1, 0), 30))
+
+
+def unauthenticated(value: bytes | None, headers: object, key: bytes | None) -> str | None:
+    """Why a record may not be acted on under the commands key (`unsigned`,
+    `bad_signature`); None when no key is configured or the signature holds."""
+    if key is None:
+        return None
+    signature = header(headers, COMMAND_SIGNATURE_HEADER)
+    if signature is None:
+        return "unsigned"
+    return None if command_authentic(value or b"", signature, key) else "bad_signature"
+
+
 def addressing(value: bytes | None) -> tuple[str | None, str | None]:
     """Best effort on a record that failed validation: its (command_id, worker_id) strings."""
     try:
@@ -169,6 +200,13 @@ class CommandConsumer:
     worker is that worker's to refuse. Every worker reads every command (a group each), so
     an unaddressed bad record gets one letter per worker, all naming the same origin. An
     error while handling a command never stops the loop.
+
+    With a `commands_key`, a record without a valid signature header is refused before it
+    is read (`on_refused("unsigned" | "bad_signature", ...)`) and dead-lettered, under the
+    same addressing rule. A command whose handler raises is dead-lettered and refused
+    (`"failed"`) when the error is the command's own (`is_transient`); otherwise the
+    consumer seeks back to it and tries again after a growing wait (`on_retry`), so its
+    offset is not committed and the commands after it on that partition wait their turn.
     """
 
     def __init__(
@@ -185,6 +223,11 @@ class CommandConsumer:
         group_prefix: str = "",
         connect_wait_s: float = BROKER_WAIT_S,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        commands_key: bytes | None = None,
+        on_refused: Callable[[str, str, str | None], None] = lambda _why, _reason, _cid: None,
+        on_retry: Callable[[WarmupCommand, BaseException], None] | None = None,
+        retry_initial_s: float = RETRY_INITIAL_S,
+        retry_max_s: float = RETRY_MAX_S,
     ) -> None:
         self._bootstrap = bootstrap
         self._group_prefix = group_prefix
@@ -196,6 +239,11 @@ class CommandConsumer:
         self._on_expired = on_expired or _log_expired
         self._connect_wait_s = connect_wait_s
         self._clock = clock
+        self._commands_key = commands_key
+        self._on_refused = on_refused
+        self._on_retry = on_retry
+        self._retry = (retry_initial_s, retry_max_s)
+        self._failures = 0  # consecutive transient failures of the command being retried
         self._topic = topic
         self._stop = threading.Event()
         self._assigned = threading.Event()
@@ -236,10 +284,18 @@ class CommandConsumer:
             while not self._stop.is_set():
                 batches = consumer.poll(timeout_ms=POLL_MS)
                 self._mark_assigned(consumer)
-                for records in batches.values():
+                retry = False
+                for tp, records in batches.items():
                     for r in records:
                         origin = Origin(r.topic, r.partition, r.offset, r.key, r.value)
-                        self._dispatch_safely(origin)
+                        if not self._dispatch_safely(origin, r.headers):
+                            # Back to the failed command: the next poll fetches it again, and
+                            # auto-commit commits this position, not one past it.
+                            consumer.seek(tp, r.offset)
+                            retry = True
+                            break
+                if retry:
+                    self._stop.wait(retry_delay(self._failures, *self._retry))
                 self._mark_caught_up(consumer)
         finally:
             consumer.close()
@@ -313,38 +369,74 @@ class CommandConsumer:
         if all(consumer.position(tp) >= end for tp, end in self._ends.items()):
             self._caught_up.set()
 
-    def _dispatch_safely(self, origin: Origin) -> None:
+    def _dispatch_safely(self, origin: Origin, headers: object = ()) -> bool:
+        """Dispatch one record; False when its command failed transiently (to be retried)."""
         try:
-            self._dispatch(origin.value, origin)
+            return self._dispatch(origin.value, origin, headers)
         except Exception:  # noqa: BLE001 - one record must never stop the consumer thread
             log.exception("%s[%s]@%s: not handled; skipped",
                           origin.topic, origin.partition, origin.offset)  # fmt: skip
+            return True
 
-    def _dispatch(self, value: bytes | None, origin: Origin | None = None) -> None:
+    def _dispatch(
+        self, value: bytes | None, origin: Origin | None = None, headers: object = ()
+    ) -> bool:
+        """Refuse, dead-letter, skip or carry out one record; False when its command failed
+        for a transient reason and must be tried again (nothing else is ever retried)."""
+        origin = origin or Origin(self._topic, None, None, None, value)
+        why = unauthenticated(value, headers, self._commands_key)
+        if why is not None:
+            command_id, worker_id = addressing(value)
+            if worker_id in (None, self._worker_id):
+                reason = f"{why.replace('_', ' ')} command: refused under the commands key"
+                log.warning("refusing command %s at %s[%s]@%s: %s", command_id, origin.topic,
+                            origin.partition, origin.offset, reason)  # fmt: skip
+                self._dead_letter(origin, reason, None)
+                self._on_refused(why, reason, command_id)
+            return True
         try:
             command = parse_command(value, self._worker_id)
         except SchemaError as exc:
             command_id, worker_id = addressing(value)
             if worker_id in (None, self._worker_id):
                 log.warning("refusing malformed command %s: %s", command_id, exc)
-                self._dead_letter(origin or Origin(self._topic, None, None, None, value), exc)
+                self._dead_letter(origin, str(exc), exc.field)
                 self._on_malformed(str(exc), command_id)
-            return
+            return True
         if command is None:
-            return
+            return True
         if command.expired(self._clock()):
             self._on_expired(command)
-            return
+            return True
+        return self._carry_out(command, origin)
+
+    def _carry_out(self, command: WarmupCommand, origin: Origin) -> bool:
         try:
             self._handle(command)
-        except Exception:
-            log.exception("command %s (%s) failed", command.command_id, command.op)
+        except Exception as exc:
+            if is_transient(exc):
+                self._failures += 1
+                log.warning("command %s (%s) failed (%s: %s); retry %d in %.1f s",
+                            command.command_id, command.op, type(exc).__name__, exc,
+                            self._failures, retry_delay(self._failures, *self._retry))
+                if self._on_retry is not None:
+                    self._on_retry(command, exc)
+                return False
+            self._failures = 0
+            reason = f"command failed: {type(exc).__name__}: {str(exc)[:1000]}"
+            log.exception("command %s (%s) failed for good: dead-lettered",
+                          command.command_id, command.op)
+            self._dead_letter(origin, reason, None)
+            self._on_refused("failed", reason, command.command_id)
+            return True
+        self._failures = 0
+        return True
 
-    def _dead_letter(self, origin: Origin, exc: SchemaError) -> None:
+    def _dead_letter(self, origin: Origin, reason: str, field_name: str | None) -> None:
         if self._on_dead_letter is not None:
             # The size limits of the streams app's defaults: the worker's producer keeps
             # kafka-python's max request size, over the 1 MB these letters are cut to fit.
-            letter = dead_letter(origin, str(exc), exc.field, value_limit())
+            letter = dead_letter(origin, reason, field_name, value_limit())
             self._on_dead_letter(letter, letter_key(origin))
 
 

@@ -55,4 +55,6 @@ def cache_for(
         policy=settings.eviction_policy,
         default_ttl_s=settings.ttl_s,
         block_size=settings.block_size,
+        tenant_share=settings.tenant_share,
+        max_ttl_s=settings.max_ttl_s,
     )

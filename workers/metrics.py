@@ -114,6 +114,7 @@ class WorkerMetrics:
             "Records on warmup.commands that were not valid commands (refused, dead-lettered).",
             registry=r,
         )
+        self._refusal_metrics(r)
         self.synthetic_questions = Counter(
             "ragwarm_worker_synthetic_questions",
             "Questions sampled for synthetic warmup.",
@@ -189,6 +190,19 @@ class WorkerMetrics:
 
     def _vllm_counter(self, r: CollectorRegistry, name: str, doc: str) -> Counter:
         return Counter(name, doc, ["model_name"], registry=r).labels(**self._model)
+
+    def _refusal_metrics(self, r: CollectorRegistry) -> None:
+        """Issue 41: commands refused before or after handling (unsigned, bad_signature,
+        failed), and transient failures retried (an alert when it keeps rising)."""
+        self.commands_refused = Counter(
+            "ragwarm_worker_commands_refused",
+            "Warmup commands refused and dead-lettered, by reason.", ["reason"], registry=r,
+        )
+        self.command_retries = Counter(
+            "ragwarm_worker_command_retries",
+            "Warmup commands that failed transiently and are retried from their offset.",
+            registry=r,
+        )
 
     def _work_metrics(self, r: CollectorRegistry) -> None:
         """What the engine did: prefills, commands, and what each kind of work waited."""

@@ -223,6 +223,10 @@ class WorkerRuntime:
             check_prompt(token_ids, self.limits)
         except ApiError as exc:
             raise WarmupRefused(exc.message) from None
+        self.check_threshold()
+
+    def check_threshold(self) -> None:
+        """Refuse a warmup (a command or POST /v1/prefill alike) over the memory threshold."""
         # Seeds 000/003: no new warmup once memory use passes the threshold. Unpinned
         # request-cache KV is evicted to make room (as vLLM counts free blocks), so only
         # pinned bytes count; otherwise a full reactive cache would refuse every warmup.

@@ -222,13 +222,13 @@ class Handlers:
             source="api",
         )
         try:
+            runtime.check_threshold()  # as for a command: the API is no more trusted (issue 41)
             result = await asyncio.get_running_loop().run_in_executor(self.state.executor, job)
         except WarmupRefused as exc:
             raise ApiError(409, f"prefill refused: {exc.reason}", kind="warmup_refused") from None
         return json_response(
             {
-                "prefix_hash": result.prefix_hash,
-                "prompt_tokens": len(ids),
+                "prefix_hash": result.prefix_hash, "prompt_tokens": len(ids),
                 "prefix_tokens": result.n_tokens,
                 "bytes": result.nbytes,
                 "computed_tokens": result.computed_tokens,

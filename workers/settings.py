@@ -61,6 +61,17 @@ class WorkerSettings(BaseSettings):
     ttl_s: float = Field(
         default=3600.0, gt=0, description="Lifetime of a cached prefix unless a command sets one."
     )
+    max_ttl_s: float = Field(
+        default=86400.0, gt=0,
+        description="Longest lease (TTL, and so pin) a prefill or a TTL extension gets, from "
+        "POST /v1/prefill or a command alike; a longer one asked is cut to it.",
+    )
+    tenant_share: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Share of the pinned budget and of the cache that one tenant's pinned and "
+        "TTL-held KV may take (a prefill over it is refused, 409); 1.0: no per-tenant quota. "
+        "Set it below 1 where tenants share workers.",
+    )
     prefill_chunk_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -133,8 +144,15 @@ class WorkerSettings(BaseSettings):
     )
     events_secret: SecretStr | None = Field(
         default=None,
-        description="Shared secret signing this worker's events (HMAC-SHA256); the streams "
-        "app, given the same one, ignores unsigned or forged worker events.",
+        description="This worker's own key signing its events (HMAC-SHA256): `ragwarm keys "
+        "worker-key --worker-id ID`, derived from the streams app's "
+        "RAGWARM_STREAMS_WORKER_EVENTS_SECRET, which then ignores unsigned or forged events.",
+    )
+    commands_key: SecretStr | None = Field(
+        default=None,
+        description="Key verifying warmup commands (`ragwarm keys commands-key`, derived from "
+        "the same streams secret): with one, unsigned or badly signed commands are refused, "
+        "counted and dead-lettered.",
     )
     tenant_keys: dict[str, SecretStr] = Field(
         default_factory=dict,

@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "trace": "ragwarm.cli.trace:trace",
     "deadletter": "ragwarm.cli.deadletter:deadletter",
     "openapi": "ragwarm.cli.openapi:openapi",
+    "keys": "ragwarm.cli.keys:keys",
 }
 
 # The extra each command needs beyond the base install (see pyproject.toml).

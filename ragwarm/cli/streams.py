@@ -40,16 +40,6 @@ def broker_options(kafka: KafkaSettings) -> Any:
     )
 
 
-def with_events_secret(settings: StreamsSettings) -> StreamsSettings:
-    """The app verifies worker events with the secret the workers sign with, unless set apart."""
-    if settings.worker_events_secret is not None:
-        return settings
-    from workers.settings import WorkerSettings
-
-    secret = WorkerSettings().events_secret
-    return settings.model_copy(update={"worker_events_secret": secret}) if secret else settings
-
-
 def check_security(settings: StreamsSettings, insecure: bool) -> None:
     """Refuse open views or unsigned worker events beyond loopback unless opted out."""
     from ragwarm.secure import check_start, open_keys, unsigned_events
@@ -90,7 +80,8 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     metrics = StreamsMetrics()
     deps = HandlerDeps(
         tables=StreamTables(tables.docs, tables.doc_prefixes, tables.prefixes, tables.workers),
-        out=MeasuredOutbox(KafkaOutbox(topics, streams.partitions), metrics),
+        out=MeasuredOutbox(KafkaOutbox(topics, streams.partitions,
+                                       streams.worker_events_secret), metrics),
         rag=rag_port,
         settings=streams,
         tracker=HotTracker(
@@ -211,7 +202,7 @@ def streams(web_port: int | None, loglevel: str, insecure: bool) -> None:
     from ragwarm.logs import faust_logging_config
     from ragwarm.rag_port import RagService
 
-    settings = with_events_secret(StreamsSettings())
+    settings = StreamsSettings()
     if web_port is not None:
         settings = settings.model_copy(update={"web_port": web_port})
     check_security(settings, insecure)

@@ -196,6 +196,13 @@ class WorkerLifecycle:
             self.metrics.malformed.inc()
             runtime.send(runtime.refused_event(reason, command_id))
 
+        def refused(why: str, reason: str, command_id: str | None) -> None:
+            self.metrics.commands_refused.labels(reason=why).inc()
+            if why == "failed":  # the app's own command: it hears why (a forgery: no echo)
+                runtime.send(runtime.refused_event(reason, command_id))
+
+        key = self.settings.commands_key
+
         return CommandConsumer(
             self.kafka.servers,
             self.kafka.client_options(),
@@ -207,6 +214,9 @@ class WorkerLifecycle:
             topic=self.kafka.topic(WARMUP_COMMANDS),
             group_prefix=self.kafka.topic_prefix,
             connect_wait_s=self.settings.broker_wait_s,
+            commands_key=key.get_secret_value().encode() if key else None,
+            on_refused=refused,
+            on_retry=lambda _c, _e: self.metrics.command_retries.inc(),
         )
 
     def stop(self) -> None:

@@ -23,6 +23,7 @@ from ragwarm.kafka.admin import probe
 from ragwarm.kafka.local import LocalKafka
 from ragwarm.settings import HomeSettings, KafkaSettings
 from schemas import encode
+from schemas.signing import derive_commands_key, derive_worker_key
 from schemas.topics import KB_CHANGES
 from tests.integration.streams_proc import StreamsApp
 from tests.integration.test_streams_e2e import initial_docs, run_scenario
@@ -111,14 +112,19 @@ def test_pipeline_runs_end_to_end_over_sasl_ssl(
     for doc in docs.values():
         producer.send(PREFIX + KB_CHANGES, key=doc.doc_id.encode(), value=encode(doc))
     producer.flush()
-    # Signed worker events too: the app only acts on what the worker signed.
-    shared = {**secure_kafka.client_env, "RAGWARM_WORKER_EVENTS_SECRET": "e2e-events-secret"}
-    env = {**shared, "RAGWARM_STREAMS_HOT_MIN_COUNT": "2"}
+    # Signed worker events and commands too: the app holds the master secret, the worker only
+    # its own events key and the commands key derived from it (`ragwarm keys`).
+    master = b"e2e-master-secret"
+    shared = secure_kafka.client_env
+    env = {**shared, "RAGWARM_STREAMS_HOT_MIN_COUNT": "2",
+           "RAGWARM_STREAMS_WORKER_EVENTS_SECRET": master.decode()}  # fmt: skip
     app = StreamsApp(secure_kafka.bootstrap, PREFIX, "e2e", tmp_path, env).start()
     worker = WorkerProc(
         tmp_path, "w1", kafka_bootstrap=secure_kafka.bootstrap, topic_prefix=PREFIX,
         env={**shared, "RAGWARM_WORKER_HEARTBEAT_S": "1",
-             "RAGWARM_WORKER_CACHE_REQUESTS": "false"},
+             "RAGWARM_WORKER_CACHE_REQUESTS": "false",
+             "RAGWARM_WORKER_EVENTS_SECRET": derive_worker_key(master, "w1"),
+             "RAGWARM_WORKER_COMMANDS_KEY": derive_commands_key(master)},
     )  # fmt: skip
     worker.start().wait_ready()
     try:

@@ -92,7 +92,7 @@ def test_a_tier_directory_is_rebuilt_from_its_headers_and_strangers_are_dropped(
     tier.put(tail, data + 1)
     (tmp_path / "cc").mkdir()
     (tmp_path / "cc" / ("cc" * 16 + ".safetensors")).write_bytes(b"not a safetensors file")
-    (tmp_path / "aa" / ".leftover.tmp").write_bytes(b"half a write")
+    (tmp_path / "aa" / f".{head.block_hash}.safetensors.77.tmp").write_bytes(b"half a write")
 
     again = DiskTier(tmp_path, 10**6, layout, "cpu")
     assert again.scan() == 2

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,19 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 _META_KEY = "ragwarm"
 _SUFFIX = ".safetensors"
+# The only names this tier writes: `<hash>.safetensors` in the folder named by the hash's first
+# two characters, and `_write`'s temporary `.<hash>.safetensors.<pid>.tmp` beside it. The scan
+# deletes nothing else: the root may be shared with an operator's files (issue 41).
+_BLOCK_NAME = re.compile(r"([0-9a-f]{16,128})\.safetensors")
+_TEMP_NAME = re.compile(r"\.([0-9a-f]{16,128})\.safetensors\.[0-9]+\.tmp")
+
+
+def owned(path: Path, root: Path) -> bool:
+    """Whether `path` is named as a block file (or its temporary) of the tier at `root`."""
+    if path.parent.parent != root:
+        return False
+    match = _BLOCK_NAME.fullmatch(path.name) or _TEMP_NAME.fullmatch(path.name)
+    return match is not None and match.group(1)[:2] == path.parent.name
 
 
 @dataclass(frozen=True)
@@ -102,9 +116,13 @@ class DiskTier:
         self.root.mkdir(parents=True, exist_ok=True)
         found: list[tuple[float, TierBlock]] = []
         for path in self.root.glob("*/*"):
+            if not owned(path, self.root) or path.is_symlink() or not path.is_file():
+                log.warning("disk tier %s: %s is not a block file of this tier; left alone",
+                            self.root, path)
+                continue
             block = self._read_header(path)
             if block is None:
-                path.unlink(missing_ok=True)
+                self._drop_stray(path)
                 continue
             found.append((path.stat().st_mtime, block))
         for _, block in sorted(found, key=lambda item: item[0]):
@@ -116,9 +134,17 @@ class DiskTier:
                  self.index.bytes_used)
         return len(self.index)
 
+    def _drop_stray(self, path: Path) -> None:
+        """Delete one of our own files that holds no usable block (a crash's temporary, a
+        torn or foreign-layout block); a failure leaves it, the tier is a cache."""
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("disk tier: cannot remove %s: %s", path, exc)
+
     def _read_header(self, path: Path) -> TierBlock | None:
-        if path.suffix != _SUFFIX or not path.is_file():
-            return None  # a temporary file a crash left behind, or a stranger
+        if path.suffix != _SUFFIX:
+            return None  # a temporary file a crash left behind
         try:
             with safe_open(str(path), framework="pt") as f:
                 text = (f.metadata() or {}).get(_META_KEY, "")
