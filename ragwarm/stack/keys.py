@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from schemas.signing import derive_commands_key, derive_worker_key
+
 OPERATOR_FILE = "operator.key"
 SIGNING_FILE = "signing.key"
 # Variables a user may set to choose the keys instead; the first one set wins.
@@ -80,15 +82,15 @@ def chosen(environ: Mapping[str, str], names: tuple[str, ...]) -> str | None:
 
 
 def worker_events_key(signing: str, worker_id: str) -> str:
-    """The secret worker `worker_id` signs its events with.
+    """The key worker `worker_id` signs its events with: derived from the master secret (the
+    streams app holds the master and derives the same key to verify), so a worker cannot
+    sign as another (`schemas.signing.derive_worker_key`)."""
+    return derive_worker_key(signing.encode(), worker_id)
 
-    INTEGRATION POINT (issue 41, per-worker signing keys): the one place the stack chooses a
-    worker's key. Today every worker gets the master secret, which the streams app verifies
-    with; switch this to `schemas.signing.derive_worker_key(master, worker_id)` when that
-    lands (the streams app keeps the master: RAGWARM_STREAMS_WORKER_EVENTS_SECRET).
-    """
-    del worker_id  # used once keys are derived per worker
-    return signing
+
+def worker_commands_key(signing: str) -> str:
+    """The key workers verify warmup commands with; the streams app signs with it."""
+    return derive_commands_key(signing.encode())
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class StackSecurity:
         if self.signing:
             # Always set: the key of this worker id, even where the user named the master.
             env["RAGWARM_WORKER_EVENTS_SECRET"] = worker_events_key(self.signing, worker_id)
+            env["RAGWARM_WORKER_COMMANDS_KEY"] = worker_commands_key(self.signing)
         return env
 
     def gateway(self) -> dict[str, str]:

@@ -84,7 +84,9 @@ def container(doc: dict) -> dict:
 def check_probes(c: dict, routes: set[str], probes: tuple[str, ...]) -> None:
     """The process listens on the `http` container port, and each probe hits one of its routes."""
     port = {p["name"]: p["containerPort"] for p in c["ports"]}["http"]
-    args, env = c["args"], {e["name"]: e.get("value") for e in c["env"]}
+    # A worker started through `sh -c` (to read its derived keys) has its args in the script.
+    args = c.get("args") or c["command"][-1].split()
+    env = {e["name"]: e.get("value") for e in c["env"]}
     listens = args[args.index("--port") + 1] if "--port" in args else env[
         "RAGWARM_STREAMS_WEB_PORT"]
     assert listens == str(port)
@@ -172,8 +174,19 @@ def test_default_values_render_no_open_view(helm: str) -> None:
     for name, c in components(docs).items():
         refs = key_refs(c)
         assert {s for s, _ in refs.values()} == {"r-ragwarm-keys"}, (name, refs)
-        assert exposures(name, set(refs)) == [], name
+        # A worker's signing keys are derived into files by its init container.
+        derived = {"RAGWARM_WORKER_EVENTS_SECRET"} if "$(cat /keys/events.key)" in " ".join(
+            c.get("command", [])) else set()
+        assert exposures(name, set(refs) | derived) == [], name
         assert "RAGWARM_INSECURE" not in {e["name"] for e in c["env"]}
+    workers = next(d for d in by_kind(docs, "StatefulSet")
+                   if d["metadata"]["name"] == "r-ragwarm-workers")
+    init = workers["spec"]["template"]["spec"]["initContainers"][0]
+    # Only the init container sees the master secret; the worker gets its own key.
+    assert key_refs(init) == {"RAGWARM_STREAMS_WORKER_EVENTS_SECRET": ("r-ragwarm-keys",
+                                                                      "signing-secret")}
+    assert "ragwarm keys worker-key" in init["command"][-1]
+    assert "signing-secret" not in {k for _, k in key_refs(components(docs)["worker"]).values()}
     assert key_refs(components(docs)["gateway"])["RAGWARM_CLIENT_API_KEY"] == (
         "r-ragwarm-keys", "operator-key")
     cron = container(by_kind(docs, "CronJob")[0])

@@ -10,6 +10,7 @@ from ragwarm.secure import check_start, is_loopback, open_keys, unsigned_events,
 from ragwarm.settings import HomeSettings, KafkaSettings, StackSettings, infra_dir
 from ragwarm.stack.keys import StackSecurity, load, load_or_create, worker_events_key
 from ragwarm.stack.local import Stack, security_lines, stack_keys
+from schemas.signing import derive_commands_key, derive_worker_key
 
 OPEN = open_keys("streams", operator_set=False, tenants_set=False)
 
@@ -76,7 +77,13 @@ def test_every_process_gets_the_operator_key_and_the_signing_secret(tmp_path) ->
                                   "RAGWARM_STREAMS_WORKER_EVENTS_SECRET": keys.signing}
     assert security.worker("w1") == {"RAGWARM_WORKER_API_KEY": keys.operator,
                                      "RAGWARM_WORKER_EVENTS_SECRET":
-                                     worker_events_key(keys.signing, "w1")}
+                                     worker_events_key(keys.signing, "w1"),
+                                     "RAGWARM_WORKER_COMMANDS_KEY":
+                                     derive_commands_key(keys.signing.encode())}
+    # A worker gets its own key, never the master: it cannot sign as another worker.
+    w1, w2 = (security.worker(w)["RAGWARM_WORKER_EVENTS_SECRET"] for w in ("w1", "w2"))
+    assert len({w1, w2, keys.signing}) == 3
+    assert w1 == derive_worker_key(keys.signing.encode(), "w1")
     assert security.gateway() == {"RAGWARM_GATEWAY_OPERATOR_KEY": keys.operator,
                                   "RAGWARM_CLIENT_API_KEY": keys.operator}
 
