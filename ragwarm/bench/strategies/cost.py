@@ -18,7 +18,7 @@ from workers.cache import PrefixCache, WarmupRefused
 from workers.engines.base import GenerationResult, GenerationStep, PrefixEngine, Request
 
 # Fallback cost model: SmolLM2-135M, torch engine, 1 thread on a shared 2-core CPU, fitted
-# to the 504 rows of run B of `ragwarm bench strategies --quick` (docs/benchmarks.md).
+# to the 504 rows of run B of `ragwarm bench strategies --quick` (docs/lab/benchmarks-notebook.md).
 DEFAULT_COST = (127.0, 3.14)  # (ms fixed, ms per uncached prompt token)
 
 
