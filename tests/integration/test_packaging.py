@@ -1,5 +1,6 @@
-"""A fresh venv with the base install (`pip install .`, not editable): the README's KbProducer
-sends an event, there is no torch or Faust, and `ragwarm kafka start` finds infra/ in the venv.
+"""A fresh venv with the base install (`pip install .`, not editable): the KbProducer example
+of docs/production.md sends an event, there is no torch or Faust, and `ragwarm kafka start`
+finds infra/ in the venv.
 """
 
 from __future__ import annotations
