@@ -108,7 +108,7 @@ def relax_local_commits(client: Any) -> int:
     Local mode commits every point in a transaction of its own, with SQLite's defaults
     (rollback journal, a disk sync per commit): on a busy disk each commit cost about 20 ms,
     more than embedding the chunk, and on a quiet one 18 of the 34 s the indexer spent
-    outside embedding over the Argo CD trace (docs/benchmarks.md). In WAL with
+    outside embedding over the Argo CD trace (docs/lab/benchmarks-notebook.md). In WAL with
     synchronous=NORMAL a commit survives a crash of the process and costs about 0.2 ms; a
     power cut may lose the last commits of each file, each file its own: remove the
     store's folder and the app rebuilds it from Kafka (`streams.replica`, `streams.recovery`),

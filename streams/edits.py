@@ -44,8 +44,8 @@ def candidates(p: HandlerDeps, dependents: Collection[str],
     set's are pinned already and re-warmed pinned, so they take no edit budget.
 
     Not the asks of the longer hold window: ranked by those (model-free replays of the
-    strategies workload, docs/benchmarks.md) an edit holds many prefixes asked once long
-    ago, the holds of successive edits fill the pinned share and the LRU loses the room
+    strategies workload, docs/lab/benchmarks-notebook.md) an edit holds many prefixes asked
+    once long ago, the holds of successive edits fill the pinned share and the LRU loses the room
     request caching needs (hit rate 81% -> 61%). Nor the latest ask as a tie-break among
     equally asked ones: it held the less useful ones there too (81% -> 75%)."""
     pinned = {op.prefix_hash for op in p.tracker.hot.values()}

@@ -3,7 +3,8 @@
 Why: an edit re-warms up to `rewarm_questions` questions, the edit watch re-checks up to
 `edit_recheck_questions`, and a hot tick warms every prefix new to the hot set; one at a
 time, each paid a whole pass of the embedder (about 30 ms on a quiet core, 150+ ms on the
-loaded 2-vCPU machine, docs/benchmarks.md) and queued once more on the store's one thread.
+loaded 2-vCPU machine, docs/lab/benchmarks-notebook.md) and queued once more on the store's
+one thread.
 """
 
 from __future__ import annotations

@@ -98,7 +98,8 @@ def edit_rewarm(
 
     Then `older` (in their order): dependents asked more than once, last before the hot
     window. With the hot window alone, a `--standard` replay lost most post-edit asks to
-    prefixes asked 670-2,840 s before the edit (docs/benchmarks.md, issue 17). They take
+    prefixes asked 670-2,840 s before the edit (docs/lab/benchmarks-notebook.md, issue 17).
+    They take
     what is left of `budget_tokens` and at most `older_tokens` (the caller's room no pin
     holds yet): without that bound their holds piled up, filled the pinned share and the
     LRU evicted the questions being asked now (quick-mode replays, post-edit 94% -> 78%).

@@ -12,7 +12,7 @@ waiting for it, and a warmup prefill gives the engine up between its forward pas
 `prefill_chunk_tokens`), as vLLM's chunked prefill lets waiting requests in between a long
 prompt's chunks. A pass already running is not cut short.
 
-`ragwarm bench contention` (docs/benchmarks.md): a 190 ms request arriving during four
+`ragwarm bench contention` (docs/lab/benchmarks-notebook.md): a 190 ms request arriving during four
 1,024-token warmups on 2 CPU cores took 2.0 s (median; 3.6 s at most) under a plain lock
 and 0.8 s (0.9 s at most) under this one.
 

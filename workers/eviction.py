@@ -79,8 +79,9 @@ class SlruPolicy(EvictionPolicy):
     Why: a RAG app's questions follow a long-tailed popularity, and most prompts are asked
     once. Under plain LRU each of those pushes out a prompt that is asked again; here a
     prompt earns its place by a second ask (or a warmup that says it is used: `hits`).
-    In the `--model-free` replays of `ragwarm bench strategies` (docs/benchmarks.md, issue
-    17) it kept more: `hybrid` 389 hits of 528 over five workloads against 377 under LRU,
+    In the `--model-free` replays of `ragwarm bench strategies`
+    (docs/lab/benchmarks-notebook.md, issue 17) it kept more: `hybrid` 389 hits of 528 over
+    five workloads against 377 under LRU,
     `reactive` more on four workloads of the five. A cap on the second segment (0.8 of the
     bytes, as caches often set) lost hits there, so there is none: once every entry was hit
     again, it is plain LRU.

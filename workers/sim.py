@@ -308,7 +308,7 @@ def make_cache(budget: Budget, clock: Callable[[], float], block_size: int,
 
 
 # Fallback cost model: SmolLM2-135M, torch engine, 1 thread on a shared 2-core CPU, fitted
-# to the 504 rows of run B of `ragwarm bench strategies --quick` (docs/benchmarks.md).
+# to the 504 rows of run B of `ragwarm bench strategies --quick` (docs/lab/benchmarks-notebook.md).
 DEFAULT_COST = (127.0, 3.14)  # (ms fixed, ms per uncached prompt token)
 
 

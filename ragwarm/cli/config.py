@@ -45,7 +45,8 @@ def markdown() -> str:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the values in effect as JSON: component -> variable -> value, "
               "source (default or env), default.")
-@click.option("--markdown", "as_markdown", is_flag=True, help="Print the README's table.")
+@click.option("--markdown", "as_markdown", is_flag=True,
+              help="Print the table of docs/configuration.md.")
 @click.option("--check", is_flag=True,
               help="Check that every RAGWARM_ variable set names a setting: 'ok', or the "
               "unknown ones with the nearest valid name and exit status 1.")

@@ -18,7 +18,8 @@ from pydantic_settings import BaseSettings
 
 PREFIX = "RAGWARM_"
 
-# module:class of every component's settings; the README's table is generated from these.
+# module:class of every component's settings; docs/configuration.md's table is generated
+# from these.
 SETTINGS: tuple[str, ...] = (
     "ragwarm.settings:HomeSettings",
     "ragwarm.settings:SecuritySettings",

@@ -22,7 +22,8 @@ from streams.settings import StreamsSettings
 # idle pool threads spin for a while after each call: on a host it shares with the workers
 # they took the cores of the request that follows a retrieval (the demo's routed warm asks
 # ran 126-190 ms against 43-85 ms for the same prompt on the same worker a second later;
-# 45-85 ms with these caps; docs/benchmarks.md). A value set in the environment is kept.
+# 45-85 ms with these caps; docs/lab/benchmarks-notebook.md). A value set in the environment
+# is kept.
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 

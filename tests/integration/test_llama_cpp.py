@@ -91,7 +91,8 @@ def test_a_warmed_prefix_is_reused_by_the_next_request(
     assert timings["cache_n"] >= full
     assert timings["cache_n"] + timings["prompt_n"] == len(prompt)
     assert answer["tokens_evaluated"] == len(prompt)
-    # Shown by `make test-llama` (-rA) for docs/benchmarks.md: the server's own figures.
+    # Shown by `make test-llama` (-rA) for docs/lab/benchmarks-notebook.md: the server's own
+    # figures.
     print(f"llama-server: prompt {len(prompt)} tokens, warmed prefix {full}; "
           f"cache_n {timings['cache_n']}, prompt_n {timings['prompt_n']}, "
           f"prompt_ms {timings['prompt_ms']:.1f}")

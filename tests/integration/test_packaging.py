@@ -1,6 +1,7 @@
-"""A fresh venv with the base install (`pip install .`, not editable): the README's KbProducer
-sends an event, there is no torch or Faust, and `ragwarm kafka start` finds infra/ in the venv.
-Another with `[client]` alone runs the gateway's and the query's commands.
+"""A fresh venv with the base install (`pip install .`, not editable): the KbProducer example
+of docs/production.md sends an event, there is no torch or Faust, and `ragwarm kafka start`
+finds infra/ in the venv. Another with `[client]` alone runs the gateway's and the query's
+commands.
 """
 
 from __future__ import annotations
