@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from ragwarm.bench.strategies.streams_sim import run_sync
 from schemas import DeadLetter, WarmupCommand, encode
 from schemas.deadletter import Origin
 from schemas.signing import (
@@ -21,6 +20,7 @@ from schemas.signing import (
     header,
 )
 from streams.agents import KafkaOutbox
+from streams.sim import run_sync
 from workers.commands import CommandConsumer, is_transient, retry_delay
 
 MASTER = "the-streams-apps-master"
