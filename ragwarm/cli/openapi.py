@@ -41,12 +41,14 @@ ROUTES: dict[str, list[tuple[str, str, str, Body]]] = {
          PrefillRequest),
     ],
     "gateway": [
+        ("get", "/health", "200 once the gateway can serve, else 503 with the reason (vLLM's "
+         "probe).", None),
         ("get", "/health/live", "200 while the process runs.", None),
         ("get", "/health/ready", "200 once the streams app answered and the tokenizer loaded.",
          None),
         ("get", "/metrics", "Prometheus metrics (ragwarm_gateway_*): requests by route and "
          "status, latency, cached tokens, retrieval latency, failovers.", None),
-        ("get", "/v1/models", "The model the gateway serves.", None),
+        ("get", "/v1/models", "The model the gateway serves, then its aliases.", None),
         ("post", "/v1/chat/completions", "Retrieval + canonical prompt + warm worker; the last "
          "user message is the question.", ChatRequest),
         ("post", "/v1/completions", "The same with the prompt as the question.",
