@@ -111,9 +111,10 @@ def relax_local_commits(client: Any) -> int:
     outside embedding over the Argo CD trace (docs/lab/benchmarks-notebook.md). In WAL with
     synchronous=NORMAL a commit survives a crash of the process and costs about 0.2 ms; a
     power cut may lose the last commits of each file, each file its own: remove the
-    store's folder and the app rebuilds it from Kafka (`streams.replica`, `streams.recovery`),
-    or set RAGWARM_QDRANT_LOCAL_SYNC=full. The files are reached through qdrant-client's
-    local internals; a client without them (a server, another version) is left as it is."""
+    store's folder and the app rebuilds it from Kafka (`streams.shell.replica`,
+    `streams.shell.recovery`), or set RAGWARM_QDRANT_LOCAL_SYNC=full. The files are reached
+    through qdrant-client's local internals; a client without them (a server, another
+    version) is left as it is."""
     collections = getattr(getattr(client, "_client", None), "collections", None)
     if not isinstance(collections, dict):
         return 0

@@ -20,7 +20,8 @@ from ragwarm.settings import ModelSettings, qdrant_settings
 from schemas import ChunkRef, KbChange
 from schemas.chunks import Outgoing, ReplicaRecord
 from schemas.prefix import BLOCK_SIZE, PromptParams, prefix_chain
-from streams.ports import SynthesisPrompt, WarmPrefix
+from streams.decide.synthetic import SynthesisPrompt
+from streams.handle.ports import WarmPrefix
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class TimedEmbedder:
 
 
 class RagService:
-    """Implements `streams.ports.RagPort` over a store, an embedder and the LLM tokenizer.
+    """Implements `streams.handle.ports.RagPort` over a store, an embedder and the LLM tokenizer.
 
     Prefix hashes are computed exactly as workers compute them (same tokens, tenant and
     model salt), so the app can tell which prefix a worker will report without asking it.
@@ -135,7 +136,7 @@ class RagService:
         return [{c.chunk_id: c.content_hash for c in r.chunks} if r.applied else None
                 for r in results]
 
-    # --- the index replica (streams.replica) -----------------------------------------------
+    # --- the index replica (streams.shell.replica) -----------------------------------------
     def take_outgoing(self) -> tuple[list[Outgoing], int]:
         """The rag.chunks records of what was indexed since the last call, and how many
         chunk embeddings that computed."""

@@ -24,7 +24,7 @@ MEMORY_THRESHOLD = 0.7
 
 Id = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 # A tenant id never holds U+001F: `schemas.topics.kb_key` separates tenant and doc id with
-# it, and the table keys of every document (`streams.records.doc_key`) are that key, so one
+# it, and the table keys of every document (`streams.decide.records.doc_key`) are that key, so one
 # in a tenant id made two tenants' documents share a key (their state, their partition).
 TenantId = Annotated[
     str, StringConstraints(min_length=1, max_length=1024, pattern=r"^[^\x1f]+$")

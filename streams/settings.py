@@ -40,7 +40,7 @@ class StreamsSettings(BaseSettings):
         description="Pin a hot prefix only when one of its asks in the window came from beyond "
         "what request caching holds (its reuse distance exceeded the workers' KV memory outside "
         "the hot share): a prefix re-asked sooner stays cached without a pin, and its pin would "
-        "only take bytes from request caching (streams.rent). Off: every prefix asked "
+        "only take bytes from request caching (streams.decide.rent). Off: every prefix asked "
         "hot_min_count times is pinned.",
     )
     hot_unfound_retry_s: float = Field(
@@ -256,7 +256,7 @@ class StreamsSettings(BaseSettings):
         description="How long a prefix-op batch waits for more ops before it is handled.",
     )
 
-    # -- synthetic warmup (issue 16; `streams.synthetic`)
+    # -- synthetic warmup (issue 16; `streams.decide.synthetic`)
     synthetic: bool = Field(
         default=False,
         description="Synthetic warmup: a worker's model samples likely questions about hot or "

@@ -15,9 +15,10 @@ from typing import Any, Protocol
 
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
 from schemas.prefix import PromptParams
-from streams.deps import StreamTables
-from streams.ports import SynthesisPrompt, WarmPrefix
-from streams.records import DocLink, PrefixOp, ReadyRewarm
+from streams.decide.records import DocLink, PrefixOp, ReadyRewarm
+from streams.decide.synthetic import SynthesisPrompt
+from streams.handle.deps import StreamTables
+from streams.handle.ports import WarmPrefix
 
 Item = PrefixOp | DocLink | WorkerEvent | KbChange | QueryEvent | ReadyRewarm
 
@@ -39,7 +40,7 @@ def dict_tables() -> StreamTables:
 
 
 class RagSource(Protocol):
-    """The query side of `streams.ports.RagPort`: what the simulated app retrieves from."""
+    """The query side of `streams.handle.ports.RagPort`: what the simulated app retrieves from."""
 
     def prefix_for_question(self, question: str, tenant: str) -> WarmPrefix | None: ...
 

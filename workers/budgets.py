@@ -2,8 +2,8 @@
 
 Each function quotes the figure it implements (seed 000, see ../shared/design.md "Facts from
 the seeds"); the callers decide where a rule applies. The fleet's rules (3 progressive
-warmup steps, a hot instance per node) are the streams app's: `streams.progressive`,
-`streams.fleet.hot_targets`.
+warmup steps, a hot instance per node) are the streams app's: `streams.decide.progressive`,
+`streams.decide.fleet.hot_targets`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from ragwarm.gateway.protocol import ChatRequest
 from ragwarm.gateway.protocol import CompletionRequest as GatewayCompletion
 from ragwarm.settings import REPO_ROOT
-from streams.views.bodies import RetrieveBody, RouteBody
+from streams.shell.views.bodies import RetrieveBody, RouteBody
 from workers.api import CompletionRequest, PrefillRequest
 
 OUT_DIR = Path("docs") / "openapi"
@@ -101,10 +101,10 @@ def streams_routes() -> set[tuple[str, str]]:
     from types import SimpleNamespace
     from typing import cast
 
-    from streams.handlers import HandlerDeps
-    from streams.metrics_view import METRICS_PATH
+    from streams.handle.handlers import HandlerDeps
     from streams.settings import StreamsSettings
-    from streams.views import pages
+    from streams.shell.metrics_view import METRICS_PATH
+    from streams.shell.views import pages
 
     found = {("get", METRICS_PATH)}
     # Only the paths and view classes are read, no view runs: settings are all it needs.

@@ -12,7 +12,7 @@ from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings, keyring
 from streams.settings import StreamsSettings
 
 if TYPE_CHECKING:
-    from streams.replica import ChunkReplica
+    from streams.shell.replica import ChunkReplica
 
 log = logging.getLogger(__name__)
 
@@ -23,14 +23,14 @@ class StreamsApp:
 
     app: Any
     topics: Any
-    tables: Any  # streams.tables.Tables: the changelog-backed tables
-    deps: Any  # streams.handlers.HandlerDeps: what every handler and view shares
+    tables: Any  # streams.shell.tables.Tables: the changelog-backed tables
+    deps: Any  # streams.handle.handlers.HandlerDeps: what every handler and view shares
 
 
 def broker_options(kafka: KafkaSettings) -> Any:
     """The Faust app's view of `kafka`: servers, credentials, replicas and acks."""
     from ragwarm.kafka.security import faust_credentials
-    from streams.app import BrokerOptions
+    from streams.shell.app import BrokerOptions
 
     return BrokerOptions(
         bootstrap=kafka.servers,
@@ -54,20 +54,20 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     """The Faust app with its topics, tables, agents and views around `rag_port`."""
 
     from schemas.topics import KB_CHANGES
-    from streams.agents import KafkaOutbox, partition_of, register_agents
-    from streams.app import create_app
-    from streams.auth import install_auth
-    from streams.handlers import HandlerDeps, StreamTables
-    from streams.hot import HotTracker
-    from streams.metrics import MeasuredOutbox, StreamsMetrics
-    from streams.metrics_view import register_metrics
-    from streams.priority import PriorityExecutor
-    from streams.rebalance import register_rebalance_seek
-    from streams.recovery import KbChangesReader, register_recovery
-    from streams.replica import register_replica
-    from streams.tables import define_tables
-    from streams.topics import define_topics
-    from streams.views import register_views
+    from streams.decide.hot import HotTracker
+    from streams.decide.priority import PriorityExecutor
+    from streams.handle.handlers import HandlerDeps, StreamTables
+    from streams.shell.agents import KafkaOutbox, partition_of, register_agents
+    from streams.shell.app import create_app
+    from streams.shell.auth import install_auth
+    from streams.shell.metrics import MeasuredOutbox, StreamsMetrics
+    from streams.shell.metrics_view import register_metrics
+    from streams.shell.rebalance import register_rebalance_seek
+    from streams.shell.recovery import KbChangesReader, register_recovery
+    from streams.shell.replica import register_replica
+    from streams.shell.tables import define_tables
+    from streams.shell.topics import define_topics
+    from streams.shell.views import register_views
 
     data_dir = streams.data_dir or HomeSettings().home / "faust" / streams.app_id
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -114,7 +114,7 @@ def chunk_replica(
     from aiokafka import AIOKafkaConsumer
 
     from ragwarm.kafka.security import aiokafka_options
-    from streams.replica import ChunkReplica
+    from streams.shell.replica import ChunkReplica
 
     def consumer() -> AIOKafkaConsumer:
         # No group: every instance reads every partition; the offsets live in the store.

@@ -26,7 +26,7 @@ from schemas import DeadLetter, SchemaError, decode
 from schemas.topics import KB_CHANGES, RAG_CHUNKS, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS
 
 # The topics whose consumers send dead letters (before the deployment's topic prefix): the
-# external ones, and the streams app's internal ones (`streams.topics`, named here so the
+# external ones, and the streams app's internal ones (`streams.shell.topics`, named here so the
 # CLI does not load Faust).
 REDRIVE_TOPICS = (KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS, RAG_CHUNKS,
                   "ragwarm.prefix-ops", "ragwarm.doc-links", "ragwarm.worker-ready")

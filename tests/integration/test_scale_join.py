@@ -1,7 +1,7 @@
 """A second streams instance joins while the first is indexing its first batch: every KB
 change is still handled, and every kb.changes partition's committed offset reaches its end.
 
-Two defects left partitions behind for good (`streams.rebalance`): the partitions the
+Two defects left partitions behind for good (`streams.shell.rebalance`): the partitions the
 first instance kept across that rebalance with nothing committed stayed where its fetcher
 had left them, past the records Faust dropped at the revocation; and records fetched while
 Faust resumed the stream partitions after the rebalance (between its seek and its

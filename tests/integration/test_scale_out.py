@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 
 # Every instance retrieves over the whole KB only with the rag.chunks replica (the
 # `replica` part of issue 14); until it is in the tree this test cannot pass.
-pytest.importorskip("streams.replica", reason="needs the rag.chunks index replica")
+pytest.importorskip("streams.shell.replica", reason="needs the rag.chunks index replica")
 
 TENANTS = ["acme", "globex"]
 QUESTIONS = [QUESTION, "How do I report a security issue or get support?"]

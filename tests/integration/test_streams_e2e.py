@@ -22,8 +22,8 @@ from ragwarm.models import llm_dir, load_tokenizer
 from ragwarm.settings import ModelSettings
 from schemas import KbChange, QueryEvent, WarmupCommand, WorkerEvent, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS
-from streams.records import PrefixOp
-from streams.topics import PREFIX_OPS
+from streams.decide.records import PrefixOp
+from streams.shell.topics import PREFIX_OPS
 from tests.integration.test_streams_pipeline import EVENTS
 from tests.integration.waiting import wait_for
 from workers.blocks import block_hashes

@@ -7,10 +7,10 @@ import zlib
 from collections.abc import Sequence
 
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand
-from streams import handlers
-from streams.hot import HotTracker
-from streams.ports import WarmPrefix
-from streams.records import DocLink, DocState, PrefixOp, WorkerState, doc_key
+from streams.decide.hot import HotTracker
+from streams.decide.records import DocLink, DocState, PrefixOp, WorkerState, doc_key
+from streams.handle import handlers
+from streams.handle.ports import WarmPrefix
 from streams.settings import StreamsSettings
 from streams.sim import dict_tables, run_sync
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from schemas import ChunkRef, KbChange, WorkerEvent
-from streams import handlers
-from streams.chunks import plan_ready_chunks, within_budget
-from streams.hot import HotPayload
-from streams.records import DocState, PrefixOp, doc_key
+from streams.decide.chunks import plan_ready_chunks, within_budget
+from streams.decide.hot import HotPayload
+from streams.decide.records import DocState, PrefixOp, doc_key
+from streams.handle import handlers
 from streams.sim import run_sync
 from tests.unit.conftest import Port, pipeline
 

@@ -6,7 +6,7 @@ import pytest
 
 from ragwarm.client.contract import PromptMismatch, check_prompt
 from schemas.prefix import PromptParams
-from streams.views.health import health_body
+from streams.shell.views.health import health_body
 
 OURS = PromptParams.of(system_prompt="Answer.", top_k=3, model="m", block_size=16)
 

@@ -19,7 +19,7 @@ from schemas.signing import (
     derive_commands_key,
     header,
 )
-from streams.agents import KafkaOutbox
+from streams.shell.agents import KafkaOutbox
 from streams.sim import run_sync
 from workers.commands import CommandConsumer, is_transient, retry_delay
 

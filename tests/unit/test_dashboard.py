@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ragwarm.client.rag import Answer
 from ragwarm.gateway.metrics import GatewayMetrics
-from streams.metrics import StreamsMetrics, snapshot
+from streams.shell.metrics import StreamsMetrics, snapshot
 from workers.metrics import Served, WorkerMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "infra" / "grafana" / "ragwarm.json"

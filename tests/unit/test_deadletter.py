@@ -75,7 +75,7 @@ def test_a_letter_naming_a_topic_outside_the_allow_list_is_refused():
 
 
 def test_the_default_allow_list_is_the_topics_ragwarm_dead_letters_from():
-    from streams.topics import DOC_LINKS, PREFIX_OPS, WORKER_READY
+    from streams.shell.topics import DOC_LINKS, PREFIX_OPS, WORKER_READY
 
     assert {PREFIX_OPS, DOC_LINKS, WORKER_READY} <= set(REDRIVE_TOPICS)
     assert {"kb.changes", "rag.queries", "warmup.commands", "worker.events",

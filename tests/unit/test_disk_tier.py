@@ -150,7 +150,7 @@ def test_invalidation_tells_the_tier_what_is_stale_and_cancels_its_writes() -> N
 
 def test_a_restarted_worker_with_a_disk_tier_is_routed_to_for_what_it_kept() -> None:
     from schemas import WorkerEvent
-    from streams.fleet import apply_worker_event, choose_worker
+    from streams.decide.fleet import apply_worker_event, choose_worker
 
     kept = chain(1, 2)
     before = apply_worker_event(None, WorkerEvent(worker_id="w", kind="ready", epoch=1), 0.0)

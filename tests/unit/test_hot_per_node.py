@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from schemas import WorkerEvent
-from streams import handlers
-from streams.fleet import MIN_HOT_PER_NODE, apply_worker_event, hot_targets
-from streams.records import WorkerState
+from streams.decide.fleet import MIN_HOT_PER_NODE, apply_worker_event, hot_targets
+from streams.decide.records import WorkerState
+from streams.handle import handlers
 from streams.sim import run_sync
 from tests.unit.conftest import P1, Port, pipeline, query
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.rent import RentLedger, ReuseStack, paying
+from streams.decide.rent import RentLedger, ReuseStack, paying
 from streams.settings import StreamsSettings
 
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import ChunkRef
-from streams.hot import (
+from streams.decide.hot import (
     HotPayload,
     HotTracker,
     expired_rows,
@@ -18,7 +18,7 @@ from streams.hot import (
     tenant_of,
     window_slots,
 )
-from streams.records import PrefixOp
+from streams.decide.records import PrefixOp
 
 REF = ChunkRef(chunk_id="d.md#0", content_hash="1" * 64)
 

@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import WorkerEvent
-from streams import handlers
-from streams.progressive import WARMUP_STEPS, next_step, step_shares, wave
-from streams.records import PrefixState, WorkerState
+from streams.decide.progressive import WARMUP_STEPS, next_step, step_shares, wave
+from streams.decide.records import PrefixState, WorkerState
+from streams.handle import handlers
 from streams.settings import StreamsSettings
 from streams.sim import run_sync
 from tests.unit.conftest import REFS, Port, pipeline

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from streams.records import PrefixOp
-from streams.views.schedule import warm_hot_set
+from streams.decide.records import PrefixOp
+from streams.shell.views.schedule import warm_hot_set
 
 
 class Out:

@@ -5,8 +5,9 @@ turn, kept the ops behind it waiting after a takeover)."""
 from __future__ import annotations
 
 from schemas import ChunkRef
-from streams import handlers, logic
-from streams.records import PrefixOp, PrefixState
+from streams.decide import logic
+from streams.decide.records import PrefixOp, PrefixState
+from streams.handle import handlers
 from streams.sim import run_sync
 from tests.unit.conftest import P1, REFS, Port, pipeline, query
 

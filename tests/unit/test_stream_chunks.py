@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from schemas import ChunkRef, KbChange
-from streams.chunks import (
+from streams.decide.chunks import (
     Retrieval,
     WarmedChunks,
     asked_in_window,
@@ -13,7 +13,7 @@ from streams.chunks import (
     rank_window_chunks,
     retrieval_counts,
 )
-from streams.records import DocState
+from streams.decide.records import DocState
 
 H = {n: f"{n:x}" * 16 for n in range(1, 8)}
 OPENING = [1, 2, 3]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streams.app import BrokerOptions, create_app
 from streams.settings import StreamsSettings
+from streams.shell.app import BrokerOptions, create_app
 
 
 def _conf(tmp_path: Path, **settings: int):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from schemas import ChunkRef
-from streams.asks import AskLog, entered, often_asked, recheck_order
+from streams.decide.asks import AskLog, entered, often_asked, recheck_order
 
 REFS = [ChunkRef(chunk_id="a.md#0", content_hash="1" * 64)]
 
@@ -58,7 +58,7 @@ def test_often_asked_keeps_dependents_asked_more_than_once_most_asked_then_lates
 def test_the_ask_log_keeps_a_bounded_number_of_ask_times():
     """The defect: every ask time stayed until the next edit (1M asks of one prefix: a
     million floats, 32 MB); now at most `MAX_TIMES`, and none older than the window."""
-    from streams.asks import MAX_TIMES, AskLog
+    from streams.decide.asks import MAX_TIMES, AskLog
 
     log = AskLog(window_s=100.0)
     for i in range(20_000):

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import KbChange
-from streams import batch
-from streams import handlers as h
+from streams.handle import batch
+from streams.handle import handlers as h
 from tests.unit.conftest import pipeline
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from streams import catchup, handlers
-from streams.replica import ChunkReplica
+from streams.handle import catchup, handlers
+from streams.shell.replica import ChunkReplica
 from tests.unit.conftest import Port, pipeline
 from tests.unit.test_streams_replica import warm
 

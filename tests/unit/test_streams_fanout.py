@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from schemas import WorkerEvent
-from streams import handlers as h
-from streams.agents import partition_of
-from streams.records import PrefixState, ReadyRewarm
+from streams.decide.records import PrefixState, ReadyRewarm
+from streams.handle import handlers as h
+from streams.shell.agents import partition_of
 from streams.sim import run_sync
 from tests.unit.conftest import REFS, Port, pipeline
 

@@ -21,16 +21,17 @@ from schemas import (
     decode,
     encode,
 )
-from streams import faults, handlers
-from streams.logic import (
+from streams.decide.logic import (
     apply_worker_event,
     epoch_order,
     needs_resend,
     plan_prefix_op,
     prefill_pending,
 )
-from streams.records import DocLink, PrefixOp, PrefixState, WorkerState
-from streams.routes import BY_TYPE, ROUTES, route_for
+from streams.decide.records import DocLink, PrefixOp, PrefixState, WorkerState
+from streams.handle import handlers
+from streams.shell import faults
+from streams.shell.routes import BY_TYPE, ROUTES, route_for
 from streams.sim import run_sync
 from tests.unit.conftest import P1, REFS, Port, pipeline
 
@@ -478,7 +479,7 @@ def test_a_retried_apply_indexed_still_does_its_follow_up_work():
     """The defect: the first attempt wrote the docs table, then its re-check failed; the
     retry planned from the new state, found nothing changed and skipped the re-checks,
     the chunk warmup and synthesis."""
-    from streams.records import DocState
+    from streams.decide.records import DocState
 
     port = _FlakyRetrieval()
     p, _ = pipeline(port, hot_tokens=False)
@@ -527,8 +528,8 @@ def test_a_failed_window_write_is_retried_not_the_batch_lost():
     """The defect: the query agent flushed its windows outside the retrying runner, and
     the flush dropped its pending rows before writing them: one failed write lost the
     counts of the whole batch."""
-    from streams.agents import RecordRunner, handle_queries
-    from streams.hot import HotTracker
+    from streams.decide.hot import HotTracker
+    from streams.shell.agents import RecordRunner, handle_queries
 
     p, _ = pipeline(Port({}), retry_initial_s=0.001, retry_max_s=0.001)
     rows = _FlakyRows(failures=2)
@@ -541,7 +542,7 @@ def test_a_failed_window_write_is_retried_not_the_batch_lost():
 
 
 def test_a_failed_count_goes_through_the_runner(monkeypatch):
-    from streams.agents import RecordRunner, handle_queries
+    from streams.shell.agents import RecordRunner, handle_queries
 
     p, _ = pipeline(Port({}), retry_initial_s=0.001, retry_max_s=0.001)
     calls = []
@@ -564,7 +565,7 @@ def test_a_failed_count_goes_through_the_runner(monkeypatch):
 def test_a_failed_window_flush_keeps_its_rows_for_the_next_one():
     """The flush took its pending rows out before writing them: a write that failed lost
     them, whoever retried it."""
-    from streams.hot import HotPayload, HotTracker
+    from streams.decide.hot import HotPayload, HotTracker
 
     rows = _FlakyRows(failures=1)
     tracker = HotTracker(600.0, 60.0, rows=rows)

@@ -7,10 +7,11 @@ import asyncio
 import pytest
 
 from schemas import ChunkRef, KbChange, WorkerEvent
-from streams import handlers, logic
-from streams.hot import HotPayload
-from streams.ports import WarmPrefix
-from streams.records import DocState, PrefixOp, PrefixState, WorkerState, doc_key
+from streams.decide import logic
+from streams.decide.hot import HotPayload
+from streams.decide.records import DocState, PrefixOp, PrefixState, WorkerState, doc_key
+from streams.handle import handlers
+from streams.handle.ports import WarmPrefix
 from streams.sim import run_sync
 from tests.unit.conftest import P1, REFS, Port, ask, edited, pipeline, query
 

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import ChunkRef, KbChange, WorkerEvent
-from streams.hot import SpaceSaving
-from streams.logic import (
+from streams.decide.hot import SpaceSaving
+from streams.decide.logic import (
     HotCandidate,
     apply_doc_link,
     apply_worker_event,
@@ -19,7 +19,7 @@ from streams.logic import (
     plan_prefix_op,
     plan_rewarm,
 )
-from streams.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState
+from streams.decide.records import DocLink, DocState, PrefixOp, PrefixState, WorkerState
 
 H1, H2, H3 = "a" * 32, "b" * 32, "c" * 32
 P1, P2 = "1" * 32, "2" * 32
@@ -389,7 +389,7 @@ class TestHeavyHitters:
 
 
 def test_link_of_prefix_built_from_replaced_chunk_invalidates_it():
-    from streams.logic import plan_doc_link
+    from streams.decide.logic import plan_doc_link
 
     doc = DocState(version=2, chunks={"d.md#0": H3})
     link = DocLink(doc_id="d.md", prefix_hash=P1, chunk_refs=[ref("d.md#0", H1)])
@@ -495,7 +495,7 @@ def test_an_edit_invalidates_only_prefixes_built_from_the_changed_chunk():
     every ref of the prefix, so a worker also dropped valid prefixes sharing one of its
     unchanged chunks; the next edit to such a prefix then invalidated nothing on any
     worker, and nothing re-warmed it. Now a command names only the stale refs."""
-    from streams.logic import plan_doc_link
+    from streams.decide.logic import plan_doc_link
     from workers.blocks import block_hashes
     from workers.cache import Budget, PrefixCache
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import WarmupCommand
-from streams.metrics import MeasuredOutbox, StreamsMetrics, snapshot
-from streams.records import PrefixOp
+from streams.decide.records import PrefixOp
+from streams.shell.metrics import MeasuredOutbox, StreamsMetrics, snapshot
 
 P0, P1 = "0" * 16, "1" * 16
 

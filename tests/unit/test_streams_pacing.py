@@ -1,4 +1,4 @@
-"""One warm op per tracked prefix per interval from its queries (`streams.pacing`): while
+"""One warm op per tracked prefix per interval from its queries (`streams.decide.pacing`): while
 the prefix is on no worker, every query of it used to send the same op."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from streams import handlers
-from streams.pacing import KeyPacing
-from streams.records import PrefixState
+from streams.decide.pacing import KeyPacing
+from streams.decide.records import PrefixState
+from streams.handle import handlers
 from tests.unit.conftest import P1, REFS, Port, pipeline, query
 
 

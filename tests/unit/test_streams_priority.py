@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from streams import priority
-from streams.priority import PriorityExecutor
+from streams.decide import priority
+from streams.decide.priority import PriorityExecutor
 
 ROOT = Path(__file__).parents[2]
 
@@ -91,7 +91,7 @@ def test_shutdown_may_cancel_what_is_still_queued():
 def test_at_interpreter_exit_the_running_call_finishes_and_the_process_ends():
     script = (
         "import time\n"
-        "from streams.priority import PriorityExecutor\n"
+        "from streams.decide.priority import PriorityExecutor\n"
         "ex = PriorityExecutor()\n"
         "ex.submit(lambda: (time.sleep(0.2), print('written', flush=True)))\n"
     )

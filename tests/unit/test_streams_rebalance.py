@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from streams.rebalance import seeking_uncommitted_too, uncommitted
+from streams.shell.rebalance import seeking_uncommitted_too, uncommitted
 
 TP = namedtuple("TP", "topic partition")
 

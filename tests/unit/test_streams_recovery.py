@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from schemas import KbChange
-from streams.faults import Backoff
-from streams.records import DocState
-from streams.recovery import pick_changes, plan_reindex, recover_index, recover_until_done
+from streams.decide.records import DocState
+from streams.shell.faults import Backoff
+from streams.shell.recovery import pick_changes, plan_reindex, recover_index, recover_until_done
 from tests.unit.conftest import Port, pipeline
 
 

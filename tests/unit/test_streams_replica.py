@@ -10,10 +10,10 @@ from types import SimpleNamespace
 from schemas import ChunkRef, IndexedChunk, KbChange, encode
 from schemas.events import VERSION_HEADER
 from schemas.topics import chunk_key
-from streams import handlers
-from streams.ports import WarmPrefix
-from streams.records import PrefixOp, PrefixState
-from streams.replica import decode_batch, next_offsets
+from streams.decide.records import PrefixOp, PrefixState
+from streams.handle import handlers
+from streams.handle.ports import WarmPrefix
+from streams.shell.replica import decode_batch, next_offsets
 from tests.unit.conftest import P1, REFS, Port, pipeline
 from tests.unit.test_replica import publish
 
@@ -133,8 +133,8 @@ def test_a_batch_keeps_the_good_records_in_order_and_names_the_bad_ones():
 
 
 def test_recovery_rebuilds_from_the_replica_before_it_re_indexes_anything():
-    from streams.records import DocState
-    from streams.recovery import recover_index
+    from streams.decide.records import DocState
+    from streams.shell.recovery import recover_index
     from tests.unit.test_streams_recovery import IndexPort
 
     port = IndexPort({})  # an empty disk
@@ -188,7 +188,7 @@ class Sent:
 
 
 def _replica(store, letters):
-    from streams.replica import ChunkReplica
+    from streams.shell.replica import ChunkReplica
 
     p, _ = pipeline(Port({}))
     topic = SimpleNamespace(get_topic_name=lambda: "rag.chunks", partitions=4)

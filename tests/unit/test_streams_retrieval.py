@@ -1,4 +1,4 @@
-"""Several questions' prefixes per store call (`streams.retrieval`): the hot tick, an edit's
+"""Several questions' prefixes per store call (`streams.handle.retrieval`): the hot tick, an edit's
 re-warms and the edit watch embed their questions in batches, not one by one."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from schemas import ChunkRef
-from streams import handlers, retrieval
-from streams.ports import WarmPrefix
+from streams.handle import handlers, retrieval
+from streams.handle.ports import WarmPrefix
 from streams.sim import run_sync
 from tests.unit.conftest import Port, pipeline, query
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, WorkerEvent
-from streams import handlers, synthesize
-from streams.hot import HotPayload, HotTracker
-from streams.ports import SynthesisPrompt, WarmPrefix
-from streams.records import DocState, PrefixOp, PrefixState, WorkerState, doc_key
+from streams.decide.hot import HotPayload, HotTracker
+from streams.decide.records import DocState, PrefixOp, PrefixState, WorkerState, doc_key
+from streams.decide.synthetic import SynthesisPrompt
+from streams.handle import handlers, synthesize
+from streams.handle.ports import WarmPrefix
 from streams.settings import StreamsSettings
 from streams.sim import run_sync
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from schemas import ChunkRef, WarmupCommand
-from streams.tails import question_prefills
+from streams.handle.tails import question_prefills
 
 REFS = [ChunkRef(chunk_id="d.md#0", content_hash="1" * 64)]
 

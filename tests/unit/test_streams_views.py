@@ -7,8 +7,8 @@ import json
 import pytest
 
 from schemas.prefix import PromptParams
-from streams.records import WorkerState
-from streams.views.bodies import (
+from streams.decide.records import WorkerState
+from streams.shell.views.bodies import (
     MAX_BODY_BYTES,
     MAX_K,
     BadRequest,
@@ -16,8 +16,8 @@ from streams.views.bodies import (
     RouteBody,
     parse_body,
 )
-from streams.views.health import health_body
-from streams.views.route import route_answer
+from streams.shell.views.health import health_body
+from streams.shell.views.route import route_answer
 
 
 def test_a_valid_retrieve_body_gets_its_defaults():

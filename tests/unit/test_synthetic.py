@@ -7,9 +7,9 @@ import pytest
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent, decode, encode
 from schemas.events import WarmupCommandV3, WorkerEventV3, WorkerEventV4
-from streams import synthetic as syn
-from streams.ports import SynthesisPrompt
-from streams.records import DocState
+from streams.decide import synthetic as syn
+from streams.decide.records import DocState
+from streams.decide.synthetic import SynthesisPrompt
 from workers.synthesis import (
     RateLimit,
     clean_question,

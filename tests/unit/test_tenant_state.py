@@ -9,9 +9,9 @@ import pytest
 
 from schemas import ChunkRef, KbChange
 from schemas.topics import kb_key, split_kb_key
-from streams import handlers
-from streams.records import DocLink, DocState, doc_key
-from streams.recovery import plan_reindex
+from streams.decide.records import DocLink, DocState, doc_key
+from streams.handle import handlers
+from streams.shell.recovery import plan_reindex
 from streams.sim import run_sync
 from tests.unit.conftest import Port, pipeline
 
@@ -93,7 +93,7 @@ def test_document_keys_never_collide_across_tenants():
 
 
 def test_synthetic_warmup_keys_documents_unambiguously():
-    from streams.synthetic import DocCandidate, doc_key_of
+    from streams.decide.synthetic import DocCandidate, doc_key_of
 
     def key(tenant: str, doc_id: str) -> str:
         return doc_key_of(DocCandidate(tenant=tenant, doc_id=doc_id, refs=()))

@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 from schemas import WorkerEvent, decode, encode
 from schemas.signing import authentic, derive_worker_key, sign
-from streams import handlers
-from streams.logic import choose_worker
-from streams.records import WorkerState
+from streams.decide.logic import choose_worker
+from streams.decide.records import WorkerState
+from streams.handle import handlers
 from streams.sim import run_sync
 from tests.unit.conftest import Port, pipeline
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragwarm.bench.strategies.policies import Policy, PolicyContext
 from ragwarm.bench.strategies.settings import StrategySettings
-from streams.records import DocState
+from streams.decide.records import DocState
 from streams.sim import SimRag
 from workers.sim import SimWorker
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from ragwarm.trace import Question
 from schemas import ChunkRef, KbChange, QueryEvent
 from schemas.prefix import PromptParams
-from streams.ports import SynthesisPrompt, WarmPrefix
-from streams.records import DocState
+from streams.decide.records import DocState
+from streams.decide.synthetic import SynthesisPrompt
+from streams.handle.ports import WarmPrefix
 
 Hasher = Callable[[Sequence[int], str], list[str]]  # token ids, tenant -> block chain
 

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 from schemas import KbChange, QueryEvent, WarmupCommand
 from schemas.prefix import prefix_kv_bytes
-from streams.logic import command_id
+from streams.decide.logic import command_id
 
 if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run starts
     from rag.index import IndexResult
     from ragwarm.bench.strategies.settings import StrategySettings
     from ragwarm.trace import Question
-    from streams.ports import WarmPrefix
+    from streams.handle.ports import WarmPrefix
     from streams.sim import SimRag
     from workers.sim import SimWorker
 

@@ -1,6 +1,6 @@
 """event-rag, hot-tokens and hybrid: the streams app's own handlers on the simulated clock.
 
-Each policy runs `streams.handlers` (the code behind the Faust agents) on the harness of
+Each policy runs `streams.handle.handlers` (the code behind the Faust agents) on the harness of
 `streams.sim`: dict tables, one in-order queue, commands that reach the policy's worker at
 once, and the benchmark's clock. A policy differs from the deployed app only in which inputs
 it is fed.
@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ragwarm.bench.strategies.policies import Policy, PolicyContext
 from schemas import KbChange, QueryEvent
-from streams import handlers
-from streams.hot import HotTracker
-from streams.routes import route_for
+from streams.decide.hot import HotTracker
+from streams.handle import handlers
+from streams.shell.routes import route_for
 from streams.sim import Item, SimOutbox, dict_tables, run_sync
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """`synthetic`: seed 000's batched synthetic requests, on top of request caching.
 
-The streams app with synthetic warmup on (`streams.synthesize`): a document that has just
+The streams app with synthetic warmup on (`streams.handle.synthesize`): a document that has just
 changed, or whose prefixes are hot, gets a few questions sampled by the worker's own model
 (SmolLM2 in the benchmark, seeded so a run repeats), and their top-3 prefixes are warmed
 on the worker within 5% of its memory. KB changes invalidate what they make stale, as in
@@ -17,8 +17,8 @@ from ragwarm.bench.strategies.policies import PolicyContext
 from ragwarm.bench.strategies.streams_policy import StreamsPolicy
 from schemas import QueryEvent
 from schemas.prefix import warm_hit
-from streams import synthesize
-from streams.records import PrefixState
+from streams.decide.records import PrefixState
+from streams.handle import synthesize
 from streams.sim import run_sync
 
 

@@ -1,0 +1,1 @@
+"""The handlers over ports: decisions run against tables and ports, knowing no Faust."""

@@ -1,0 +1,1 @@
+"""The Faust shell: the app, its topics, tables, agents, timers and web views."""
