@@ -22,6 +22,10 @@ def test_this_process_is_alive_and_not_a_broker() -> None:
 def test_a_process_named_like_the_broker_is_one() -> None:
     with subprocess.Popen([sys.executable, "-c", SLEEPER, "30", "kafka.Kafka"]) as proc:
         try:
+            # Until the child has exec'd, its command line is still this process's.
+            deadline = time.monotonic() + 10
+            while not is_kafka(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert is_kafka(proc.pid)
         finally:
             proc.kill()
