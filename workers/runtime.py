@@ -12,8 +12,6 @@ from typing import Any, Literal, Unpack
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import ApiError, Limits, check_prompt
-from workers.cache import CacheEvent, ChunkKey, WarmupRefused
-from workers.chunk_kv import ChunkSpan
 from workers.commands import EventSink
 from workers.engine_lock import DEFAULT_BACKGROUND_MAX_WAIT_S, EngineLock
 from workers.engines.base import (
@@ -23,7 +21,9 @@ from workers.engines.base import (
     PrefillOptions,
     PrefillResult,
 )
-from workers.memory import MEMORY_THRESHOLD, accepts_warmup
+from workers.kv.cache import CacheEvent, ChunkKey, WarmupRefused
+from workers.kv.chunk_kv import ChunkSpan
+from workers.kv.memory import MEMORY_THRESHOLD, accepts_warmup
 from workers.metrics import Served, WorkerMetrics
 from workers.synthesis import (
     DEFAULT_PER_MINUTE,
@@ -47,7 +47,7 @@ class Snapshot:
     mem_total: int
     pinned_bytes: int
     entries: tuple[dict[str, Any], ...]
-    # The block pool's figures (`workers.block_pool.PoolStats`): shared, managed, request...
+    # The block pool's figures (`workers.kv.block_pool.PoolStats`): shared, managed, request...
     blocks: dict[str, int] = field(default_factory=dict)
     # The disk tier's chain ends and bytes (empty without one).
     tier_prefixes: tuple[str, ...] = ()

@@ -16,7 +16,6 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
-from workers.cache import PrefixCache
 from workers.engines.base import (
     GenerationResult,
     GenerationStep,
@@ -24,7 +23,8 @@ from workers.engines.base import (
     ServerKVEngine,
     keep_by_prefill,
 )
-from workers.memory import Budget
+from workers.kv.cache import PrefixCache
+from workers.kv.memory import Budget
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
 from workers.service import STATE, ServiceConfig, ServiceState, build_app

@@ -20,10 +20,10 @@ from typing import (
 )
 
 from schemas.prefix import aligned_tokens, prefix_kv_bytes
-from workers.blocks import block_hashes
-from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
-from workers.cache_entries import Kind
-from workers.chunk_kv import ChunkSpan, check_spans, chunk_prefix, held_chunk_tokens
+from workers.kv.blocks import block_hashes
+from workers.kv.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
+from workers.kv.chunk_kv import ChunkSpan, check_spans, chunk_prefix, held_chunk_tokens
+from workers.kv.entries import Kind
 
 
 class Memory(NamedTuple):
@@ -133,7 +133,7 @@ class Engine(Protocol):
         """Compute and store KV for the block-aligned prefix of `token_ids`.
 
         `kind="request"` stores it as request caching (evictable, no TTL) rather than
-        warmup. Raises `workers.cache.WarmupRefused` when the prefix cannot fit the budget.
+        warmup. Raises `workers.kv.cache.WarmupRefused` when the prefix cannot fit the budget.
         """
         ...
 
@@ -182,7 +182,7 @@ class Engine(Protocol):
         kind: Kind = "managed",
     ) -> PrefillResult:
         """Compute and store the KV of `chunk` right after `opening` (the system prompt) as
-        the prefix `opening + chunk` (`workers.chunk_kv`): any prompt opening with the chunk
+        the prefix `opening + chunk` (`workers.kv.chunk_kv`): any prompt opening with the chunk
         reuses it exactly, and an engine with chunk reuse can blend it elsewhere. Invalidated
         by `ref`. Raises `WarmupRefused` where the engine holds no chunk KV or it cannot fit."""
         ...
@@ -327,7 +327,7 @@ class PrefixEngine(ABC, Generic[H]):
         kind: Kind = "managed",
     ) -> PrefillResult:
         # The prefix `opening + chunk`, marked from the chunk's first token: exactly the
-        # leading KV of every prompt that opens with this chunk (`workers.chunk_kv`).
+        # leading KV of every prompt that opens with this chunk (`workers.kv.chunk_kv`).
         tokens = chunk_prefix(opening, chunk)
         if held_chunk_tokens(len(opening), len(tokens) // self.block_size, self.block_size) < 1:
             return PrefillResult(None, 0, 0, 0, (), 0.0)  # no full block reaches the chunk

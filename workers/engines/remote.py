@@ -24,7 +24,6 @@ import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 from prometheus_client.parser import text_string_to_metric_families
 
-from workers.cache import CacheEntry
 from workers.engines.base import (
     GenerationResult,
     GenerationStep,
@@ -32,7 +31,8 @@ from workers.engines.base import (
     ServerKVEngine,
     keep_by_prefill,
 )
-from workers.kv_sizing import DTYPE_BYTES, cache_for, kv_bytes_per_token
+from workers.kv.cache import CacheEntry
+from workers.kv.sizing import DTYPE_BYTES, cache_for, kv_bytes_per_token
 from workers.settings import WorkerSettings
 
 QUERIES = ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")

@@ -16,7 +16,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from workers.cache import CacheEntry
 from workers.engines.base import (
     GenerationResult,
     GenerationStep,
@@ -25,7 +24,8 @@ from workers.engines.base import (
     ServerKVEngine,
     keep_by_prefill,
 )
-from workers.kv_sizing import cache_for, kv_bytes_per_token
+from workers.kv.cache import CacheEntry
+from workers.kv.sizing import cache_for, kv_bytes_per_token
 from workers.settings import WorkerSettings
 
 NEEDS = "needs vllm and a CUDA device"
