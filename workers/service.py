@@ -34,7 +34,7 @@ from workers.api import (
     usage_chunk,
 )
 from workers.commands import BrokerUnavailable
-from workers.engines.base import GenerationResult, GenerationStep
+from workers.engines.protocol import GenerationResult, GenerationStep
 from workers.kv.cache import WarmupRefused
 from workers.kv.chunk_kv import ChunkSpan
 from workers.metrics import CONTENT_TYPE, WorkerMetrics

@@ -21,13 +21,8 @@ from typing import Protocol
 from schemas import ChunkRef, QueryEvent, WarmupCommand, WorkerEvent
 from schemas.prefix import prefix_kv_bytes
 from workers.api import Limits
-from workers.engines.base import (
-    Engine,
-    GenerationResult,
-    GenerationStep,
-    PrefixEngine,
-    Request,
-)
+from workers.engines.base import PrefixEngine, Request
+from workers.engines.protocol import Engine, GenerationResult, GenerationStep
 from workers.kv.cache import ChunkKey, PrefixCache, WarmupRefused
 from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.memory import MEMORY_THRESHOLD, Budget

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ragwarm.settings import TRACE_DIR
-from workers.engines.base import Engine, GenerationStep
+from workers.engines.protocol import Engine, GenerationStep
 from workers.engines.torch_engine import KV, TorchEngine, load_torch_engine
 from workers.kv.cache import PrefixCache
 from workers.kv.memory import Budget

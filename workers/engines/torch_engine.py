@@ -13,18 +13,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from workers.engines.base import (
-    GenerationResult,
-    GenerationStep,
-    KeepPrompt,
-    PrefillResult,
-    PrefixEngine,
-    Request,
-)
+from workers.engines.base import PrefixEngine, Request
 from workers.engines.blend import Selection, as_cache
 from workers.engines.chunk_reuse import ChunkBlender
 from workers.engines.disk_tier import DiskTier, open_tier
 from workers.engines.kv_blocks import KV, BlockKV, chain_cache, cut_blocks, join
+from workers.engines.protocol import GenerationResult, GenerationStep, KeepPrompt, PrefillResult
 from workers.engines.tiered import Tiered
 from workers.kv.budgets import (
     boot_warmup_tokens,
