@@ -79,7 +79,7 @@ class StreamsSettings(BaseSettings):
         "its question's tokens as request caching would, not the prefix alone. 0: prefixes.",
     )
     # 0.5: with the hot set's 0.18 it stays under the 0.7 of memory a worker lets warmup
-    # pin (workers.memory.MEMORY_THRESHOLD), so the worker refuses neither.
+    # pin (workers.kv.memory.MEMORY_THRESHOLD), so the worker refuses neither.
     edit_rewarm_share: float = Field(
         default=0.5, ge=0.0, le=0.7,
         description="Share of the ready workers' KV memory one KB change may re-warm and hold "

@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from schemas import MAX_TTL_S, ChunkRef
-from workers.chunk_kv import ChunkSpan, check_spans
+from workers.kv.chunk_kv import ChunkSpan, check_spans
 
 Tenant = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 DONE = b"data: [DONE]\n\n"

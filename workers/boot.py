@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from itertools import cycle, islice
 
-from workers.budgets import BOOT_DECODE_TOKENS
-from workers.engines.base import Engine
+from workers.engines.protocol import Engine
+from workers.kv.budgets import BOOT_DECODE_TOKENS
 
 # Ordinary prose: the kernels, the allocator and the attention see a realistic prompt.
 BOOT_TEXT = (

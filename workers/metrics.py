@@ -297,7 +297,7 @@ class WorkerMetrics:
         self.usage.set(used / capacity if capacity else 0.0)
 
     def block_state(self, stats: Mapping[str, int]) -> None:
-        """Block figures from `workers.block_pool.PoolStats` (as a dict)."""
+        """Block figures from `workers.kv.block_pool.PoolStats` (as a dict)."""
         if not stats:
             return
         for kind, key in (

@@ -12,18 +12,18 @@ from typing import Any, Literal, Unpack
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import ApiError, Limits, check_prompt
-from workers.cache import CacheEvent, ChunkKey, WarmupRefused
-from workers.chunk_kv import ChunkSpan
 from workers.commands import EventSink
 from workers.engine_lock import DEFAULT_BACKGROUND_MAX_WAIT_S, EngineLock
-from workers.engines.base import (
+from workers.engines.protocol import (
     Engine,
     GenerationResult,
     GenerationStep,
     PrefillOptions,
     PrefillResult,
 )
-from workers.memory import MEMORY_THRESHOLD, accepts_warmup
+from workers.kv.cache import CacheEvent, ChunkKey, WarmupRefused
+from workers.kv.chunk_kv import ChunkSpan
+from workers.kv.memory import MEMORY_THRESHOLD, accepts_warmup
 from workers.metrics import Served, WorkerMetrics
 from workers.synthesis import (
     DEFAULT_PER_MINUTE,
@@ -47,7 +47,7 @@ class Snapshot:
     mem_total: int
     pinned_bytes: int
     entries: tuple[dict[str, Any], ...]
-    # The block pool's figures (`workers.block_pool.PoolStats`): shared, managed, request...
+    # The block pool's figures (`workers.kv.block_pool.PoolStats`): shared, managed, request...
     blocks: dict[str, int] = field(default_factory=dict)
     # The disk tier's chain ends and bytes (empty without one).
     tier_prefixes: tuple[str, ...] = ()
@@ -273,38 +273,24 @@ class WorkerRuntime:
 
     def _cmd_invalidate(self, cmd: WarmupCommand) -> str:
         with self.lock.background():
-            cache = self.engine.cache
-            cid = cmd.command_id
-            # Only the command's tenant's prefixes: another tenant's identical chunks are not
-            # what its edit changed.
-            removed = cache.invalidate(chunk_keys(cmd.chunk_refs), command_id=cid,
-                                       tenant=cmd.tenant)
-            # Entries extending a stale prefix (reactive ones carry no chunk refs) are stale too.
-            stale = {e.prefix_hash for e in removed}
-            if cmd.prefix_hash:
-                stale.add(cmd.prefix_hash)
-            for prefix_hash in sorted(stale):
-                removed += cache.invalidate_prefix(prefix_hash, command_id=cid)
-            self.engine.sync()
+            removed = self.engine.invalidate(
+                chunk_keys(cmd.chunk_refs), tenant=cmd.tenant, prefix_hash=cmd.prefix_hash,
+                command_id=cmd.command_id,
+            )
             self._refresh()
         return "invalidated" if removed else "not_found"
 
     def _cmd_extend_ttl(self, cmd: WarmupCommand) -> str:
         assert cmd.prefix_hash is not None  # the schema requires it for this op
         with self.lock.background():
-            cache = self.engine.cache
-            ttl = cmd.ttl_s or cache.default_ttl_s
-            entry = None
-            if ttl is not None:
-                entry = cache.extend_ttl(cmd.prefix_hash, ttl, command_id=cmd.command_id)
-            self.engine.sync()
+            entry = self.engine.extend_ttl(cmd.prefix_hash, cmd.ttl_s, command_id=cmd.command_id)
             self._refresh()
         return "extended" if entry is not None else "not_found"
 
     def _cmd_release(self, cmd: WarmupCommand) -> str:
         assert cmd.prefix_hash is not None
         with self.lock.background():
-            entry = self.engine.cache.release(cmd.prefix_hash, command_id=cmd.command_id)
+            entry = self.engine.release(cmd.prefix_hash, command_id=cmd.command_id)
             self._refresh()
         return "released" if entry is not None else "not_found"
 
@@ -369,8 +355,7 @@ class WorkerRuntime:
         """Expire entries past their TTL (skipped while the engine is busy) and publish."""
         if self.lock.try_background(lock_timeout_s):
             try:
-                self.engine.cache.expire()
-                self.engine.sync()
+                self.engine.expire()
                 self._refresh()
             finally:
                 self.lock.release()

@@ -33,10 +33,10 @@ from workers.api import (
     usage,
     usage_chunk,
 )
-from workers.cache import WarmupRefused
-from workers.chunk_kv import ChunkSpan
 from workers.commands import BrokerUnavailable
-from workers.engines.base import GenerationResult, GenerationStep
+from workers.engines.protocol import GenerationResult, GenerationStep
+from workers.kv.cache import WarmupRefused
+from workers.kv.chunk_kv import ChunkSpan
 from workers.metrics import CONTENT_TYPE, WorkerMetrics
 from workers.runtime import WorkerRuntime, chunk_keys
 

@@ -9,10 +9,10 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from workers.blocks import BLOCK_SIZE
 from workers.engine_lock import DEFAULT_BACKGROUND_MAX_WAIT_S
-from workers.eviction import DEFAULT_POLICY, make_policy
-from workers.memory import DEFAULT_MAX_ENTRIES, GiB
+from workers.kv.blocks import BLOCK_SIZE
+from workers.kv.eviction import DEFAULT_POLICY, make_policy
+from workers.kv.memory import DEFAULT_MAX_ENTRIES, GiB
 from workers.synthesis import DEFAULT_PER_MINUTE
 
 # The names workers.engines.blend.SELECTORS accepts (kept here so settings import no torch).

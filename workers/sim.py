@@ -21,16 +21,11 @@ from typing import Protocol
 from schemas import ChunkRef, QueryEvent, WarmupCommand, WorkerEvent
 from schemas.prefix import prefix_kv_bytes
 from workers.api import Limits
-from workers.cache import ChunkKey, PrefixCache, WarmupRefused
-from workers.chunk_kv import ChunkSpan
-from workers.engines.base import (
-    Engine,
-    GenerationResult,
-    GenerationStep,
-    PrefixEngine,
-    Request,
-)
-from workers.memory import MEMORY_THRESHOLD, Budget
+from workers.engines.base import PrefixEngine, Request
+from workers.engines.protocol import Engine, GenerationResult, GenerationStep
+from workers.kv.cache import ChunkKey, PrefixCache, WarmupRefused
+from workers.kv.chunk_kv import ChunkSpan
+from workers.kv.memory import MEMORY_THRESHOLD, Budget
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
 from workers.synthesis import DEFAULT_PER_MINUTE, RateLimit, SynthesisLimits

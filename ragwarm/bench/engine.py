@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from ragwarm.settings import TRACE_DIR
-from workers.tier_index import RestoreCosts
+from workers.kv.tier_index import RestoreCosts
 
 DEFAULT_EVENTS = TRACE_DIR / "events.jsonl"
 SYNTHETIC_TEXT = (

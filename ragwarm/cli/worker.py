@@ -16,9 +16,9 @@ from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings, keyring
 from schemas.topics import DEADLETTER, WARMUP_COMMANDS, WORKER_EVENTS
 from workers.api import Limits, PrefillRequest, WarmSetError, parse_warm_set
 from workers.boot import warm_engine
-from workers.cache import WarmupRefused
 from workers.commands import CommandConsumer, EventSink, KafkaEventSink, NullSink
-from workers.engines.base import Engine
+from workers.engines.protocol import Engine
+from workers.kv.cache import WarmupRefused
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime, chunk_keys
 from workers.service import ServiceConfig, ServiceState, serve

@@ -4,7 +4,7 @@ Pure bookkeeping over the query stream. A pinned prefix holds bytes that request
 would otherwise give to whatever is asked next; it earns them back only on an ask request
 caching would have missed. An LRU cache misses an ask exactly when its *reuse distance* (the
 bytes of the other distinct prefixes asked since this prefix's previous ask) exceeds what it
-holds (Mattson's stack distance). The workers' SLRU (`workers.eviction`) evicts prompts asked
+holds (Mattson's stack distance). The workers' SLRU (`workers.kv.eviction`) evicts prompts asked
 once before any asked again, so a prefix already asked twice is only pushed out by other
 prefixes asked again: its distance counts those alone. A prefix re-asked within reach stays
 cached without a pin, and pinning it freezes bytes for nothing; a prefix whose re-asks come

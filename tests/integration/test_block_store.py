@@ -8,7 +8,7 @@ import pytest
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
-from workers.engines.base import GenerationResult, GenerationStep
+from workers.engines.protocol import GenerationResult, GenerationStep
 from workers.engines.torch_engine import TorchEngine
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from workers.boot import warm_engine
-from workers.budgets import CPU_BANDWIDTH, boot_warmup_tokens
 from workers.engines.torch_engine import load_torch_engine
+from workers.kv.budgets import CPU_BANDWIDTH, boot_warmup_tokens
 from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from ragwarm.models import fetch_llm
-from workers.chunk_kv import ChunkSpan
 from workers.engines.blend import prefill
 from workers.engines.torch_engine import TorchEngine, load_torch_engine
+from workers.kv.chunk_kv import ChunkSpan
 from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from schemas import WarmupCommand, encode
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
 from tests.integration.test_worker_service import Events, completion
 from tests.integration.worker_proc import WorkerProc
-from workers.blocks import block_hashes
+from workers.kv.blocks import block_hashes
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from ragwarm.models import fetch_gguf, llm_dir
 from ragwarm.settings import ModelSettings
 from tests.integration.llama_proc import LlamaServer, llama_server_binary
 from tests.integration.worker_proc import WorkerProc
-from workers.engines.base import Engine
+from workers.engines.protocol import Engine
 from workers.engines.remote import RemoteEngine, connect_remote_engine
 from workers.settings import WorkerSettings
 

@@ -13,7 +13,7 @@ from pydantic import SecretStr
 from ragwarm.models import llm_dir
 from ragwarm.settings import ModelSettings
 from tests.integration.worker_proc import WorkerProc
-from workers.engines.base import Engine
+from workers.engines.protocol import Engine
 from workers.engines.remote import RemoteEngine, RemoteError, connect_remote_engine
 from workers.settings import WorkerSettings
 

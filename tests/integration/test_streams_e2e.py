@@ -26,7 +26,7 @@ from streams.decide.records import PrefixOp
 from streams.shell.topics import PREFIX_OPS
 from tests.integration.test_streams_pipeline import EVENTS
 from tests.integration.waiting import wait_for
-from workers.blocks import block_hashes
+from workers.kv.blocks import block_hashes
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.cache import PrefixCache
 from workers.engines.torch_engine import TorchEngine, load_torch_engine
-from workers.memory import Budget
+from workers.kv.cache import PrefixCache
+from workers.kv.memory import Budget
 from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
@@ -74,7 +74,7 @@ def test_a_tier_directory_is_rebuilt_from_its_headers_and_strangers_are_dropped(
     tmp_path: Path,
 ) -> None:
     from workers.engines.disk_tier import DiskTier, Layout
-    from workers.tier_index import TierBlock
+    from workers.kv.tier_index import TierBlock
 
     layout = Layout("float32", (4, 1, 16, 8))
     tier = DiskTier(tmp_path, 10**6, layout, "cpu")
@@ -103,7 +103,7 @@ def test_a_tier_directory_is_rebuilt_from_its_headers_and_strangers_are_dropped(
     loaded = again.load([head.block_hash, tail.block_hash])
     assert torch.equal(loaded[1], data + 1)
     # The chunk mark survived the restart: invalidating the chunk drops the head and its tail.
-    from workers.tier_journal import TierOps
+    from workers.kv.tier_journal import TierOps
 
     gone = again.apply(TierOps(refs={("t", ("d#0", "ff" * 16))}), {})
     assert sorted(gone) == sorted([head.block_hash, tail.block_hash])
@@ -112,7 +112,7 @@ def test_a_tier_directory_is_rebuilt_from_its_headers_and_strangers_are_dropped(
 
 def test_a_failing_disk_drops_the_block_instead_of_failing_the_caller(tmp_path: Path) -> None:
     from workers.engines.disk_tier import DiskTier, Layout
-    from workers.tier_index import TierBlock
+    from workers.kv.tier_index import TierBlock
 
     layout = Layout("float32", (2, 1, 16, 4))
     tier = DiskTier(tmp_path / "tier", 10**6, layout, "cpu")

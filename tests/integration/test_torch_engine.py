@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from ragwarm.settings import TRACE_DIR
-from workers.cache import PrefixCache
-from workers.engines.base import Engine, GenerationStep
+from workers.engines.protocol import Engine, GenerationStep
 from workers.engines.torch_engine import KV, TorchEngine, load_torch_engine
-from workers.memory import Budget
+from workers.kv.cache import PrefixCache
+from workers.kv.memory import Budget
 from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration

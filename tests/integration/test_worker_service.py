@@ -16,7 +16,7 @@ from ragwarm.settings import KafkaSettings, ModelSettings
 from schemas import ChunkRef, WarmupCommand, WorkerEvent, decode, encode
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS, prefixed
 from tests.integration.worker_proc import WorkerProc, metric
-from workers.blocks import block_hashes
+from workers.kv.blocks import block_hashes
 
 pytestmark = pytest.mark.integration
 

@@ -15,6 +15,15 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("ragwarm", "schemas", "rag", "streams", "workers")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
+# Modules allowed past the cap, each by name, with its own ceiling and the reason it is one
+# module: a file is split where it holds two jobs, never to get under a number.
+LONG_MODULES: dict[str, tuple[int, str]] = {
+    "workers/kv/cache.py": (
+        540,
+        "PrefixCache is one job (admit, look up, invalidate, evict over the block pool); its "
+        "pure helpers already live in workers/kv/entries.py",
+    ),
+}
 
 
 def _sources() -> list[Path]:
@@ -64,7 +73,16 @@ def test_no_import_cycle() -> None:
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_module_size(path: Path) -> None:
     lines = len(path.read_text().splitlines())
-    assert lines <= MAX_MODULE_LINES, f"{lines} lines: split it by what its parts are"
+    cap, _reason = LONG_MODULES.get(str(path.relative_to(ROOT)), (MAX_MODULE_LINES, ""))
+    assert lines <= cap, f"{lines} lines: split it by what its parts are"
+
+
+def test_named_long_modules_exist_and_need_their_exception() -> None:
+    for name, (_cap, reason) in LONG_MODULES.items():
+        path = ROOT / name
+        assert path.exists(), f"{name}: a named exception for a module that is gone"
+        assert reason, f"{name}: an exception needs its reason"
+        assert len(path.read_text().splitlines()) > MAX_MODULE_LINES, f"{name} fits the cap now"
 
 
 def test_function_sizes() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.budgets import (
+from workers.kv.budgets import (
     BOOT_DECODE_TOKENS,
     boot_warmup_tokens,
     chunk_spans,
@@ -16,7 +16,7 @@ from workers.budgets import (
     quantized_warmup,
     warmup_token_amount,
 )
-from workers.memory import GiB
+from workers.kv.memory import GiB
 
 
 def test_warmup_amount_is_a_quarter_of_the_context_when_bandwidth_allows() -> None:

@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from workers.blocks import BLOCK_SIZE, block_hashes, root_hash
-from workers.cache import Budget, CacheEntry, PrefixCache, WarmupRefused
+from workers.kv.blocks import BLOCK_SIZE, block_hashes, root_hash
+from workers.kv.cache import Budget, CacheEntry, PrefixCache, WarmupRefused
 
 
 class Clock:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.test_cache import chain, make_cache
-from workers.block_pool import split_bytes
-from workers.cache import WarmupRefused
+from workers.kv.block_pool import split_bytes
+from workers.kv.cache import WarmupRefused
 
 REF = ("doc#1", "aa")
 

@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from workers.blocks import BLOCK_SIZE, block_hashes
-from workers.cache import Budget, PrefixCache, WarmupRefused
+from workers.kv.blocks import BLOCK_SIZE, block_hashes
+from workers.kv.cache import Budget, PrefixCache, WarmupRefused
 
 BUDGET = Budget(max_bytes=400, max_entries=6, warm_bytes=150)
 TENANTS = ("a", "b")

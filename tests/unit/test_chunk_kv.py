@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from workers.blocks import BLOCK_SIZE, block_hashes
-from workers.cache import Budget, PrefixCache
-from workers.chunk_kv import ChunkSpan, check_spans, chunk_prefix, held_chunk_tokens, plan_pieces
+from workers.kv.blocks import BLOCK_SIZE, block_hashes
+from workers.kv.cache import Budget, PrefixCache
+from workers.kv.chunk_kv import ChunkSpan, check_spans, chunk_prefix, held_chunk_tokens, plan_pieces
 
 OPENING = list(range(1000, 1020))  # a 20-token system prompt: its last block holds chunk tokens
 OLD = ("doc#0", "hash-old")

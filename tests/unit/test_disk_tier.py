@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_cache import chain, make_cache
-from workers.tier_index import RestoreCosts, TierBlock, TierIndex
-from workers.tier_journal import TierJournal
+from workers.kv.tier_index import RestoreCosts, TierBlock, TierIndex
+from workers.kv.tier_journal import TierJournal
 
 REF = ("doc#1", "aa")
 OTHER = ("doc#2", "bb")

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from workers.engines.disk_tier import DiskTier, Layout, owned
-from workers.tier_index import TierBlock
+from workers.kv.tier_index import TierBlock
 
 LAYOUT = Layout("float32", (2, 1, 16, 4))
 HASH = "ab" * 16

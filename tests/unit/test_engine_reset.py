@@ -3,7 +3,7 @@ which keeps the bookkeeping every engine shares)."""
 
 from __future__ import annotations
 
-from workers.memory import Budget
+from workers.kv.memory import Budget
 from workers.sim import CostEngine, CostModel, make_cache
 
 

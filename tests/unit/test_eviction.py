@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.eviction import (
+from workers.kv.eviction import (
     POLICIES,
     GdsfPolicy,
     LfuAgedPolicy,

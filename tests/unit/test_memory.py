@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.memory import (
+from workers.kv.memory import (
     BURST_BUFFER_SHARE,
     Budget,
     GiB,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from workers.blocks import block_hashes
 from workers.engines.remote import slots_holding
+from workers.kv.blocks import block_hashes
 
 
 def hashes_of(prompt: str, tenant: str) -> list[str]:

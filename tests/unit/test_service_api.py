@@ -33,7 +33,7 @@ from workers.engines.remote import (
     prometheus_counter,
     stream_events,
 )
-from workers.kv_sizing import kv_bytes_per_token
+from workers.kv.sizing import kv_bytes_per_token
 from workers.metrics import Served, WorkerMetrics
 
 LIMITS = Limits(max_prompt_tokens=100, max_tokens=20, context_tokens=110, vocab_size=1000)

@@ -16,15 +16,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
-from workers.cache import PrefixCache
-from workers.engines.base import (
-    GenerationResult,
-    GenerationStep,
-    Request,
-    ServerKVEngine,
-    keep_by_prefill,
-)
-from workers.memory import Budget
+from workers.engines.base import Request, ServerKVEngine, keep_by_prefill
+from workers.engines.protocol import GenerationResult, GenerationStep
+from workers.kv.cache import PrefixCache
+from workers.kv.memory import Budget
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
 from workers.service import STATE, ServiceConfig, ServiceState, build_app

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ragwarm.bench.strategies.lanes import SimClock
-from workers.memory import Budget
+from workers.kv.memory import Budget
 from workers.sim import (
     CostEngine,
     CostModel,

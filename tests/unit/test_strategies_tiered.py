@@ -16,7 +16,7 @@ from ragwarm.bench.strategies.records import QueryRow
 from ragwarm.bench.strategies.restart import restart_figures, restart_markdown, restart_step
 from ragwarm.bench.strategies.seedtable import SEED_000, seed_markdown, seed_rows
 from ragwarm.trace import Question, TraceEvent
-from workers.memory import Budget
+from workers.kv.memory import Budget
 from workers.sim import CostEngine, CostModel, SimWorker, make_cache
 
 Q = Question(qid="q1", question="how?")

@@ -496,8 +496,8 @@ def test_an_edit_invalidates_only_prefixes_built_from_the_changed_chunk():
     unchanged chunks; the next edit to such a prefix then invalidated nothing on any
     worker, and nothing re-warmed it. Now a command names only the stale refs."""
     from streams.decide.logic import plan_doc_link
-    from workers.blocks import block_hashes
-    from workers.cache import Budget, PrefixCache
+    from workers.kv.blocks import block_hashes
+    from workers.kv.cache import Budget, PrefixCache
 
     prior = DocState(version=1, chunks={"d.md#0": H1, "d.md#1": H2})
     shared = ref("d.md#1", H2)  # unchanged; in both prefixes

@@ -5,8 +5,8 @@ prefixes, neither from the device cache nor from the disk tier."""
 from __future__ import annotations
 
 from tests.unit.test_cache import chain, make_cache
-from workers.tier_index import TierBlock, TierIndex
-from workers.tier_journal import TierJournal
+from workers.kv.tier_index import TierBlock, TierIndex
+from workers.kv.tier_journal import TierJournal
 
 REF = ("d#0", "aa")  # the same chunk in both tenants' KBs
 

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from tests.unit.test_cache import chain, make_cache
 from tests.unit.test_service_http import booted  # noqa: F401 - the fixture
-from workers.cache import WarmupRefused
-from workers.kv_sizing import cache_for
-from workers.quota import capped, quota_refusal, tenant_quota
+from workers.kv.cache import WarmupRefused
+from workers.kv.quota import capped, quota_refusal, tenant_quota
+from workers.kv.sizing import cache_for
 from workers.service import STATE
 from workers.settings import WorkerSettings
 

@@ -1,4 +1,5 @@
-"""The protocol every inference engine implements, its results, and the engines' shared part."""
+"""What the engines share: the prefix bookkeeping, the checks of `generate`, the cache's
+mutations that free KV (the protocol itself is `workers.engines.protocol`)."""
 
 from __future__ import annotations
 
@@ -6,200 +7,21 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import (
-    Any,
-    Generic,
-    Literal,
-    NamedTuple,
-    Protocol,
-    Required,
-    TypedDict,
-    TypeVar,
-    Unpack,
-    runtime_checkable,
-)
+from typing import Any, Generic, TypeVar, Unpack
 
 from schemas.prefix import aligned_tokens, prefix_kv_bytes
-from workers.blocks import block_hashes
-from workers.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
-from workers.cache_entries import Kind
-from workers.chunk_kv import ChunkSpan, check_spans, chunk_prefix, held_chunk_tokens
-
-
-class Memory(NamedTuple):
-    """KV memory of an engine: bytes held by cached prefixes, and the most it may hold."""
-
-    used: int
-    total: int
-
-
-@dataclass(frozen=True)
-class PrefillResult:
-    """What a prefill stored: the block-aligned prefix, its size and what it pushed out."""
-
-    prefix_hash: str | None  # None when the prompt is shorter than one block
-    n_tokens: int  # tokens stored, a multiple of the block size
-    nbytes: int
-    computed_tokens: int  # tokens run through the model; 0 when it was already cached
-    evicted: tuple[CacheEntry, ...]
-    elapsed_s: float
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """A finished generation: its tokens and text, and how much of the prompt was cached."""
-
-    token_ids: tuple[int, ...]  # completion tokens, without the stop token
-    text: str
-    prompt_tokens: int
-    cached_tokens: int  # prompt tokens whose KV came from the cache
-    prefix_hash: str | None  # the cached entry used, if any
-    ttft_s: float
-    total_s: float
-    finish_reason: Literal["stop", "length"]
-    # What `cache_prompt` stored; None when not asked, already cached, too short or refused.
-    stored: PrefillResult | None = None
-    # Prompt tokens whose KV came from held chunk KV placed at their positions (blended).
-    blended_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class GenerationStep:
-    """One generated token; `text` is its decoded delta, `result` is set on the last step."""
-
-    index: int
-    token_id: int
-    text: str
-    result: GenerationResult | None = None
-
-
-@dataclass(frozen=True)
-class KeepPrompt:
-    """How `generate(cache_prompt=True)` stores the prompt: its chunk refs and TTL."""
-
-    chunk_refs: tuple[ChunkKey, ...] = ()
-    ttl_s: float | None = None
-
-
-@runtime_checkable
-class Engine(Protocol):
-    """An LLM that stores prompt prefixes' KV and reuses them to answer faster.
-
-    The engine keeps its bookkeeping in `cache`. Callers may remove entries through the
-    cache directly (invalidate, evict, expire, clear); `sync()` then frees their KV, and
-    every engine call syncs first. Calls are not thread-safe: run one at a time.
-    """
-
-    model_id: str
-    device: str
-    block_size: int
-    cache: PrefixCache
-    # Prompt tokens of the throwaway request the worker runs before `ready` (workers.boot);
-    # 0: nothing to warm (the engine loads no weights of its own, or the setting is off).
-    boot_warmup_tokens: int
-
-    @property
-    def max_model_len(self) -> int:
-        """Most tokens (prompt + completion) one sequence may hold."""
-        ...
-
-    @property
-    def vocab_size(self) -> int:
-        """Valid token ids are `0 <= id < vocab_size`."""
-        ...
-
-    @property
-    def kv_bytes_per_token(self) -> int: ...
-
-    def tokenize(self, text: str) -> list[int]: ...
-
-    def detokenize(self, token_ids: Sequence[int]) -> str: ...
-
-    def block_hashes(self, token_ids: Sequence[int], *, tenant: str) -> list[str]:
-        """Chain hashes of the full blocks, salted with `tenant` and `model_id`."""
-        ...
-
-    def prefill(
-        self,
-        token_ids: Sequence[int],
-        *,
-        tenant: str,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-        pin: bool = False,
-        command_id: str | None = None,
-        kind: Kind = "managed",
-    ) -> PrefillResult:
-        """Compute and store KV for the block-aligned prefix of `token_ids`.
-
-        `kind="request"` stores it as request caching (evictable, no TTL) rather than
-        warmup. Raises `workers.cache.WarmupRefused` when the prefix cannot fit the budget.
-        """
-        ...
-
-    def generate(
-        self,
-        token_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        tenant: str,
-        temperature: float = 0.0,
-        stop_ids: Iterable[int] | None = None,
-        cache_prompt: bool = False,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-        chunks: Sequence[ChunkSpan] = (),
-        chunk_reuse: bool = True,
-        seed: int | None = None,
-        top_k: int | None = None,
-    ) -> Iterator[GenerationStep]:
-        """Stream a completion, reusing the longest cached prefix; greedy at temperature 0.
-
-        `chunks` names where the prompt's retrieved chunks stand; an engine holding their
-        chunk KV (and with chunk reuse on) blends it after the exact prefix, unless the
-        request opts out with `chunk_reuse=False`. Engines without chunk KV ignore them.
-
-        The prompt's cached KV is never modified. `stop_ids` defaults to the model's EOS.
-        With `cache_prompt`, the prompt's full blocks are also stored unpinned (with
-        `chunk_refs`, `ttl_s`) without computing them again, unless the cache already holds
-        them; a refusal by the budget leaves the answer alone. `result.stored` says what was
-        stored; a generation stopped early may have stored it without saying so. `seed`
-        makes sampling reproducible where the engine can seed it, `top_k` samples among
-        the k likeliest tokens only (synthetic warmup).
-        """
-        ...
-
-    def prefill_chunk(
-        self,
-        opening: list[int],
-        chunk: list[int],
-        *,
-        tenant: str,
-        ref: ChunkKey,
-        ttl_s: float | None = None,
-        pin: bool = False,
-        command_id: str | None = None,
-        kind: Kind = "managed",
-    ) -> PrefillResult:
-        """Compute and store the KV of `chunk` right after `opening` (the system prompt) as
-        the prefix `opening + chunk` (`workers.chunk_kv`): any prompt opening with the chunk
-        reuses it exactly, and an engine with chunk reuse can blend it elsewhere. Invalidated
-        by `ref`. Raises `WarmupRefused` where the engine holds no chunk KV or it cannot fit."""
-        ...
-
-    def sync(self) -> int:
-        """Free the KV of entries the cache no longer holds; returns the bytes freed."""
-        ...
-
-    def reset(self) -> int:
-        """Drop every cached prefix and free its KV; returns the bytes freed."""
-        ...
-
-    def memory(self) -> Memory: ...
-
-    def tier_state(self) -> tuple[list[str], int]:
-        """Ends of the chains a disk tier below device memory holds, and its bytes."""
-        ...
+from workers.engines.protocol import (
+    Engine,
+    GenerationStep,
+    KeepPrompt,
+    Memory,
+    PrefillOptions,
+    PrefillResult,
+)
+from workers.kv.blocks import block_hashes
+from workers.kv.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
+from workers.kv.chunk_kv import ChunkSpan, check_spans, chunk_prefix, held_chunk_tokens
+from workers.kv.entries import Kind
 
 
 def keep_by_prefill(
@@ -219,17 +41,6 @@ def keep_by_prefill(
     if stored.prefix_hash is None:
         return step
     return replace(step, result=replace(result, stored=stored))
-
-
-class PrefillOptions(TypedDict, total=False):
-    """`Engine.prefill`'s keyword arguments, for layers that pass them through unchanged."""
-
-    tenant: Required[str]
-    chunk_refs: Iterable[ChunkKey]
-    ttl_s: float | None
-    pin: bool
-    command_id: str | None
-    kind: Kind
 
 
 @dataclass(frozen=True)
@@ -288,6 +99,38 @@ class PrefixEngine(ABC, Generic[H]):
         self.cache.clear()
         return self.sync()
 
+    def invalidate(
+        self, chunk_refs: Iterable[ChunkKey], *, tenant: str, prefix_hash: str | None = None,
+        command_id: str | None = None,
+    ) -> list[CacheEntry]:
+        # Only `tenant`'s prefixes: another tenant's identical chunks are not what its edit
+        # changed. Entries extending a stale prefix (reactive ones carry no chunk refs) are
+        # stale too.
+        removed = self.cache.invalidate(chunk_refs, command_id=command_id, tenant=tenant)
+        stale = {e.prefix_hash for e in removed} | ({prefix_hash} if prefix_hash else set())
+        for key in sorted(stale):
+            removed += self.cache.invalidate_prefix(key, command_id=command_id)
+        self.sync()
+        return removed
+
+    def extend_ttl(
+        self, prefix_hash: str, ttl_s: float | None, *, command_id: str | None = None
+    ) -> CacheEntry | None:
+        ttl = ttl_s or self.cache.default_ttl_s
+        entry = None
+        if ttl is not None:
+            entry = self.cache.extend_ttl(prefix_hash, ttl, command_id=command_id)
+        self.sync()
+        return entry
+
+    def release(self, prefix_hash: str, *, command_id: str | None = None) -> CacheEntry | None:
+        return self.cache.release(prefix_hash, command_id=command_id)
+
+    def expire(self) -> list[CacheEntry]:
+        expired = self.cache.expire()
+        self.sync()
+        return expired
+
     def memory(self) -> Memory:
         return Memory(used=self.cache.bytes_used, total=self.cache.budget.max_bytes)
 
@@ -327,7 +170,7 @@ class PrefixEngine(ABC, Generic[H]):
         kind: Kind = "managed",
     ) -> PrefillResult:
         # The prefix `opening + chunk`, marked from the chunk's first token: exactly the
-        # leading KV of every prompt that opens with this chunk (`workers.chunk_kv`).
+        # leading KV of every prompt that opens with this chunk (`workers.kv.chunk_kv`).
         tokens = chunk_prefix(opening, chunk)
         if held_chunk_tokens(len(opening), len(tokens) // self.block_size, self.block_size) < 1:
             return PrefillResult(None, 0, 0, 0, (), 0.0)  # no full block reaches the chunk

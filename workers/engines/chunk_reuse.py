@@ -1,6 +1,6 @@
 """Chunk KV for the torch engine: held chunks blended into a prompt after its exact prefix
 (`workers.engines.blend`). A chunk's KV is the stored prefix `opening + chunk`
-(`workers.chunk_kv`), which the exact lookup already reuses where the chunk comes first."""
+(`workers.kv.chunk_kv`), which the exact lookup already reuses where the chunk comes first."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from typing import Any, Protocol
 
 import torch
 
-from workers.cache import ChunkKey
-from workers.chunk_kv import PiecePlan, chunk_prefix, held_chunk_tokens, plan_pieces
 from workers.engines.base import Request
 from workers.engines.blend import (
     KV,
@@ -22,6 +20,8 @@ from workers.engines.blend import (
     require_llama_like,
 )
 from workers.engines.kv_blocks import BlockKV, join
+from workers.kv.cache import ChunkKey
+from workers.kv.chunk_kv import PiecePlan, chunk_prefix, held_chunk_tokens, plan_pieces
 
 
 class BlockHolder(Protocol):

@@ -5,7 +5,7 @@ header in the safetensors metadata: the hash, parent, tenant and chunk marks. No
 ever unpickled. Files are written to a temporary name and renamed, so a crash leaves a
 whole file or none; at boot the index is rebuilt from the headers alone, dropping leftovers,
 unreadable files and blocks of another layout (dtype or model shape). Bookkeeping is
-`workers.tier_index`; this module only reads and writes.
+`workers.kv.tier_index`; this module only reads and writes.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from workers.kv_sizing import kv_dims
+from workers.kv.sizing import kv_dims
+from workers.kv.tier_index import RestoreCosts, TierBlock, TierIndex
+from workers.kv.tier_journal import TierOps
 from workers.settings import WorkerSettings
-from workers.tier_index import RestoreCosts, TierBlock, TierIndex
-from workers.tier_journal import TierOps
 
 log = logging.getLogger(__name__)
 

@@ -24,15 +24,10 @@ import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 from prometheus_client.parser import text_string_to_metric_families
 
-from workers.cache import CacheEntry
-from workers.engines.base import (
-    GenerationResult,
-    GenerationStep,
-    Request,
-    ServerKVEngine,
-    keep_by_prefill,
-)
-from workers.kv_sizing import DTYPE_BYTES, cache_for, kv_bytes_per_token
+from workers.engines.base import Request, ServerKVEngine, keep_by_prefill
+from workers.engines.protocol import GenerationResult, GenerationStep
+from workers.kv.cache import CacheEntry
+from workers.kv.sizing import DTYPE_BYTES, cache_for, kv_bytes_per_token
 from workers.settings import WorkerSettings
 
 QUERIES = ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from workers.cache import PrefixCache, WarmupRefused
 from workers.engines.disk_tier import DiskTier
 from workers.engines.kv_blocks import BlockKV, as_block
+from workers.kv.cache import PrefixCache, WarmupRefused
 
 
 class Tiered:

@@ -13,30 +13,24 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from workers.budgets import (
+from workers.engines.base import PrefixEngine, Request
+from workers.engines.blend import Selection, as_cache
+from workers.engines.chunk_reuse import ChunkBlender
+from workers.engines.disk_tier import DiskTier, open_tier
+from workers.engines.kv_blocks import KV, BlockKV, chain_cache, cut_blocks, join
+from workers.engines.protocol import GenerationResult, GenerationStep, KeepPrompt, PrefillResult
+from workers.engines.tiered import Tiered
+from workers.kv.budgets import (
     boot_warmup_tokens,
     chunk_spans,
     default_memory_bandwidth,
     prefill_chunk_tokens,
     quantization_method,
 )
-from workers.cache import CacheEntry, PrefixCache, WarmupRefused
-from workers.engines.base import (
-    GenerationResult,
-    GenerationStep,
-    KeepPrompt,
-    PrefillResult,
-    PrefixEngine,
-    Request,
-)
-from workers.engines.blend import Selection, as_cache
-from workers.engines.chunk_reuse import ChunkBlender
-from workers.engines.disk_tier import DiskTier, open_tier
-from workers.engines.kv_blocks import KV, BlockKV, chain_cache, cut_blocks, join
-from workers.engines.tiered import Tiered
-from workers.kv_sizing import cache_for, kv_bytes_per_token
+from workers.kv.cache import CacheEntry, PrefixCache, WarmupRefused
+from workers.kv.sizing import cache_for, kv_bytes_per_token
+from workers.kv.tier_journal import TierJournal
 from workers.settings import WorkerSettings
-from workers.tier_journal import TierJournal
 
 # Context length assumed when the model config names none.
 FALLBACK_CONTEXT = 8192

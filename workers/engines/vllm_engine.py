@@ -16,16 +16,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from workers.cache import CacheEntry
-from workers.engines.base import (
-    GenerationResult,
-    GenerationStep,
-    KeepPrompt,
-    Request,
-    ServerKVEngine,
-    keep_by_prefill,
-)
-from workers.kv_sizing import cache_for, kv_bytes_per_token
+from workers.engines.base import Request, ServerKVEngine, keep_by_prefill
+from workers.engines.protocol import GenerationResult, GenerationStep, KeepPrompt
+from workers.kv.cache import CacheEntry
+from workers.kv.sizing import cache_for, kv_bytes_per_token
 from workers.settings import WorkerSettings
 
 NEEDS = "needs vllm and a CUDA device"

@@ -40,9 +40,9 @@ from schemas.prefix import (
     prefix_kv_bytes,
     warm_hit,
 )
-from workers.chunk_kv import ChunkSpan
 from workers.engines.torch_engine import TorchEngine
-from workers.memory import DEFAULT_MAX_ENTRIES, Budget
+from workers.kv.chunk_kv import ChunkSpan
+from workers.kv.memory import DEFAULT_MAX_ENTRIES, Budget
 from workers.settings import WorkerSettings
 from workers.sim import (
     CostEngine,

@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from workers.block_pool import BlockPool, ChunkKey
-from workers.cache_cuts import Stale
-from workers.cache_entries import CacheEntry
-from workers.tier_index import TierBlock
+from workers.kv.block_pool import BlockPool, ChunkKey
+from workers.kv.entries import CacheEntry, Stale
+from workers.kv.tier_index import TierBlock
 
 
 @dataclass
@@ -112,7 +111,7 @@ def chain_marks(
 def _inferred_start(
     entry: CacheEntry, chunk_id: str, pool: BlockPool, entries: Mapping[str, CacheEntry]
 ) -> int:
-    """`workers.cache_cuts.inferred_start` for one chunk, erring early: a block held by an
+    """`workers.kv.entries.inferred_start` for one chunk, erring early: a block held by an
     entry not extending `entry` that lists no version of the chunk precedes it; holders
     that are not entries (an admission in progress) prove nothing."""
     extending = pool[entry.prefix_hash].holders

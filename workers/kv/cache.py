@@ -1,6 +1,6 @@
 """Pure KV-cache bookkeeping: prefix entries over a shared block pool, TTLs, budgets, events.
 
-An entry is a chain of blocks (`workers.block_pool`). Two kinds share one byte budget:
+An entry is a chain of blocks (`workers.kv.block_pool`). Two kinds share one byte budget:
 managed entries (warmup: pinned or with a TTL, invalidated by chunk refs) and request
 entries (a request's own prompt, evicted by the policy). Blocks shared by entries count once.
 """
@@ -12,27 +12,29 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from workers.block_pool import BlockPool, ChunkKey, Holding, PoolStats, split_bytes
-from workers.blocks import BLOCK_SIZE
-from workers.cache_cuts import Stale, doomed_blocks, first_cuts
-from workers.cache_entries import (
+from workers.kv.block_pool import BlockPool, ChunkKey, Holding, PoolStats, split_bytes
+from workers.kv.blocks import BLOCK_SIZE
+from workers.kv.entries import (
     Asked,
     CacheEntry,
     CacheEvent,
     ChunkIndex,
     EventKind,
     Kind,
+    Stale,
     WarmupRefused,
     build_entry,
     check_admission,
+    doomed_blocks,
+    first_cuts,
     head_entry,
     holding,
     observable,
 )
-from workers.eviction import EvictionPolicy, make_policy
-from workers.memory import Budget
-from workers.quota import capped, quota_check, tenant_quota
-from workers.tier_journal import TierJournal
+from workers.kv.eviction import EvictionPolicy, make_policy
+from workers.kv.memory import Budget
+from workers.kv.quota import capped, quota_check, tenant_quota
+from workers.kv.tier_journal import TierJournal
 
 __all__ = ["Budget", "CacheEntry", "CacheEvent", "ChunkKey", "PrefixCache", "WarmupRefused"]
 

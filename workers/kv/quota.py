@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from workers.block_pool import BlockPool
-from workers.cache_entries import WarmupRefused
-from workers.memory import Budget
+from workers.kv.block_pool import BlockPool
+from workers.kv.entries import WarmupRefused
+from workers.kv.memory import Budget
 
 
 def tenant_quota(budget_bytes: int, share: float) -> int:

@@ -1,6 +1,6 @@
 """Pure bookkeeping of the disk KV tier: which blocks it holds, their chunk marks, its budget.
 
-Blocks are addressed by chain hash, like the device pool (`workers.block_pool`), and know
+Blocks are addressed by chain hash, like the device pool (`workers.kv.block_pool`), and know
 their parent (the block before them in the chain): a block is only reachable through its
 parent, so removing one removes its whole subtree. Least recently used goes first, leaves
 before the blocks they extend. The file I/O lives in `workers.engines.disk_tier`.
@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from workers.block_pool import ChunkKey
+from workers.kv.block_pool import ChunkKey
 
 
 @dataclass(frozen=True)

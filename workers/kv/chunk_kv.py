@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workers.block_pool import ChunkKey
+from workers.kv.block_pool import ChunkKey
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Pure block pool: one record per cached KV block, shared by every entry whose chain holds it.
 
-A block is addressed by its chain hash (`workers.blocks.block_hashes`), so one hash names the
+A block is addressed by its chain hash (`workers.kv.blocks.block_hashes`), so one hash names the
 block and its whole leading chain. Entries (prefixes) hold blocks; a block's bytes count once
 however many entries hold it, and it leaves the pool when its last holder does. The pool
 records which hashes left so the engine can drop their tensors (it keeps no tensors itself).

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workers.cache import PrefixCache
-from workers.memory import LARGE_WARM_SHARE, Budget, plan_budget
+from workers.kv.cache import PrefixCache
+from workers.kv.memory import LARGE_WARM_SHARE, Budget, plan_budget
 from workers.settings import WorkerSettings
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from workers.memory import GiB
+from workers.kv.memory import GiB
 
 # Seed: "warmup token amount = min(context_window × 25%, memory_bandwidth / (weight_bytes × 2))".
 CONTEXT_WARMUP_SHARE = 0.25
