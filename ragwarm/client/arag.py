@@ -15,6 +15,14 @@ import httpx
 from rag.prompt import PromptBuilder
 from rag.settings import QdrantSettings, RagSettings
 from ragwarm.client.contract import check_prompt
+from ragwarm.client.fallback import (
+    ROUTED,
+    InFlight,
+    WorkerTable,
+    fallback_route,
+    retrieval_backend,
+    retrieval_unavailable,
+)
 from ragwarm.client.rag import (
     Answer,
     PreparedQuery,
@@ -25,6 +33,7 @@ from ragwarm.client.rag import (
     completion_body,
     prompt_params,
     query_event,
+    streams_body,
 )
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import (
@@ -78,6 +87,8 @@ class AsyncRagClient:
         self.top_k = top_k  # must equal the streams app's RAGWARM_RAG_TOP_K
         self._transport = transport
         self._pools: dict[str, httpx.AsyncClient] = {}
+        self.table = WorkerTable()  # workers last learned, to route by when the app is down
+        self.in_flight = InFlight()  # the gateway's concurrent queries: the load it sees
 
     @classmethod
     async def open(cls, settings: ClientSettings | None = None,
@@ -99,7 +110,7 @@ class AsyncRagClient:
             check_prompt(health, prompt_params(rag, models), settings.streams_url)
             tokenizer = await asyncio.to_thread(load_tokenizer, llm_dir(models=models))
             retrieval = emitter = None
-            if settings.direct_qdrant and QdrantSettings().url:
+            if retrieval_backend(settings.retrieval, QdrantSettings().url) == "qdrant":
                 retrieval = await asyncio.to_thread(QdrantRetrieval.open, models)
                 undo.callback(retrieval.close)
             if settings.emit_queries:
@@ -125,10 +136,11 @@ class AsyncRagClient:
             if row.get("url") and row.get("ready"):
                 try:
                     await self._pool(row["url"]).get("/health/live")
-                    warmed.append(str(row["worker_id"]))
+                    warmed.append(WorkerRef(str(row["worker_id"]), str(row["url"])))
                 except httpx.HTTPError as exc:
                     log.info("worker %s not reachable yet: %s", row.get("worker_id"), exc)
-        return warmed
+        self.table.learn(warmed, time.monotonic())
+        return [w.worker_id for w in warmed]
 
     def _pool(self, url: str) -> httpx.AsyncClient:
         pool = self._pools.get(url)
@@ -152,14 +164,29 @@ class AsyncRagClient:
     async def _retrieve(self, question: str, tenant: str) -> list[RetrievedChunk]:
         if self.retrieval is not None:
             return await asyncio.to_thread(self.retrieval.retrieve, question, tenant, self.top_k)
-        body = await self._streams_json("POST", "/ragwarm/retrieve",
-                                        {"question": question, "tenant": tenant, "k": self.top_k})
+        try:
+            body = await self._streams_json("POST", "/ragwarm/retrieve", {
+                "question": question, "tenant": tenant, "k": self.top_k})
+        except StreamsUnavailable as exc:
+            raise retrieval_unavailable(exc) from None
         return [RetrievedChunk.from_json(c) for c in body.get("chunks") or ()]
 
     async def route(self, prepared: PreparedQuery) -> Route:
-        """Ask the streams app which worker holds the longest prefix of this prompt."""
-        return Route.from_json(await self._streams_json(
+        """Ask the streams app which worker holds the longest prefix of this prompt (and
+        learn its list of ready workers, to route by if the app goes away)."""
+        route = Route.from_json(await self._streams_json(
             "POST", "/ragwarm/route", {"block_hashes": list(prepared.block_hashes)}))
+        self.table.learn(route.workers, time.monotonic())
+        return route
+
+    async def _route(self, prepared: PreparedQuery) -> tuple[Route, str]:
+        """The streams app's route, or, while it does not answer, one by load."""
+        try:
+            return await self.route(prepared), ROUTED
+        except StreamsUnavailable as exc:
+            log.warning("routing by load without the streams app: %s", exc)
+            return fallback_route(self.table, self.in_flight, time.monotonic(),
+                                  self.settings.worker_table_max_age_s, exc)
 
     async def query(self, question: str, tenant: str | None = None,
                     max_tokens: int | None = None, on_token: AsyncOnToken | None = None,
@@ -176,7 +203,7 @@ class AsyncRagClient:
         """Route and stream an already prepared query, then emit its QueryEvent."""
         started = started if started is not None else time.perf_counter()
         routed_at = time.perf_counter()
-        route = await self.route(prepared)
+        route, routing = await self._route(prepared)
         route_ms = (time.perf_counter() - routed_at) * 1000
         workers = workers_to_try(route, self.settings.max_attempts, self.settings.streams_url)
         temperature = self.settings.temperature if temperature is None else temperature
@@ -184,7 +211,7 @@ class AsyncRagClient:
         worker, result, failed = await self._first_success(workers, body, on_token,
                                                            restart_on_retry)
         answer = build_answer(prepared, worker, result, failed, started, route_ms,
-                              route.matched_blocks if worker == route.chosen else 0)
+                              route.matched_blocks if worker == route.chosen else 0, routing)
         if self.emitter is not None:
             self.emitter.emit(query_event(prepared, answer))
         return answer
@@ -206,6 +233,7 @@ class AsyncRagClient:
 
     async def _stream(self, worker: WorkerRef, body: dict, on_token: AsyncOnToken | None,
                       result: StreamResult) -> StreamResult:
+        self.in_flight.start(worker.worker_id)
         try:
             async with self._pool(worker.url).stream("POST", "/v1/completions",
                                                      json=body) as response:
@@ -218,6 +246,8 @@ class AsyncRagClient:
                         break
         except httpx.TransportError as exc:
             raise WorkerFailed(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            self.in_flight.end(worker.worker_id)
         result.check_complete()
         return result
 
@@ -227,9 +257,7 @@ class AsyncRagClient:
         except httpx.HTTPError as exc:
             raise StreamsUnavailable(f"the streams app does not answer at "
                                      f"{self.settings.streams_url} ({exc}); {UP_HINT}") from None
-        if response.status_code != 200:
-            raise ClientError(f"{path} answered {response.status_code}: {response.text[:300]}")
-        return response.json()
+        return streams_body(path, response)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def aclose(self) -> None:

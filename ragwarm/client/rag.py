@@ -15,6 +15,7 @@ import httpx
 
 from rag.prompt import Prompt, PromptBuilder
 from rag.settings import QdrantSettings, RagSettings
+from ragwarm.client import fallback
 from ragwarm.client.contract import check_prompt
 from ragwarm.client.emitter import QueryEmitter
 from ragwarm.client.settings import ClientSettings
@@ -93,6 +94,7 @@ class Answer:
     finish_reason: str | None
     failed_workers: tuple[str, ...] = ()
     blended_tokens: int = 0  # prompt tokens the worker placed from held chunk KV
+    routing: str = fallback.ROUTED  # who chose the worker: the streams app, or a fallback by load
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
@@ -117,8 +119,11 @@ class StreamsRetrieval:
         self.streams = streams
 
     def retrieve(self, question: str, tenant: str, k: int) -> list[RetrievedChunk]:
-        body = _post_json(self.streams, "/ragwarm/retrieve",
-                          {"question": question, "tenant": tenant, "k": k})
+        try:
+            body = _post_json(self.streams, "/ragwarm/retrieve",
+                              {"question": question, "tenant": tenant, "k": k})
+        except StreamsUnavailable as exc:
+            raise fallback.retrieval_unavailable(exc) from None
         return [RetrievedChunk.from_json(c) for c in body.get("chunks") or ()]
 
     def close(self) -> None:
@@ -178,6 +183,8 @@ class RagClient:
         self.block_size = block_size
         self._transport = transport
         self._pools: dict[str, httpx.Client] = {}
+        self.table = fallback.WorkerTable()  # the workers to route by while the app is down
+        self.in_flight = fallback.InFlight()
 
     @classmethod
     def open(cls, settings: ClientSettings | None = None, kafka: KafkaSettings | None = None,
@@ -200,7 +207,7 @@ class RagClient:
             check_prompt(health, prompt_params(rag, models), settings.streams_url)
             prompts = PromptBuilder(load_tokenizer(llm_dir(models=models)), rag.system_prompt)
             retrieval = None
-            if settings.direct_qdrant and QdrantSettings().url:
+            if fallback.retrieval_backend(settings.retrieval, QdrantSettings().url) == "qdrant":
                 retrieval = QdrantRetrieval.open(models)
                 undo.callback(retrieval.close)
             emitter = None
@@ -230,11 +237,12 @@ class RagClient:
             if row.get("url") and row.get("ready"):
                 try:
                     self._pool(row["url"]).get("/health/live")
-                    warmed.append(str(row["worker_id"]))
+                    warmed.append(WorkerRef(str(row["worker_id"]), str(row["url"])))
                 except httpx.HTTPError as exc:
                     log.info("worker %s at %s not reachable yet: %s", row.get("worker_id"),
                              row["url"], exc)
-        return warmed
+        self.table.learn(warmed, time.monotonic())
+        return [w.worker_id for w in warmed]
 
     def _pool(self, url: str) -> httpx.Client:
         pool = self._pools.get(url)
@@ -256,9 +264,21 @@ class RagClient:
         return PreparedQuery(question, tenant, chunks, prompt, chain, retrieve_ms)
 
     def route(self, prepared: PreparedQuery) -> Route:
-        """Ask the streams app which worker holds the longest prefix of this prompt."""
-        return Route.from_json(_post_json(self.streams, "/ragwarm/route",
-                                          {"block_hashes": list(prepared.block_hashes)}))
+        """Ask the streams app which worker holds the longest prefix of this prompt (and
+        learn its list of ready workers, to route by if the app goes away)."""
+        route = Route.from_json(_post_json(self.streams, "/ragwarm/route",
+                                           {"block_hashes": list(prepared.block_hashes)}))
+        self.table.learn(route.workers, time.monotonic())
+        return route
+
+    def _route(self, prepared: PreparedQuery) -> tuple[Route, str]:
+        """The streams app's route, or, while it does not answer, one by load."""
+        try:
+            return self.route(prepared), fallback.ROUTED
+        except StreamsUnavailable as exc:
+            log.warning("routing by load without the streams app: %s", exc)
+            return fallback.fallback_route(self.table, self.in_flight, time.monotonic(),
+                                           self.settings.worker_table_max_age_s, exc)
 
     def query(self, question: str, tenant: str | None = None, max_tokens: int | None = None,
               on_token: OnToken | None = None, *, chunk_reuse: bool = True) -> Answer:
@@ -275,13 +295,13 @@ class RagClient:
         """Route and stream an already prepared query, then emit its QueryEvent."""
         started = started if started is not None else time.perf_counter()
         routed_at = time.perf_counter()
-        route = self.route(prepared)
+        route, routing = self._route(prepared)
         route_ms = (time.perf_counter() - routed_at) * 1000
         workers = workers_to_try(route, self.settings.max_attempts, self.settings.streams_url)
         body = self._completion_body(prepared, max_tokens, chunk_reuse)
         worker, result, failed = self._first_success(workers, body, on_token)
         answer = build_answer(prepared, worker, result, failed, started, route_ms,
-                         route.matched_blocks if worker == route.chosen else 0)
+                              route.matched_blocks if worker == route.chosen else 0, routing)
         if self.emitter is not None:
             self.emitter.emit(query_event(prepared, answer))
         return answer
@@ -312,6 +332,7 @@ class RagClient:
     def _stream(self, worker: WorkerRef, body: dict, on_token: OnToken | None) -> StreamResult:
         pool = self._pool(worker.url)
         result = StreamResult(sent_at=time.perf_counter())
+        self.in_flight.start(worker.worker_id)
         try:
             with pool.stream("POST", "/v1/completions", json=body) as response:
                 _check_status(worker, response)
@@ -323,6 +344,8 @@ class RagClient:
                         break
         except httpx.TransportError as exc:
             raise WorkerFailed(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            self.in_flight.end(worker.worker_id)
         result.check_complete()
         return result
 
@@ -388,6 +411,15 @@ def _post_json(client: httpx.Client, path: str, body: dict) -> dict:
     except httpx.HTTPError as exc:
         raise StreamsUnavailable(f"the streams app does not answer at {client.base_url} "
                                  f"({exc}); {UP_HINT}") from None
+    return streams_body(path, response)
+
+
+def streams_body(path: str, response: httpx.Response) -> dict:
+    """A streams view's JSON; a 5xx means the app cannot serve it now (StreamsUnavailable,
+    which routing falls back from), any other refusal is the request's own (ClientError)."""
+    if response.status_code >= 500:
+        raise StreamsUnavailable(f"{path} answered {response.status_code}: "
+                                 f"{response.text[:300]}")
     if response.status_code != 200:
         raise ClientError(f"{path} answered {response.status_code}: {response.text[:300]}")
     return response.json()
@@ -407,7 +439,8 @@ def _check_status(worker: WorkerRef, response: httpx.Response) -> None:
 
 
 def build_answer(prepared: PreparedQuery, worker: WorkerRef, result: StreamResult,
-            failed: list[str], started: float, route_ms: float, matched: int) -> Answer:
+                 failed: list[str], started: float, route_ms: float, matched: int,
+                 routing: str = fallback.ROUTED) -> Answer:
     usage = result.usage or {}
     first_at = result.first_at or result.sent_at
     details = usage.get("prompt_tokens_details") or {}
@@ -427,7 +460,7 @@ def build_answer(prepared: PreparedQuery, worker: WorkerRef, result: StreamResul
         prefix_tokens=prepared.prompt.prefix_len, prefix_hash=prepared.prefix_hash,
         matched_blocks=matched, chunk_refs=prepared.prompt.chunk_refs,
         doc_ids=tuple(dict.fromkeys(c.doc_id for c in prepared.chunks)),
-        finish_reason=result.finish_reason, failed_workers=tuple(failed),
+        finish_reason=result.finish_reason, failed_workers=tuple(failed), routing=routing,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -47,8 +49,19 @@ class ClientSettings(BaseSettings):
     emit_queries: bool = Field(
         default=True, description="Publish one QueryEvent per answered query to rag.queries."
     )
-    direct_qdrant: bool = Field(
-        default=True,
-        description="With RAGWARM_QDRANT_URL set, retrieve from that Qdrant server directly "
-        "instead of through the streams app.",
+    retrieval: Literal["streams", "qdrant", "auto"] = Field(
+        default="auto",
+        description="Where questions are retrieved. `qdrant`: straight from the Qdrant server "
+        "at RAGWARM_QDRANT_URL (the one the streams app indexes into), so queries keep "
+        "being answered while the streams app is down; the client then loads the embedding "
+        "model itself (memory, start-up time). `streams`: through the streams app's "
+        "/ragwarm/retrieve (no embedder in the client, but no answer while the app is down). "
+        "`auto`: qdrant when RAGWARM_QDRANT_URL is set, else streams.",
+    )
+    worker_table_max_age_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="When the streams app cannot route, the client routes by load to the "
+        "workers it last learned; a table older than this is still used (a dead worker is "
+        "skipped by failover) but the answer's routing says `stale-table`.",
     )

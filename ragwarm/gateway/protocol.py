@@ -282,7 +282,7 @@ def extension(answer: Answer) -> dict[str, Any]:
         "e2e_ttft_ms": round(answer.e2e_ttft_ms, 3), "prefix_tokens": answer.prefix_tokens,
         "prefix_hash": answer.prefix_hash, "matched_blocks": answer.matched_blocks,
         "doc_ids": list(answer.doc_ids), "failed_workers": list(answer.failed_workers),
-        "qid": answer.qid,
+        "qid": answer.qid, "routing": answer.routing,
     }
 
 

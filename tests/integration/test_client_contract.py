@@ -16,7 +16,7 @@ def test_a_client_with_another_top_k_fails_naming_the_setting(namespace, streams
                                                                kafka_settings):
     app = streams_factory(namespace, "contract", env={"RAGWARM_RAG_TOP_K": "2"}).start()
     assert app.get("/ragwarm/health")["prompt"]["params"]["top_k"] == 2
-    settings = ClientSettings(streams_url=app.url, emit_queries=False, direct_qdrant=False)
+    settings = ClientSettings(streams_url=app.url, emit_queries=False, retrieval="streams")
     with pytest.raises(PromptMismatch, match=r"RAGWARM_RAG_TOP_K is 2 there and 3 here"):
         RagClient.open(settings, kafka_settings, rag=RagSettings(top_k=3))
     # The same setting on both sides opens (no worker is needed for that).
