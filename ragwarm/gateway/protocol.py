@@ -6,6 +6,7 @@ import hmac
 import json
 import time
 import uuid
+from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -62,8 +63,9 @@ class _Request(BaseModel):
     tools: list[Any] | None = None
     question_field: ClassVar[str]  # the field the question comes from, named in refusals
 
+    @abstractmethod
     def question(self) -> str:
-        raise NotImplementedError
+        """The question this request asks (the last user message, or the prompt)."""
 
     @property
     def include_usage(self) -> bool:
