@@ -6,6 +6,7 @@ import json
 
 import click
 
+from ragwarm.client.fallback import ROUTED
 from ragwarm.client.rag import Answer
 
 
@@ -18,7 +19,8 @@ def summary_lines(answer: Answer) -> list[str]:
         f"cached:  {answer.cached_tokens} of {answer.prompt_tokens} prompt tokens "
         f"(prefix {answer.prefix_tokens})",
         f"worker:  {answer.worker_id}" + (f", after {', '.join(answer.failed_workers)} failed"
-                                          if answer.failed_workers else ""),
+                                          if answer.failed_workers else "")
+        + (f" ({answer.routing})" if answer.routing != ROUTED else ""),
         f"sources: {', '.join(r.chunk_id for r in answer.chunk_refs) or '(none)'}",
     ]
     return lines

@@ -237,3 +237,13 @@ async def test_async_client_without_a_known_worker_raises_the_clear_error():
         with pytest.raises(StreamsUnavailable, match="no worker is known"):
             await client.ask(prepared)
 
+
+
+def test_ragwarm_query_says_when_a_fallback_chose_the_worker() -> None:
+    from ragwarm.cli.query import summary_lines
+    from tests.unit.test_gateway_protocol import answer
+
+    routed = "\n".join(summary_lines(answer()))
+    assert "worker:  w1\n" in routed + "\n" and "fallback" not in routed
+    fell = "\n".join(summary_lines(answer(routing="fallback:streams-unavailable")))
+    assert "worker:  w1 (fallback:streams-unavailable)" in fell
