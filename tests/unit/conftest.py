@@ -150,3 +150,15 @@ def edited(p: handlers.HandlerDeps, deps: Sequence[str], at: float) -> None:
     p.clock = lambda: at
     change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
     run_sync(handlers.apply_indexed(p, change, {"d.md#0": "2" * 64}))
+
+
+def answer(**kw):
+    """A client `Answer` with plausible figures; keywords override them."""
+    from ragwarm.client.rag import Answer
+
+    base = dict(question="q", tenant="acme", qid="abc", text="Hi there", worker_id="w1",
+                ttft_ms=12.5, worker_ttft_ms=10.0, e2e_ttft_ms=30.0, total_ms=50.0,
+                retrieve_ms=5.0, route_ms=1.0, prompt_tokens=700, cached_tokens=672,
+                completion_tokens=4, prefix_tokens=680, prefix_hash="h", matched_blocks=42,
+                chunk_refs=(), doc_ids=("docs/faq.md",), finish_reason="length")
+    return Answer(**{**base, **kw})

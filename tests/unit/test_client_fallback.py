@@ -241,7 +241,7 @@ async def test_async_client_without_a_known_worker_raises_the_clear_error():
 
 def test_ragwarm_query_says_when_a_fallback_chose_the_worker() -> None:
     from ragwarm.cli.query import summary_lines
-    from tests.unit.test_gateway_protocol import answer
+    from tests.unit.conftest import answer
 
     routed = "\n".join(summary_lines(answer()))
     assert "worker:  w1\n" in routed + "\n" and "fallback" not in routed

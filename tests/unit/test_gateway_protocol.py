@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragwarm.client.rag import Answer
 from ragwarm.gateway.protocol import (
     ChatRequest,
     CompletionRequest,
@@ -22,6 +21,7 @@ from ragwarm.gateway.protocol import (
     sse,
     tenant_for,
 )
+from tests.unit.conftest import answer
 
 M = Served("m")
 LIMITS = Limits(max_tokens=64, max_question_chars=100)
@@ -30,15 +30,6 @@ KEYS = Keys({"acme": "sk-acme", "globex": "sk-globex"}, "sk-op", "X-Ragwarm-Tena
 
 def bearer(key: str, **extra: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}", **extra}
-
-
-def answer(**kw) -> Answer:
-    base = dict(question="q", tenant="acme", qid="abc", text="Hi there", worker_id="w1",
-                ttft_ms=12.5, worker_ttft_ms=10.0, e2e_ttft_ms=30.0, total_ms=50.0,
-                retrieve_ms=5.0, route_ms=1.0, prompt_tokens=700, cached_tokens=672,
-                completion_tokens=4, prefix_tokens=680, prefix_hash="h", matched_blocks=42,
-                chunk_refs=(), doc_ids=("docs/faq.md",), finish_reason="length")
-    return Answer(**{**base, **kw})
 
 
 def test_a_tenant_key_gives_its_tenant() -> None:
