@@ -111,7 +111,7 @@ def test_fuzzed_commands_are_refused_or_dead_lettered_and_signed_ones_applied(
                         f'reason="{reason}"')  # fmt: skip
 
     def malformed() -> float:
-        return metric(worker.get("/metrics").text, "worker_commands_malformed_total")
+        return metric(worker.get("/metrics").text, "ragwarm_worker_commands_malformed_total")
 
     def all_counted() -> bool:
         return (refused("unsigned") >= counts["unsigned"]
