@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from itertools import cycle, islice
 
-from workers.engines.protocol import Engine
+from workers.engines.protocol import Engine, GenerateRequest
 from workers.kv.budgets import BOOT_DECODE_TOKENS
 
 # Ordinary prose: the kernels, the allocator and the attention see a realistic prompt.
@@ -25,10 +25,10 @@ def warm_engine(engine: Engine, tokens: int) -> float:
         return 0.0
     prompt = list(islice(cycle(engine.tokenize(BOOT_TEXT)), tokens))
     start = time.perf_counter()
-    steps = engine.generate(
+    steps = engine.generate(GenerateRequest(
         prompt, max_tokens=BOOT_DECODE_TOKENS, tenant=BOOT_TENANT, stop_ids=[],
         chunk_reuse=False,
-    )
+    ))
     for _ in steps:
         pass
     return time.perf_counter() - start

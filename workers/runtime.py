@@ -16,6 +16,7 @@ from workers.commands import EventSink
 from workers.engine_lock import DEFAULT_BACKGROUND_MAX_WAIT_S, EngineLock
 from workers.engines.protocol import (
     Engine,
+    GenerateRequest,
     GenerationResult,
     GenerationStep,
     PrefillOptions,
@@ -160,7 +161,7 @@ class WorkerRuntime:
             started()
             self.metrics.engine_wait.labels(work="request").observe(waited)
             was_empty = len(self.engine.cache) == 0
-            steps = self.engine.generate(
+            steps = self.engine.generate(GenerateRequest(
                 token_ids,
                 max_tokens=max_tokens,
                 tenant=tenant,
@@ -169,7 +170,7 @@ class WorkerRuntime:
                 chunk_refs=chunk_refs,
                 chunks=chunks,
                 chunk_reuse=chunk_reuse,
-            )
+            ))
 
             # Metrics are counted before the last step goes out: a client reading /metrics
             # right after its answer sees its request.
@@ -314,11 +315,11 @@ class WorkerRuntime:
         with self.lock.background():
             primer = self.engine.detokenize(cmd.token_ids[len(cmd.token_ids) - cmd.primer_tokens:])
             for i in range(cmd.samples):
-                steps = self.engine.generate(
+                steps = self.engine.generate(GenerateRequest(
                     cmd.token_ids, max_tokens=cmd.max_new_tokens, tenant=cmd.tenant,
                     temperature=cmd.temperature, top_k=cmd.top_k,
                     seed=None if cmd.seed is None else cmd.seed + i,
-                )
+                ))
                 result = _drive(steps, lambda step: True, lambda r, first: None)
                 if result is not None:
                     texts.append(primer + self.engine.detokenize(result.token_ids))

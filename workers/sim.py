@@ -22,7 +22,7 @@ from schemas import ChunkRef, QueryEvent, WarmupCommand, WorkerEvent
 from schemas.prefix import prefix_kv_bytes
 from workers.api import Limits
 from workers.engines.base import PrefixEngine, Request
-from workers.engines.protocol import Engine, GenerationResult, GenerationStep
+from workers.engines.protocol import Engine, GenerateRequest, GenerationResult, GenerationStep
 from workers.kv.cache import ChunkKey, PrefixCache, WarmupRefused
 from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.memory import MEMORY_THRESHOLD, Budget
@@ -256,8 +256,8 @@ class SimWorker:
         # a frequency-counting eviction (lfu-aged, gdsf) depended on which policies ran.
         self.cache.touching = False
         try:
-            for step in self.engine.generate(token_ids, max_tokens=1, tenant=tenant,
-                                             chunks=spans):
+            request = GenerateRequest(token_ids, max_tokens=1, tenant=tenant, chunks=spans)
+            for step in self.engine.generate(request):
                 if step.result is not None:
                     return step.result.ttft_s
         finally:

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from ragwarm.settings import TRACE_DIR
+from workers.engines.protocol import GenerateRequest
 from workers.kv.tier_index import RestoreCosts
 
 DEFAULT_EVENTS = TRACE_DIR / "events.jsonl"
@@ -91,7 +92,7 @@ def measure(engine: Any, prefix: list[int], suffix: list[int], runs: int) -> Row
     prefix_kv = [(k, v) for k, v, _ in built]
 
     def first_token(tenant: str) -> None:
-        next(engine.generate(prompt, max_tokens=1, tenant=tenant))
+        next(engine.generate(GenerateRequest(prompt, max_tokens=1, tenant=tenant)))
 
 
     def floor() -> float:
@@ -143,7 +144,7 @@ def restore_first_token(engine: Any, prompt: list[int]) -> tuple[float, int]:
     engine.reset()
     engine.tier.costs = RestoreCosts()  # measure the restore even where it would lose
     start = time.perf_counter()
-    steps = engine.generate(prompt, max_tokens=1, tenant="bench")
+    steps = engine.generate(GenerateRequest(prompt, max_tokens=1, tenant="bench"))
     step = next(steps)
     elapsed = time.perf_counter() - start
     while step.result is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from workers.engines.protocol import GenerateRequest
 from workers.engines.vllm_engine import NEEDS, vllm_available
 
 pytestmark = [
@@ -36,13 +37,14 @@ def engine():
 
 def test_warmup_is_reused_and_output_matches_cold(engine) -> None:
     prefix, question = engine.tokenize(CONTEXT), engine.tokenize(QUESTION)
+    request = GenerateRequest(prefix + question, max_tokens=12, tenant="t")
     engine.clear()
-    cold = list(engine.generate(prefix + question, max_tokens=12, tenant="t"))[-1].result
+    cold = list(engine.generate(request))[-1].result
     engine.clear()  # reset_prefix_cache: nothing of the cold run survives
     result = engine.prefill(prefix, tenant="t", pin=True)
     full = len(prefix) // engine.block_size * engine.block_size
     assert (result.n_tokens, result.computed_tokens) == (full, full)
-    warm = list(engine.generate(prefix + question, max_tokens=12, tenant="t"))[-1].result
+    warm = list(engine.generate(request))[-1].result
     assert cold is not None and warm is not None
     assert cold.cached_tokens == 0 and warm.cached_tokens >= full
     assert warm.token_ids == cold.token_ids  # greedy: the same answer warm or cold

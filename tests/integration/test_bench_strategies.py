@@ -57,10 +57,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     measured: list[float] = []
     original = TorchEngine.generate
 
-    def recording(self, *args, **kwargs):  # the real generation, observed
+    def recording(self, request):  # the real generation, observed
         # Served requests are greedy; synthetic warmup's sampling is no served request.
-        served = not kwargs.get("temperature")
-        for step in original(self, *args, **kwargs):
+        served = not request.temperature
+        for step in original(self, request):
             if step.result is not None and served:
                 measured.append(step.result.ttft_s * 1000)
             yield step

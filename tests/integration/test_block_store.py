@@ -8,7 +8,7 @@ import pytest
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
-from workers.engines.protocol import GenerationResult, GenerationStep
+from workers.engines.protocol import GenerateRequest, GenerationResult, GenerationStep
 from workers.engines.torch_engine import TorchEngine
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
@@ -73,7 +73,7 @@ def common(a: list[int], b: list[int]) -> int:
 
 
 def cold(engine: TorchEngine, prompt: list[int]) -> tuple[int, ...]:
-    steps = list(engine.generate(prompt, max_tokens=4, tenant="cold"))
+    steps = list(engine.generate(GenerateRequest(prompt, max_tokens=4, tenant="cold")))
     result = steps[-1].result
     assert result is not None and result.cached_tokens == 0
     return result.token_ids

@@ -12,6 +12,7 @@ import torch
 
 from ragwarm.models import fetch_llm
 from workers.engines.blend import prefill
+from workers.engines.protocol import GenerateRequest
 from workers.engines.torch_engine import TorchEngine, load_torch_engine
 from workers.kv.chunk_kv import ChunkSpan
 from workers.settings import WorkerSettings
@@ -54,7 +55,7 @@ def prompt(engine: TorchEngine) -> tuple[list[int], list[list[int]], list[ChunkS
 
 
 def _answer(engine: TorchEngine, ids: list[int], **kw: Any) -> tuple[list[int], int]:
-    steps = list(engine.generate(ids, max_tokens=MAX_TOKENS, tenant="t", **kw))
+    steps = list(engine.generate(GenerateRequest(ids, max_tokens=MAX_TOKENS, tenant="t", **kw)))
     result = steps[-1].result
     assert result is not None
     return list(result.token_ids), result.blended_tokens
@@ -76,20 +77,21 @@ def test_a_first_ask_reuses_its_warm_first_chunk_exactly_without_blending(
     ids, parts, spans = prompt
     # Chunk reuse off: position 1 needs no blending, its KV is the prompt's own prefix.
     engine = load_torch_engine(fetch_llm(), WorkerSettings(device="cpu", threads=1))
-    steps = list(engine.generate(ids, max_tokens=MAX_TOKENS, tenant="t"))
+    steps = list(engine.generate(GenerateRequest(ids, max_tokens=MAX_TOKENS, tenant="t")))
     cold = steps[-1].result
     assert cold is not None and cold.cached_tokens == 0
     engine.reset()
     stored = engine.prefill_chunk(parts[0], parts[1], tenant="t", ref=REFS[0])
     assert stored.computed_tokens == stored.n_tokens  # opening and chunk, nothing cached
-    result = list(engine.generate(ids, max_tokens=MAX_TOKENS, tenant="t", chunks=spans))[-1]
+    request = GenerateRequest(ids, max_tokens=MAX_TOKENS, tenant="t", chunks=spans)
+    result = list(engine.generate(request))[-1]
     warm = result.result
     assert warm is not None and warm.blended_tokens == 0
     assert warm.cached_tokens == _full(len(parts[0]) + len(parts[1]), engine) > len(parts[0])
     assert warm.token_ids == cold.token_ids
     # Invalidating the chunk's ref takes its KV; the opening's full blocks stay.
     engine.cache.invalidate([REFS[0]])
-    again = list(engine.generate(ids, max_tokens=1, tenant="t"))[-1].result
+    again = list(engine.generate(GenerateRequest(ids, max_tokens=1, tenant="t")))[-1].result
     assert again is not None and again.cached_tokens == _full(len(parts[0]), engine)
 
 

@@ -18,7 +18,7 @@ from ragwarm.models import fetch_gguf, llm_dir
 from ragwarm.settings import ModelSettings
 from tests.integration.llama_proc import LlamaServer, llama_server_binary
 from tests.integration.worker_proc import WorkerProc
-from workers.engines.protocol import Engine
+from workers.engines.protocol import Engine, GenerateRequest
 from workers.engines.remote import RemoteEngine, connect_remote_engine
 from workers.settings import WorkerSettings
 
@@ -105,7 +105,7 @@ def test_generation_reports_the_servers_cached_tokens(
     full = len(prefix) // engine.block_size * engine.block_size
     engine.prefill(prefix, tenant="default")
     prompt = prefix + engine.tokenize(QUESTION)
-    steps = list(engine.generate(prompt, max_tokens=6, tenant="default"))
+    steps = list(engine.generate(GenerateRequest(prompt, max_tokens=6, tenant="default")))
     final = steps[-1].result
     assert final is not None and all(s.result is None for s in steps[:-1])
     assert final.prompt_tokens == len(prompt)

@@ -13,7 +13,7 @@ from pydantic import SecretStr
 from ragwarm.models import llm_dir
 from ragwarm.settings import ModelSettings
 from tests.integration.worker_proc import WorkerProc
-from workers.engines.protocol import Engine
+from workers.engines.protocol import Engine, GenerateRequest
 from workers.engines.remote import RemoteEngine, RemoteError, connect_remote_engine
 from workers.settings import WorkerSettings
 
@@ -91,7 +91,8 @@ def test_prefill_warms_the_server_and_generation_reuses_it(
     assert engine.prefill(prefix, tenant=tenant).computed_tokens == 0
 
     counters_before = engine.server_counters()
-    steps = list(engine.generate(prefix + engine.tokenize(QUESTION), max_tokens=8, tenant=tenant))
+    request = GenerateRequest(prefix + engine.tokenize(QUESTION), max_tokens=8, tenant=tenant)
+    steps = list(engine.generate(request))
     counters_after = engine.server_counters()
     final = steps[-1].result
     assert final is not None and all(s.result is None for s in steps[:-1])

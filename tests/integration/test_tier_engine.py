@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from workers.engines.protocol import GenerateRequest
 from workers.engines.torch_engine import TorchEngine, load_torch_engine
 from workers.kv.cache import PrefixCache
 from workers.kv.memory import Budget
@@ -19,7 +20,7 @@ TEXT = "Argo CD syncs the live state of an application with the state kept in Gi
 
 
 def _answer(engine: TorchEngine, prompt: list[int], tenant: str) -> tuple[tuple[int, ...], int]:
-    steps = list(engine.generate(prompt, max_tokens=4, tenant=tenant))
+    steps = list(engine.generate(GenerateRequest(prompt, max_tokens=4, tenant=tenant)))
     result = steps[-1].result
     assert result is not None
     return result.token_ids, result.cached_tokens

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ragwarm.settings import TRACE_DIR
-from workers.engines.protocol import Engine, GenerationStep
+from workers.engines.protocol import Engine, GenerateRequest, GenerationStep
 from workers.engines.torch_engine import KV, TorchEngine, load_torch_engine
 from workers.kv.cache import PrefixCache
 from workers.kv.memory import Budget
@@ -41,7 +41,8 @@ def doc_tokens(shared_engine: TorchEngine) -> list[int]:
 def _run(
     engine: TorchEngine, prompt: list[int], tenant: str = "t", **kw: object
 ) -> list[GenerationStep]:
-    return list(engine.generate(prompt, max_tokens=MAX_TOKENS, tenant=tenant, **kw))  # type: ignore[arg-type]
+    request = GenerateRequest(prompt, max_tokens=MAX_TOKENS, tenant=tenant, **kw)  # type: ignore[arg-type]
+    return list(engine.generate(request))
 
 
 def _cold(engine: TorchEngine, prompt: list[int]) -> list[int]:
@@ -189,9 +190,9 @@ def test_stop_ids_end_the_generation(engine: TorchEngine, doc_tokens: list[int])
 
 def test_bad_arguments_fail_at_the_call(engine: TorchEngine) -> None:
     with pytest.raises(ValueError, match="max_tokens"):
-        engine.generate([1, 2], max_tokens=0, tenant="t")
+        engine.generate(GenerateRequest([1, 2], max_tokens=0, tenant="t"))
     with pytest.raises(ValueError, match="prompt token"):
-        engine.generate([], max_tokens=1, tenant="t")
+        engine.generate(GenerateRequest([], max_tokens=1, tenant="t"))
 
 
 @pytest.mark.parametrize("length", [100, 64])  # a partial last block (copied), or none (kept)
@@ -200,7 +201,9 @@ def test_cache_prompt_stores_the_prompt_from_its_own_kv(
 ) -> None:
     prompt, aligned = doc_tokens[:length], length // 16 * 16
     cold = _cold(engine, prompt)
-    steps = engine.generate(prompt, max_tokens=MAX_TOKENS, tenant="t", cache_prompt=True)
+    steps = engine.generate(
+        GenerateRequest(prompt, max_tokens=MAX_TOKENS, tenant="t", cache_prompt=True)
+    )
     first = [next(steps), next(steps)]  # the prompt is stored once the first token is out
     assert len(engine.cache) == 1
     (entry,) = engine.cache.entries()

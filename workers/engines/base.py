@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar, Unpack
 from schemas.prefix import aligned_tokens, prefix_kv_bytes
 from workers.engines.protocol import (
     Engine,
+    GenerateRequest,
     GenerationStep,
     KeepPrompt,
     Memory,
@@ -20,7 +21,7 @@ from workers.engines.protocol import (
 )
 from workers.kv.blocks import block_hashes
 from workers.kv.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
-from workers.kv.chunk_kv import ChunkSpan, check_spans, chunk_prefix, held_chunk_tokens
+from workers.kv.chunk_kv import ChunkSpan, chunk_prefix, held_chunk_tokens
 from workers.kv.entries import Kind
 
 
@@ -45,7 +46,8 @@ def keep_by_prefill(
 
 @dataclass(frozen=True)
 class Request:
-    """One checked `generate` call, as `PrefixEngine._generate` receives it."""
+    """A `GenerateRequest` as `PrefixEngine._generate` receives it: the prompt as a list and
+    what `cache_prompt` keeps."""
 
     prompt: list[int]
     max_tokens: int
@@ -196,35 +198,15 @@ class PrefixEngine(ABC, Generic[H]):
         )
         return self._record(entry, held, evicted, computed, start)
 
-    def generate(
-        self,
-        token_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        tenant: str,
-        temperature: float = 0.0,
-        stop_ids: Iterable[int] | None = None,
-        cache_prompt: bool = False,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-        chunks: Sequence[ChunkSpan] = (),
-        chunk_reuse: bool = True,
-        seed: int | None = None,
-        top_k: int | None = None,
-    ) -> Iterator[GenerationStep]:
-        # Checked here, not in a generator, so bad arguments fail at the call.
-        if not token_ids:
-            raise ValueError("generate needs at least one prompt token")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        stops = tuple(stop_ids) if stop_ids is not None else None
-        keep = KeepPrompt(tuple(chunk_refs), ttl_s) if cache_prompt else None
-        check_spans(chunks, len(token_ids))
-        request = Request(
-            list(token_ids), max_tokens, tenant, temperature, stops, keep, tuple(chunks),
-            chunk_reuse, seed, top_k,
-        )
-        return self._generate(request)
+    def generate(self, request: GenerateRequest) -> Iterator[GenerationStep]:
+        keep = None
+        if request.cache_prompt:
+            keep = KeepPrompt(tuple(request.chunk_refs), request.ttl_s)
+        stops = tuple(request.stop_ids) if request.stop_ids is not None else None
+        return self._generate(Request(
+            list(request.token_ids), request.max_tokens, request.tenant, request.temperature,
+            stops, keep, tuple(request.chunks), request.chunk_reuse, request.seed, request.top_k,
+        ))
 
     def _lookup(self, hashes: list[str]) -> tuple[CacheEntry | None, int]:
         """The longest cached prefix of `hashes` and its block count; counts as a hit."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol, Required, TypedDict, runtime_checkable
 
 from workers.kv.cache import CacheEntry, ChunkKey, PrefixCache
-from workers.kv.chunk_kv import ChunkSpan
+from workers.kv.chunk_kv import ChunkSpan, check_spans
 from workers.kv.entries import Kind
 
 
@@ -64,6 +64,51 @@ class KeepPrompt:
 
     chunk_refs: tuple[ChunkKey, ...] = ()
     ttl_s: float | None = None
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One `Engine.generate` call: the prompt, how to sample its completion, what to keep.
+
+    Checked when built, so a bad request fails where it is made, not in the engine's
+    generator. `stop_ids` None means the model's EOS (an empty tuple: no stop token).
+
+    `chunks` names where the prompt's retrieved chunks stand; an engine holding their chunk
+    KV (and with chunk reuse on) blends it after the exact prefix, unless the request opts
+    out with `chunk_reuse=False`. Engines without chunk KV ignore them. The prompt's cached
+    KV is never modified. With `cache_prompt`, the prompt's full blocks are also stored
+    unpinned (with `chunk_refs`, `ttl_s`) without computing them again, unless the cache
+    already holds them; a refusal by the budget leaves the answer alone. `result.stored`
+    says what was stored; a generation stopped early may have stored it without saying so.
+    `seed` makes sampling reproducible where the engine can seed it, `top_k` samples among
+    the k likeliest tokens only (synthetic warmup).
+    """
+
+    token_ids: Sequence[int]
+    max_tokens: int
+    tenant: str
+    temperature: float = 0.0
+    stop_ids: Iterable[int] | None = None
+    cache_prompt: bool = False
+    chunk_refs: Iterable[ChunkKey] = ()
+    ttl_s: float | None = None
+    chunks: Sequence[ChunkSpan] = ()
+    chunk_reuse: bool = True
+    seed: int | None = None
+    top_k: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError("generate needs at least one prompt token")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        check_spans(self.chunks, len(self.token_ids))
+        # Tuples, so the value stays what it was when checked.
+        object.__setattr__(self, "token_ids", tuple(self.token_ids))
+        if self.stop_ids is not None:
+            object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
+        object.__setattr__(self, "chunk_refs", tuple(self.chunk_refs))
+        object.__setattr__(self, "chunks", tuple(self.chunks))
 
 
 @runtime_checkable
@@ -123,36 +168,9 @@ class Engine(Protocol):
         """
         ...
 
-    def generate(
-        self,
-        token_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        tenant: str,
-        temperature: float = 0.0,
-        stop_ids: Iterable[int] | None = None,
-        cache_prompt: bool = False,
-        chunk_refs: Iterable[ChunkKey] = (),
-        ttl_s: float | None = None,
-        chunks: Sequence[ChunkSpan] = (),
-        chunk_reuse: bool = True,
-        seed: int | None = None,
-        top_k: int | None = None,
-    ) -> Iterator[GenerationStep]:
-        """Stream a completion, reusing the longest cached prefix; greedy at temperature 0.
-
-        `chunks` names where the prompt's retrieved chunks stand; an engine holding their
-        chunk KV (and with chunk reuse on) blends it after the exact prefix, unless the
-        request opts out with `chunk_reuse=False`. Engines without chunk KV ignore them.
-
-        The prompt's cached KV is never modified. `stop_ids` defaults to the model's EOS.
-        With `cache_prompt`, the prompt's full blocks are also stored unpinned (with
-        `chunk_refs`, `ttl_s`) without computing them again, unless the cache already holds
-        them; a refusal by the budget leaves the answer alone. `result.stored` says what was
-        stored; a generation stopped early may have stored it without saying so. `seed`
-        makes sampling reproducible where the engine can seed it, `top_k` samples among
-        the k likeliest tokens only (synthetic warmup).
-        """
+    def generate(self, request: GenerateRequest) -> Iterator[GenerationStep]:
+        """Stream a completion of `request`, reusing the longest cached prefix; greedy at
+        temperature 0. What each field asks for is said on `GenerateRequest`."""
         ...
 
     def prefill_chunk(

@@ -40,6 +40,7 @@ from schemas.prefix import (
     prefix_kv_bytes,
     warm_hit,
 )
+from workers.engines.protocol import GenerateRequest
 from workers.engines.torch_engine import TorchEngine
 from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.memory import DEFAULT_MAX_ENTRIES, Budget
@@ -316,8 +317,8 @@ class Runner:
             return rows
         exact = next((m.result for m in shared.values() if m.result.token_ids), None)
         if exact is None:
-            steps = self.rig.base.generate(q.prompt.token_ids, max_tokens=1,
-                                           tenant=f"{self.rig.tenant}-reference")
+            steps = self.rig.base.generate(GenerateRequest(q.prompt.token_ids, max_tokens=1,
+                                           tenant=f"{self.rig.tenant}-reference"))
             exact = next(s.result for s in steps if s.result is not None)
             self.measured["reference_runs"] += 1
         first = exact.token_ids[:1]
