@@ -1,11 +1,12 @@
-"""`AsyncRagClient`: the asyncio twin of `RagClient` (retrieve, route, stream, fail over, log)."""
+"""`AsyncRagClient`: the asyncio shell over httpx of the client core, the sync `RagClient`'s
+twin (retrieve, route, stream, fail over, log); the steps are in `core`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
@@ -13,32 +14,36 @@ from typing import Any
 import httpx
 
 from rag.prompt import PromptBuilder
-from rag.settings import QdrantSettings, RagSettings
+from rag.settings import RagSettings
+from ragwarm.client import fallback
 from ragwarm.client.contract import check_prompt
-from ragwarm.client.fallback import (
-    ROUTED,
-    InFlight,
-    WorkerTable,
-    fallback_route,
-    retrieval_backend,
-    retrieval_unavailable,
-)
-from ragwarm.client.rag import (
+from ragwarm.client.core import (
+    COMPLETIONS,
+    HEALTH,
+    RETRIEVE,
+    ROUTE,
+    WORKERS,
     Answer,
+    ClientConfig,
+    ClientCore,
+    PartialAnswerLost,
     PreparedQuery,
-    QdrantRetrieval,
-    QueryEmitter,
-    auth_headers,
-    build_answer,
-    completion_body,
-    prompt_params,
-    query_event,
+    attempt_failed,
+    health_body,
+    pool_options,
+    prepared_query,
+    retrieve_body,
+    retrieved_chunks,
+    route_body,
     streams_body,
+    streams_down,
+    worker_error,
+    workers_to_warm,
 )
+from ragwarm.client.emitter import QueryEmitter
+from ragwarm.client.retrieval import QdrantRetrieval, RetrievalBackend
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import (
-    UP_HINT,
-    ClientError,
     Failover,
     RetrievedChunk,
     Route,
@@ -46,49 +51,34 @@ from ragwarm.client.wire import (
     StreamsUnavailable,
     WorkerFailed,
     WorkerRef,
-    error_message,
     sse_data,
-    status_error,
-    workers_to_try,
 )
 from ragwarm.settings import KafkaSettings, ModelSettings
-from schemas.prefix import BLOCK_SIZE, prompt_chain
+
+__all__ = ["AsyncRagClient", "PartialAnswerLost"]
 
 log = logging.getLogger(__name__)
 
 AsyncOnToken = Callable[[str], Awaitable[None]]
 
 
-class PartialAnswerLost(ClientError):
-    """A worker failed after part of the answer was handed out; it cannot be taken back."""
-
-
-class AsyncRagClient:
+class AsyncRagClient(ClientCore[httpx.AsyncClient]):
     """Answers questions through the warm worker; many queries may run at once.
 
-    Same contracts as `RagClient`: the canonical prompt, routing by the streams app, trying
-    the next worker when one fails, and one QueryEvent per answer. With `restart_on_retry`
-    false (the gateway streaming to an app), a worker that fails after the first token ends
-    the answer with `PartialAnswerLost` instead of starting it again elsewhere.
+    Same contracts as `RagClient` (the same core): the canonical prompt, routing by the
+    streams app, trying the next worker when one fails, and one QueryEvent per answer. With
+    `restart_on_retry` false (the gateway streaming to an app), a worker that fails after
+    the first token ends the answer with `PartialAnswerLost` instead of starting it again
+    elsewhere.
     """
 
-    def __init__(self, settings: ClientSettings, prompts: PromptBuilder, model_salt: str,
-                 streams: httpx.AsyncClient, retrieval: QdrantRetrieval | None = None,
+    def __init__(self, config: ClientConfig, prompts: PromptBuilder,
+                 streams: httpx.AsyncClient, retrieval: RetrievalBackend | None = None,
                  emitter: QueryEmitter | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None,
-                 block_size: int = BLOCK_SIZE, top_k: int = 3):
-        self.settings = settings
-        self.prompts = prompts
-        self.model_salt = model_salt
+                 transport: httpx.AsyncBaseTransport | None = None):
+        super().__init__(config, prompts, retrieval, emitter, lambda url: make_async_pool(
+            config.settings, url, transport, config.headers))
         self.streams = streams
-        self.retrieval = retrieval  # None: retrieve through the streams app
-        self.emitter = emitter
-        self.block_size = block_size
-        self.top_k = top_k  # must equal the streams app's RAGWARM_RAG_TOP_K
-        self._transport = transport
-        self._pools: dict[str, httpx.AsyncClient] = {}
-        self.table = WorkerTable()  # workers last learned, to route by when the app is down
-        self.in_flight = InFlight()  # the gateway's concurrent queries: the load it sees
 
     @classmethod
     async def open(cls, settings: ClientSettings | None = None,
@@ -99,55 +89,44 @@ class AsyncRagClient:
         PromptMismatch when the streams app builds canonical prompts otherwise."""
         from ragwarm.models import llm_dir, load_tokenizer
 
-        settings = settings or ClientSettings()
-        models = models or ModelSettings()
-        rag = rag or RagSettings()
+        config = ClientConfig.resolve(settings, kafka, models, rag)
+        url = config.settings.streams_url
         async with AsyncExitStack() as undo:
-            streams = make_async_pool(settings, settings.streams_url,
-                                      headers=auth_headers(settings))
+            streams = make_async_pool(config.settings, url, headers=config.headers)
             undo.push_async_callback(streams.aclose)
-            health = await check_streams(streams, settings.streams_url)
-            check_prompt(health, prompt_params(rag, models), settings.streams_url)
-            tokenizer = await asyncio.to_thread(load_tokenizer, llm_dir(models=models))
+            check_prompt(await check_streams(streams, url), config.params, url)
+            tokenizer = await asyncio.to_thread(load_tokenizer, llm_dir(models=config.models))
             retrieval = emitter = None
-            if retrieval_backend(settings.retrieval, QdrantSettings().url) == "qdrant":
-                retrieval = await asyncio.to_thread(QdrantRetrieval.open, models)
+            if config.retrieval == "qdrant":
+                retrieval = await asyncio.to_thread(QdrantRetrieval.open,
+                                                    config.models or ModelSettings())
                 undo.callback(retrieval.close)
-            if settings.emit_queries:
-                emitter = await asyncio.to_thread(QueryEmitter.open, kafka or KafkaSettings())
+            if config.kafka is not None:
+                emitter = await asyncio.to_thread(QueryEmitter.open, config.kafka)
                 undo.callback(emitter.close)
-            client = cls(settings, PromptBuilder(tokenizer, rag.system_prompt), models.llm_name,
-                         streams, retrieval, emitter, top_k=rag.top_k)
+            client = cls(config, PromptBuilder(tokenizer, config.system_prompt), streams,
+                         retrieval, emitter)
             await client.warm_pools()
             undo.pop_all()
         return client
 
     # -- pools ----------------------------------------------------------------------------
-    async def warm_pools(self) -> list[str]:
-        """Open a keep-alive connection to every ready worker the streams app knows."""
+    async def _reachable(self, worker: WorkerRef) -> bool:
+        """Open the pool to a listed worker; False (logged) where it does not answer yet."""
         try:
-            rows = (await self._streams_json("GET", "/ragwarm/workers")).get("workers") or []
-        except ClientError as exc:
-            if "403" not in str(exc):
-                raise
-            return []  # a tenant key may not list workers: pools then open on first use
-        warmed = []
-        for row in rows:
-            if row.get("url") and row.get("ready"):
-                try:
-                    await self._pool(row["url"]).get("/health/live")
-                    warmed.append(WorkerRef(str(row["worker_id"]), str(row["url"])))
-                except httpx.HTTPError as exc:
-                    log.info("worker %s not reachable yet: %s", row.get("worker_id"), exc)
-        self.table.learn(warmed, time.monotonic())
-        return [w.worker_id for w in warmed]
+            await self.pool(worker.url).get("/health/live")
+        except httpx.HTTPError as exc:
+            log.info("worker %s at %s not reachable yet: %s", worker.worker_id, worker.url, exc)
+            return False
+        return True
 
-    def _pool(self, url: str) -> httpx.AsyncClient:
-        pool = self._pools.get(url)
-        if pool is None:
-            pool = self._pools[url] = make_async_pool(self.settings, url, self._transport,
-                                                      auth_headers(self.settings))
-        return pool
+    async def warm_pools(self) -> list[str]:
+        """Open a keep-alive connection to the streams app and to every ready worker."""
+        await check_streams(self.streams, self.settings.streams_url)
+        to_warm = workers_to_warm(await self._streams_call("GET", WORKERS))
+        if to_warm is None:
+            return []  # a tenant key may not list workers: pools then open on first use
+        return self.learn([worker for worker in to_warm if await self._reachable(worker)])
 
     # -- the query path -------------------------------------------------------------------
     async def prepare(self, question: str, tenant: str | None = None) -> PreparedQuery:
@@ -157,36 +136,29 @@ class AsyncRagClient:
         chunks = tuple(await self._retrieve(question, tenant))
         retrieve_ms = (time.perf_counter() - started) * 1000
         prompt = await asyncio.to_thread(self.prompts.build, chunks, question)
-        chain = prompt_chain(prompt.token_ids, prompt.prefix_len, tenant=tenant,
-                             model=self.model_salt, block_size=self.block_size)
-        return PreparedQuery(question, tenant, chunks, prompt, chain, retrieve_ms)
+        return prepared_query(self.config, question, tenant, chunks, prompt, retrieve_ms)
 
     async def _retrieve(self, question: str, tenant: str) -> list[RetrievedChunk]:
         if self.retrieval is not None:
             return await asyncio.to_thread(self.retrieval.retrieve, question, tenant, self.top_k)
         try:
-            body = await self._streams_json("POST", "/ragwarm/retrieve", {
-                "question": question, "tenant": tenant, "k": self.top_k})
+            body = await self._streams_json("POST", RETRIEVE,
+                                            retrieve_body(question, tenant, self.top_k))
         except StreamsUnavailable as exc:
-            raise retrieval_unavailable(exc) from None
-        return [RetrievedChunk.from_json(c) for c in body.get("chunks") or ()]
+            raise fallback.retrieval_unavailable(exc) from None
+        return retrieved_chunks(body)
 
     async def route(self, prepared: PreparedQuery) -> Route:
         """Ask the streams app which worker holds the longest prefix of this prompt (and
         learn its list of ready workers, to route by if the app goes away)."""
-        route = Route.from_json(await self._streams_json(
-            "POST", "/ragwarm/route", {"block_hashes": list(prepared.block_hashes)}))
-        self.table.learn(route.workers, time.monotonic())
-        return route
+        return self.routed(await self._streams_json("POST", ROUTE, route_body(prepared)))
 
     async def _route(self, prepared: PreparedQuery) -> tuple[Route, str]:
         """The streams app's route, or, while it does not answer, one by load."""
         try:
-            return await self.route(prepared), ROUTED
+            return await self.route(prepared), fallback.ROUTED
         except StreamsUnavailable as exc:
-            log.warning("routing by load without the streams app: %s", exc)
-            return fallback_route(self.table, self.in_flight, time.monotonic(),
-                                  self.settings.worker_table_max_age_s, exc)
+            return self.route_by_load(exc)
 
     async def query(self, question: str, tenant: str | None = None,
                     max_tokens: int | None = None, on_token: AsyncOnToken | None = None,
@@ -205,16 +177,11 @@ class AsyncRagClient:
         routed_at = time.perf_counter()
         route, routing = await self._route(prepared)
         route_ms = (time.perf_counter() - routed_at) * 1000
-        workers = workers_to_try(route, self.settings.max_attempts, self.settings.streams_url)
-        temperature = self.settings.temperature if temperature is None else temperature
-        body = completion_body(prepared, max_tokens or self.settings.max_tokens, temperature)
-        worker, result, failed = await self._first_success(workers, body, on_token,
-                                                           restart_on_retry)
-        answer = build_answer(prepared, worker, result, failed, started, route_ms,
-                              route.matched_blocks if worker == route.chosen else 0, routing)
-        if self.emitter is not None:
-            self.emitter.emit(query_event(prepared, answer))
-        return answer
+        body = self.body(prepared, max_tokens, temperature)
+        worker, result, failed = await self._first_success(self.workers_for(route), body,
+                                                           on_token, restart_on_retry)
+        return self.answered(prepared, route, routing, worker, result, failed, started,
+                             route_ms)
 
     async def _first_success(self, workers: Sequence[WorkerRef], body: dict,
                              on_token: AsyncOnToken | None, restart_on_retry: bool,
@@ -225,39 +192,34 @@ class AsyncRagClient:
             try:
                 return worker, await self._stream(worker, body, on_token, result), failover.failed
             except WorkerFailed as exc:
-                if result.text and not restart_on_retry:
-                    raise PartialAnswerLost(f"worker {worker.worker_id} failed after part of "
-                                            f"the answer was sent: {exc}") from None
-                failover.worker_failed(worker, exc)
+                attempt_failed(failover, worker, exc, result, restart_on_retry)
         raise failover.exhausted()
 
     async def _stream(self, worker: WorkerRef, body: dict, on_token: AsyncOnToken | None,
                       result: StreamResult) -> StreamResult:
-        self.in_flight.start(worker.worker_id)
-        try:
-            async with self._pool(worker.url).stream("POST", "/v1/completions",
+        with self.attempt(worker, result):
+            async with self.pool(worker.url).stream("POST", COMPLETIONS,
                                                      json=body) as response:
-                await _check_status(worker, response)
+                if response.status_code != 200:
+                    await response.aread()
+                    raise worker_error(worker, response)
                 async for data in _async_sse(response):
                     text = result.feed(data, time.perf_counter())
                     if text and on_token is not None:
                         await on_token(text)
                     if result.done:
                         break
-        except httpx.TransportError as exc:
-            raise WorkerFailed(f"{type(exc).__name__}: {exc}") from None
-        finally:
-            self.in_flight.end(worker.worker_id)
-        result.check_complete()
         return result
 
-    async def _streams_json(self, method: str, path: str, body: dict | None = None) -> dict:
+    async def _streams_call(self, method: str, path: str,
+                            body: dict | None = None) -> httpx.Response:
         try:
-            response = await self.streams.request(method, path, json=body)
+            return await self.streams.request(method, path, json=body)
         except httpx.HTTPError as exc:
-            raise StreamsUnavailable(f"the streams app does not answer at "
-                                     f"{self.settings.streams_url} ({exc}); {UP_HINT}") from None
-        return streams_body(path, response)
+            raise streams_down(self.settings.streams_url, exc) from None
+
+    async def _streams_json(self, method: str, path: str, body: dict | None = None) -> dict:
+        return streams_body(path, await self._streams_call(method, path, body))
 
     # -- lifecycle ------------------------------------------------------------------------
     async def aclose(self) -> None:
@@ -265,7 +227,7 @@ class AsyncRagClient:
             await asyncio.to_thread(self.emitter.close)
         if self.retrieval is not None:
             self.retrieval.close()
-        for pool in self._pools.values():
+        for pool in self.pools.values():
             await pool.aclose()
         await self.streams.aclose()
 
@@ -281,25 +243,20 @@ def make_async_pool(settings: ClientSettings, url: str,
                     transport: httpx.AsyncBaseTransport | None = None,
                     headers: Mapping[str, str] | None = None) -> httpx.AsyncClient:
     """A keep-alive async pool to one server with the client's limits and timeouts."""
-    limits = httpx.Limits(max_keepalive_connections=settings.pool_connections,
-                          max_connections=settings.pool_max, keepalive_expiry=settings.keepalive_s)
-    timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
-    return httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout, transport=transport,
-                             headers=dict(headers or {}))
+    return httpx.AsyncClient(base_url=url, transport=transport, headers=dict(headers or {}),
+                             **pool_options(settings))
 
 
-async def check_streams(streams: httpx.AsyncClient, url: str) -> dict:
+async def check_streams(streams: httpx.AsyncClient, url: str) -> dict[str, Any]:
     """The streams app's health view; StreamsUnavailable, with the fix, if it does not answer."""
     try:
-        response = await streams.get("/ragwarm/health")
-        response.raise_for_status()
-        return response.json()
-    except (httpx.HTTPError, ValueError) as exc:
-        raise StreamsUnavailable(f"the streams app does not answer at {url} ({exc}); "
-                                 f"{UP_HINT}") from None
+        response = await streams.get(HEALTH)
+    except httpx.HTTPError as exc:
+        raise streams_down(url, exc) from None
+    return health_body(response, url)
 
 
-async def _async_sse(response: httpx.Response) -> Any:
+async def _async_sse(response: httpx.Response) -> AsyncIterator[str]:
     """The data of each complete server-sent event of an async response."""
     lines: list[str] = []
     async for line in response.aiter_lines():
@@ -308,16 +265,3 @@ async def _async_sse(response: httpx.Response) -> Any:
             for data in sse_data(lines):
                 yield data
             lines = []
-
-
-async def _check_status(worker: WorkerRef, response: httpx.Response) -> None:
-    if response.status_code == 200:
-        return
-    await response.aread()
-    try:
-        message = error_message(response.json())
-    except ValueError:
-        message = response.text[:300]
-    error = status_error(worker, response.status_code, message)
-    if error is not None:
-        raise error

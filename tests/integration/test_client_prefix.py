@@ -13,6 +13,7 @@ from rag.prompt import PromptBuilder
 from rag.retrieve import Retriever
 from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
+from ragwarm.client.core import ClientConfig
 from ragwarm.client.rag import QdrantRetrieval, RagClient
 from ragwarm.client.settings import ClientSettings
 from ragwarm.models import llm_dir, load_embedder, load_tokenizer
@@ -46,8 +47,8 @@ def test_direct_qdrant_retrieval_gives_the_prefix_the_streams_app_warms(tmp_path
         retriever = Retriever(store, embedder, rag.top_k)
         service = RagService(store, indexer, retriever, prompts, "smollm2-135m-instruct")
         streams = httpx.Client(base_url="http://127.0.0.1:9")  # never called by prepare()
-        client = RagClient(ClientSettings(), prompts, "smollm2-135m-instruct", streams,
-                           QdrantRetrieval(retriever), top_k=rag.top_k)
+        config = ClientConfig(ClientSettings(), "smollm2-135m-instruct", top_k=rag.top_k)
+        client = RagClient(config, prompts, streams, QdrantRetrieval(retriever))
         for question in QUESTIONS:
             prepared = client.prepare(question)
             warm = service.prefix_for_question(question, "default")

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rag.prompt import PromptBuilder
+from ragwarm.client.core import ClientConfig
 from ragwarm.client.rag import RagClient, query_event
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import (
@@ -256,9 +257,8 @@ def make_client(cluster: FakeCluster, **settings) -> tuple[RagClient, ListEmitte
     streams = httpx.Client(base_url=config.streams_url, transport=transport)
     emitter = ListEmitter()
     client = RagClient(
-        config,
+        ClientConfig(config, "m"),
         PromptBuilder(WordTokenizer(), "Answer from context."),
-        "m",
         streams,
         emitter=emitter,
         transport=transport,

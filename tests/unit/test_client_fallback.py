@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from rag.prompt import PromptBuilder
 from ragwarm.client.arag import AsyncRagClient
+from ragwarm.client.core import ClientConfig
 from ragwarm.client.fallback import (
     FALLBACK,
     FALLBACK_STALE,
@@ -189,7 +190,8 @@ def make_async_client(cluster: FakeCluster) -> AsyncRagClient:
     transport = httpx.MockTransport(cluster)
     config = ClientSettings(streams_url="http://streams.test", max_tokens=4, emit_queries=False)
     streams = httpx.AsyncClient(base_url=config.streams_url, transport=transport)
-    return AsyncRagClient(config, PromptBuilder(WordTokenizer(), "Answer from context."), "m",
+    return AsyncRagClient(ClientConfig(config, "m"),
+                          PromptBuilder(WordTokenizer(), "Answer from context."),
                           streams, transport=transport)  # type: ignore[arg-type]
 
 
@@ -210,7 +212,8 @@ async def test_async_client_spreads_concurrent_fallbacks_by_its_own_in_flight_lo
     cluster = SlowCluster("w1", {"w1": "ok", "w2": "ok", "w3": "ok"})
     transport = httpx.MockTransport(cluster.handle)
     config = ClientSettings(streams_url="http://streams.test", max_tokens=4, emit_queries=False)
-    client = AsyncRagClient(config, PromptBuilder(WordTokenizer(), "Answer from context."), "m",
+    client = AsyncRagClient(ClientConfig(config, "m"),
+                            PromptBuilder(WordTokenizer(), "Answer from context."),
                             httpx.AsyncClient(base_url=config.streams_url, transport=transport),
                             transport=transport)  # type: ignore[arg-type]
     async with client:
