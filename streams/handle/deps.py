@@ -12,7 +12,9 @@ from collections import Counter
 from collections.abc import Callable, MutableMapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from schemas import WarmupCommand
 from streams.decide.asks import AskLog
@@ -20,12 +22,20 @@ from streams.decide.chunks import WarmedChunks
 from streams.decide.fleet import EpochCheck
 from streams.decide.hot import HotTracker
 from streams.decide.pacing import KeyPacing
-from streams.decide.records import DocLink, DocState, PrefixOp, ReadyRewarm, WorkerState
+from streams.decide.records import (
+    DocLink,
+    DocState,
+    PrefixOp,
+    PrefixState,
+    ReadyRewarm,
+    WorkerState,
+)
 from streams.decide.synthetic import SyntheticState
 from streams.handle.ports import IndexReplica, RagPort
 from streams.settings import StreamsSettings
 
 Table = MutableMapping[str, Any]
+M = TypeVar("M", bound=BaseModel)
 # Changes remembered between attempts (`HandlerDeps.applying`): one per partition at a time
 # but for those a permanent failure left behind.
 APPLYING_MAX = 1024
@@ -55,14 +65,55 @@ class Clock(Protocol):
     def __call__(self) -> float: ...
 
 
+class Rows(Generic[M]):
+    """A table's rows as typed models. The table keeps their JSON (`model_dump(mode="json")`,
+    never pickle) so its changelog stays readable; this is the one place that converts."""
+
+    def __init__(self, table: Table, model: type[M]) -> None:
+        self.table, self.model = table, model
+
+    def get(self, key: str) -> M | None:
+        raw = self.table.get(key)
+        return self.model.model_validate(raw) if raw else None
+
+    def __getitem__(self, key: str) -> M:
+        row = self.get(key)
+        if row is None:
+            raise KeyError(key)
+        return row
+
+    def __setitem__(self, key: str, row: M) -> None:
+        self.table[key] = row.model_dump(mode="json")
+
+    def items(self) -> list[tuple[str, M]]:
+        """Every row, read now (a snapshot: handlers write the table while they go)."""
+        return [(k, self.model.model_validate(v)) for k, v in list(self.table.items()) if v]
+
+    def values(self) -> list[M]:
+        return [row for _, row in self.items()]
+
+
 @dataclass
 class StreamTables:
-    """The app's state; Faust changelog tables in the app, dicts in the benchmark."""
+    """The app's state; Faust changelog tables in the app, dicts in the benchmark. Handlers
+    read and write the rows through `doc_states`, `prefix_states` and `worker_states`."""
 
     docs: Table  # doc_key(tenant, doc_id) -> DocState
     doc_prefixes: Table  # doc_key(tenant, doc_id) -> {prefix hash: [chunk refs]}
     prefixes: Table  # prefix hash -> PrefixState
     workers: Table  # worker id -> WorkerState (read by every partition)
+
+    @property
+    def doc_states(self) -> Rows[DocState]:
+        return Rows(self.docs, DocState)
+
+    @property
+    def prefix_states(self) -> Rows[PrefixState]:
+        return Rows(self.prefixes, PrefixState)
+
+    @property
+    def worker_states(self) -> Rows[WorkerState]:
+        return Rows(self.workers, WorkerState)
 
 
 @dataclass
@@ -157,8 +208,7 @@ class HandlerDeps:
         the new state, found nothing changed and skipped the follow-up work (re-checks,
         chunk warmup, synthesis)."""
         if (key, version) not in self.applying:
-            raw = self.tables.docs.get(key)
-            self.applying[(key, version)] = DocState.model_validate(raw) if raw else None
+            self.applying[(key, version)] = self.tables.doc_states.get(key)
             while len(self.applying) > APPLYING_MAX:  # one left by a permanent failure
                 del self.applying[next(iter(self.applying))]
         return self.applying[(key, version)]
@@ -172,7 +222,7 @@ class HandlerDeps:
 
     def live_workers(self) -> list[WorkerState]:
         horizon = self.clock() - self.settings.worker_stale_s
-        rows = [WorkerState.model_validate(v) for v in self.tables.workers.values() if v]
+        rows = self.tables.worker_states.values()
         return [
             w if w.last_seen >= horizon else w.model_copy(update={"ready": False}) for w in rows
         ]

@@ -16,9 +16,7 @@ from streams.decide import logic, progressive
 from streams.decide.hot import HotPayload
 from streams.decide.records import (
     DocLink,
-    DocState,
     PrefixOp,
-    PrefixState,
     ReadyRewarm,
     WorkerState,
     doc_key,
@@ -91,8 +89,8 @@ async def refs_current(p: HandlerDeps, refs: list[ChunkRef], tenant: str) -> boo
 
 def stale_in_table(p: HandlerDeps, change: KbChange) -> bool:
     """Whether the docs table already holds a newer version (a replay): nothing to index."""
-    prior_raw = p.tables.docs.get(doc_key(change.tenant, change.doc_id))
-    return change.is_stale(DocState.model_validate(prior_raw).version if prior_raw else None)
+    prior = p.tables.doc_states.get(doc_key(change.tenant, change.doc_id))
+    return change.is_stale(prior.version if prior else None)
 
 
 async def apply_indexed(
@@ -113,7 +111,7 @@ async def apply_indexed(
     plan = logic.plan_kb_change(change, prior, new_chunks, dependents, now, recent, budget,
                                 *edits.older(p, dependents, recent))
     assert plan.state is not None  # not stale, so the plan carries the new state
-    p.tables.docs[key] = plan.state.model_dump(mode="json")
+    p.tables.doc_states[key] = plan.state
     p.stats["kb_events"] += 1
     for op in plan.ops:
         await p.out.op(op)
@@ -128,8 +126,8 @@ async def apply_indexed(
 
 
 async def on_prefix_op(p: HandlerDeps, op: PrefixOp) -> None:
-    raw = p.tables.prefixes.get(op.prefix_hash)  # only this agent writes it, one op at a time
-    state = PrefixState.model_validate(raw) if raw else None
+    # Only this agent writes it, one op at a time.
+    state = p.tables.prefix_states.get(op.prefix_hash)
     if op.op in ("warm", "warm_on") and not await refs_current(p, op.chunk_refs, op.tenant):
         # Never prefill KV from text no longer current; a prefix built from it is invalidated.
         p.stats["stale_warm_skipped"] += 1
@@ -150,7 +148,7 @@ async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> No
     if plan.state is None:
         p.tables.prefixes.pop(op.prefix_hash, None)
     else:
-        p.tables.prefixes[op.prefix_hash] = plan.state.model_dump(mode="json")
+        p.tables.prefix_states[op.prefix_hash] = plan.state
     for link in plan.links:
         await p.out.link(link)
     p.stats.update(plan.counters)
@@ -172,8 +170,7 @@ async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> No
 
 async def on_doc_link(p: HandlerDeps, link: DocLink) -> None:
     key = doc_key(link.tenant, link.doc_id)
-    current = p.tables.docs.get(key)
-    doc = DocState.model_validate(current) if current else None
+    doc = p.tables.doc_states.get(key)
     links, stale = logic.plan_doc_link(p.tables.doc_prefixes.get(key) or {}, link, doc)
     p.tables.doc_prefixes[key] = links
     if stale is not None:
@@ -189,8 +186,7 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
         # A forged heartbeat would otherwise set the URL clients are routed to (per-worker key).
         p.stats["unauthenticated_events"] += 1
         return
-    raw = p.tables.workers.get(event.worker_id)
-    prior = WorkerState.model_validate(raw) if raw else None
+    prior = p.tables.worker_states.get(event.worker_id)
     order = logic.epoch_order(prior, event, p.epoch_check(prior))
     if order in ("old", "future"):  # a leftover of a previous boot; a clock far ahead
         p.stats["stale_epoch_events" if order == "old" else "future_epoch_events"] += 1
@@ -203,7 +199,7 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
     if event.kind == "expired":
         p.stats["expired_commands"] += 1
     state = logic.apply_worker_event(prior, event, p.clock(), order)
-    p.tables.workers[event.worker_id] = state.model_dump(mode="json")
+    p.tables.worker_states[event.worker_id] = state
     if event.kind == "stored" and event.prefix_tokens:
         p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens
     if event.kind == "stored" and event.command_id and event.prefix_hash:  # a prefill landed
@@ -240,10 +236,10 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
         worker_id=event.worker_id, budget_bytes=max(0, budget), skip=sent, steps=steps
     )
     # The later steps go after its heartbeats (`next_warm_step`), with the same budget.
-    row = WorkerState.model_validate(p.tables.workers[event.worker_id])
+    row = p.tables.worker_states[event.worker_id]
     progress = {"warm_step": 2 if steps > 1 else 0, "warm_steps": steps,
                 "warm_budget": req.budget_bytes}
-    p.tables.workers[event.worker_id] = row.model_copy(update=progress).model_dump(mode="json")
+    p.tables.worker_states[event.worker_id] = row.model_copy(update=progress)
     await p.out.ready(req)
 
 
@@ -261,7 +257,7 @@ async def next_warm_step(p: HandlerDeps, state: WorkerState) -> None:
     step = progressive.next_step(state)
     following = state.warm_step + 1 if step is not None and step < state.warm_steps else 0
     update = {"warm_step": following}
-    p.tables.workers[state.worker_id] = state.model_copy(update=update).model_dump(mode="json")
+    p.tables.worker_states[state.worker_id] = state.model_copy(update=update)
     if step is None:
         p.stats["warm_steps_stopped"] += 1
         return
@@ -279,9 +275,8 @@ async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
     now = p.clock()
     per_token = p.kv_bytes_per_token()
     tracked = [
-        (h, PrefixState.model_validate(v))
-        for h, v in list(p.tables.prefixes.items())
-        if v and (req.partition is None or p.partition_of(h, req.partitions) == req.partition)
+        (h, state) for h, state in p.tables.prefix_states.items()
+        if req.partition is None or p.partition_of(h, req.partitions) == req.partition
     ]
     counts = {h: c for h, c, _ in p.tracker.ranked(now)}
     states = dict(tracked)
@@ -316,10 +311,7 @@ async def sweep_prefixes(p: HandlerDeps) -> int:
     now, after = p.clock(), p.settings.forget_after_s
     workers = p.live_workers()
     sent = 0
-    for prefix_hash, raw in list(p.tables.prefixes.items()):
-        if not raw:
-            continue
-        state = PrefixState.model_validate(raw)
+    for prefix_hash, state in p.tables.prefix_states.items():
         if logic.hold_ended(state, now, p.settings.edit_hold_s):
             await p.out.op(PrefixOp(op="cool", prefix_hash=prefix_hash, tenant=state.tenant,
                                     hold=True, reason="edit hold ended unasked"))
@@ -344,10 +336,7 @@ async def resend_prefills(p: HandlerDeps) -> int:
     now, workers = p.clock(), p.live_workers()
     window = logic.PREFILL_WAIT_S + p.settings.worker_stale_s + 2 * p.settings.resend_s
     sent = 0
-    for prefix_hash, raw in list(p.tables.prefixes.items()):
-        if not raw:
-            continue
-        state = PrefixState.model_validate(raw)
+    for prefix_hash, state in p.tables.prefix_states.items():
         if state.resends >= p.settings.prefill_resends:
             continue
         if logic.needs_resend(prefix_hash, state, workers, now, window):
@@ -396,8 +385,8 @@ async def query_warm_op(p: HandlerDeps, query: QueryEvent) -> PrefixOp | None:
     retrieves then. None when nothing would change: known, held, fresh, question listed."""
     if not query.prefix_hash or not query.chunk_refs:
         return None
-    raw = p.tables.prefixes.get(query.prefix_hash)
-    if raw is None:
+    state = p.tables.prefix_states.get(query.prefix_hash)
+    if state is None:
         prefix = await p.blocking(p.rag.prefix_for_refs, query.chunk_refs, query.tenant)
         if prefix is None or prefix.prefix_hash != query.prefix_hash:
             # Chunks changed since, or a client's own prompt template: not asked per query.
@@ -405,7 +394,6 @@ async def query_warm_op(p: HandlerDeps, query: QueryEvent) -> PrefixOp | None:
             p.stats["query_prefix_unmatched"] += 1
             return None
         return warm_op(prefix, query.tenant, query.question, reason="query")
-    state = PrefixState.model_validate(raw)
     fresh = state.expires_at - p.clock() > p.settings.prefix_ttl_s / 2
     # Cheap checks first (every query runs this); a held prefix's ask ends its hold: sent.
     if fresh and query.question in state.questions and state.held_at is None:
@@ -479,8 +467,8 @@ def _needs_warm(p: HandlerDeps, known: PrefixOp | None, held: set[str]) -> bool:
 
 
 def _prefill_pending(p: HandlerDeps, prefix_hash: str) -> bool:
-    raw = p.tables.prefixes.get(prefix_hash)  # None where another instance owns it
-    return logic.prefill_pending(PrefixState.model_validate(raw) if raw else None, p.clock())
+    # None where another instance owns it.
+    return logic.prefill_pending(p.tables.prefix_states.get(prefix_hash), p.clock())
 
 
 async def warm_per_node(

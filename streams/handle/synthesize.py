@@ -14,7 +14,7 @@ from schemas.prefix import BLOCK_SIZE, prefix_kv_bytes, warm_hit
 from streams.decide import logic
 from streams.decide import synthetic as syn
 from streams.decide.hot import HotTracker
-from streams.decide.records import DocState, PrefixOp, PrefixState, WorkerState
+from streams.decide.records import DocState, PrefixOp, WorkerState
 from streams.handle.ports import RagPort, WarmPrefix
 from streams.settings import StreamsSettings
 
@@ -136,8 +136,8 @@ def count_query(p: HandlerDeps, query: QueryEvent) -> None:
     if not p.settings.synthetic or not p.synthetic.asks.first(query.tenant, query.question):
         return
     p.stats["first_asks"] += 1
-    raw = p.tables.prefixes.get(query.prefix_hash) if query.prefix_hash else None
-    if raw and PrefixState.model_validate(raw).synthetic and warm_hit(
+    state = p.tables.prefix_states.get(query.prefix_hash) if query.prefix_hash else None
+    if state is not None and state.synthetic and warm_hit(
         query.cached_tokens, query.prefix_tokens, BLOCK_SIZE
     ):
         p.stats["synthetic_first_hits"] += 1

@@ -72,7 +72,7 @@ async def recover_index(p: HandlerDeps, read: ReadChanges) -> int:
         p.readiness.reason = "replicating the index from rag.chunks"
         while not await p.replica.caught_up():
             log.info("index recovery: the replica is still catching up on rag.chunks")
-    docs = {k: DocState.model_validate(v) for k, v in list(p.tables.docs.items()) if v}
+    docs = dict(p.tables.doc_states.items())
     indexed = await p.blocking(p.rag.indexed_versions)
     need = plan_reindex(docs, indexed)
     if not need:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from faust.web import Request, Response
 
 from streams.decide.logic import holders_of
-from streams.decide.records import PrefixState
 from streams.handle.handlers import HandlerDeps
 from streams.shell.views.bodies import Page
 
@@ -59,8 +58,7 @@ def docs_body(p: HandlerDeps) -> dict:
 
 
 def prefix_body(p: HandlerDeps, prefix_hash: str) -> dict:
-    raw = p.tables.prefixes.get(prefix_hash)
-    state = PrefixState.model_validate(raw) if raw else None
+    state = p.tables.prefix_states.get(prefix_hash)
     return {
         "prefix_hash": prefix_hash,
         "holders": holders_of(prefix_hash, p.live_workers()),
