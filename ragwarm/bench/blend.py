@@ -327,12 +327,13 @@ def measure(
     "--questions", "questions_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=DEFAULT_QUESTIONS, show_default=True, help="Trace questions JSONL.",
 )
-@click.option("--recompute", default=DEFAULT_SHARES, show_default=True,
-              help="Comma-separated shares of moved chunk tokens to recompute.")
+@click.option("--recompute", default=None,
+              help=f"Comma-separated shares of moved chunk tokens to recompute [default: "
+              f"{DEFAULT_SHARES}; with --calibrate 0.15,0.3,0.5,0.7].")
 @click.option("--questions-limit", type=int, default=None, help="Use only the first N questions.")
-@click.option("--method", default="hkvd", show_default=True,
+@click.option("--method", default=None,
               help="How recomputed tokens are chosen: hkvd, attn, sink, sink+hkvd, "
-              "sink+attn, tail.")
+              "sink+attn, tail [default: the worker's RAGWARM_WORKER_CHUNK_SELECTION].")
 @click.option("--checks", default="1,4,10", show_default=True,
               help="Layers where scored tokens are filtered (gradually, down to the share).")
 @click.option("--widen", default=2.0, show_default=True,
@@ -343,28 +344,49 @@ def measure(
 @click.option("--threads", type=int, default=None, help="torch threads (default: settings).")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also draw the curve (quality and TTFT ratio per share) into this PNG.")
+@click.option("--calibrate", is_flag=True,
+              help="Measure the quality gate through the worker's engine (chunk KV as chunk "
+              "warmup stores it, the worker's selection) against the float32 full prefill and "
+              "the bfloat16 floor, and write the model's calibration.")
+@click.option("--calibration-out", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="With --calibrate: where to write the calibration [default: "
+              "the repository's file for the model, workers/calibrations/<model>.json].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def blend(
-    events_path: Path, questions_path: Path, recompute: str, questions_limit: int | None,
-    method: str, checks: str, widen: float, bridge: int, threads: int | None, chart: Path | None,
-    as_json: bool,
+    events_path: Path, questions_path: Path, recompute: str | None, questions_limit: int | None,
+    method: str | None, checks: str, widen: float, bridge: int, threads: int | None,
+    chart: Path | None, calibrate: bool, calibration_out: Path | None, as_json: bool,
 ) -> None:
     """First-token agreement, greedy agreement, KL and TTFT of chunk-KV reuse vs full prefill."""
+    from ragwarm.bench.calibrate import DEFAULT_CALIBRATION_SHARES, run_calibration
+    from ragwarm.bench.calibrate import table as calibration_table
     from ragwarm.models import ModelMissing, llm_dir
+    from ragwarm.progress import waiting
     from workers.engines.blend import SELECTORS, prefill
     from workers.engines.torch_engine import load_torch_engine
     from workers.settings import WorkerSettings
 
+    settings = WorkerSettings(threads=threads, chunk_reuse="off")
+    method = method or settings.chunk_selection
     if method not in SELECTORS:
         raise click.BadParameter(f"valid methods: {', '.join(SELECTORS)}", param_hint="--method")
-    shares = _shares(recompute)
+    if calibrate and bridge:
+        raise click.BadParameter("the worker computes chunk KV after the system prompt alone",
+                                 param_hint="--bridge")
+    shares = _shares(recompute or (DEFAULT_CALIBRATION_SHARES if calibrate else DEFAULT_SHARES))
     try:
-        engine = load_torch_engine(llm_dir(), WorkerSettings(threads=threads))
+        with waiting("loading the model"):
+            engine = load_torch_engine(llm_dir(), settings)
     except ModelMissing as exc:
         raise click.ClickException(str(exc)) from None
     cases = retrieve_cases(events_path, questions_path, questions_limit, engine.tokenizer)
     if not cases:
         raise click.ClickException("no question retrieved any chunk")
+    if calibrate:
+        rep = run_calibration(engine, cases, shares, method, events_path,
+                              torch_threads(), calibration_out)
+        click.echo(json.dumps(rep) if as_json else calibration_table(rep))
+        return
     opening = cases[0].token_ids[: cases[0].opening]
     runner = Runner(engine.model, prefill(engine.model, opening)[0], opening, bridge)
     layers = tuple(int(c) for c in checks.split(","))
@@ -424,3 +446,9 @@ def _table(report: dict[str, Any]) -> str:
             f"{r['ttft_full_ms_p50']:>8.1f} {r['ttft_blend_ms_p50']:>8.1f} {ratio:>6.1%}"
         )
     return "\n".join(lines)
+
+
+def torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
