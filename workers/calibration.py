@@ -48,6 +48,28 @@ class ShareFigures(Quality):
     blended_tokens_mean: float = Field(default=0.0, ge=0)
 
 
+class Outcome(BaseModel):
+    """One prompt, one computation, against the float32 full prefill."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    same_first: bool
+    same_greedy16: bool
+    kl: float = Field(ge=0)
+
+
+class QuestionRow(BaseModel):
+    """One question's outcomes: the floor's, and the blend's per share (in `shares` order),
+    with a hash of its prompt's token ids so a re-run can check it measures the same prompt."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    qid: str
+    prompt_sha: str
+    floor: Outcome
+    blend: tuple[Outcome, ...]
+
+
 class Provenance(BaseModel):
     """Where a calibration's figures come from, so they can be re-run and compared."""
 
@@ -75,6 +97,7 @@ class Calibration(BaseModel):
     floor: Floor
     shares: tuple[ShareFigures, ...] = Field(min_length=1)
     provenance: Provenance
+    questions: tuple[QuestionRow, ...] = ()
 
     @model_validator(mode="after")
     def _agrees_with_its_figures(self) -> Calibration:
@@ -85,6 +108,8 @@ class Calibration(BaseModel):
         if chosen is not None and self.share != chosen.recompute_share:
             raise ValueError(f"share {self.share} is not the gate's choice "
                              f"{chosen.recompute_share}")
+        if any(len(q.blend) != len(self.shares) for q in self.questions):
+            raise ValueError("every question row needs one blend outcome per share")
         return self
 
 

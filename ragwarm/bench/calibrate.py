@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import hashlib
 import os
 import platform
 import shlex
@@ -49,6 +50,22 @@ class Tally:
     floor: list[Compared] = field(default_factory=list)
     shares: dict[float, list[Compared]] = field(default_factory=dict)
     cold_s: list[float] = field(default_factory=list)
+    prompts: list[tuple[str, str]] = field(default_factory=list)  # (qid, prompt_sha)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Per question, its outcomes (floor, then the blend per share)."""
+        def outcome(c: Compared) -> dict[str, Any]:
+            return {"same_first": c.same_first, "same_greedy16": c.same_greedy,
+                    "kl": round(c.kl, 7)}
+
+        return [{"qid": qid, "prompt_sha": sha, "floor": outcome(self.floor[i]),
+                 "blend": [outcome(rows[i]) for rows in self.shares.values()]}
+                for i, (qid, sha) in enumerate(self.prompts)]
+
+
+def prompt_sha(token_ids: Sequence[int]) -> str:
+    """A short hash of a prompt's token ids (a re-run checks it measures the same prompt)."""
+    return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:16]
 
 
 class _Recorder:
@@ -125,6 +142,7 @@ def run_case(engine: TorchEngine, models: dict[str, Any], case: Case,
              blenders: dict[float, Any], tally: Tally) -> None:
     """Reference, floor, one cold prefill, then the blend at every share, back to back (so
     load on the machine hits both sides of the TTFT ratio alike)."""
+    tally.prompts.append((case.qid, prompt_sha(case.token_ids)))
     logits, tokens, _ = full_run(models["reference"], case)
     ref = (logits.float(), tokens)
     floor_logits, floor_tokens, _ = full_run(models["floor"], case)
@@ -227,7 +245,7 @@ def build_calibration(model_id: str, method: str, tally: Tally, origin: dict) ->
         "share": None if chosen is None else chosen.recompute_share,
         "ttft_ratio": None if chosen is None else chosen.ttft_ratio,
         "floor": floor.model_dump(), "shares": [r.model_dump() for r in rows],
-        "provenance": origin,
+        "provenance": origin, "questions": tally.rows(),
     })
 
 
