@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 MAX_MEAN_KL = 0.005
 CALIBRATIONS_DIR = Path(__file__).with_name("calibrations")
 ReuseMode = Literal["auto", "on", "off"]
+# WorkerSettings.chunk_selection's default (defined here: the settings import this module).
+DEFAULT_SELECTION = "hkvd"
 
 
 class CalibrationError(ValueError):
@@ -245,7 +247,4 @@ def _limits(calibration: Calibration) -> list[str]:
 def default_blending(model_id: str, path: Path | None = None) -> bool:
     """Whether a worker with default settings blends for `model_id` (its stored calibration
     passes for the default selection)."""
-    from workers.settings import WorkerSettings
-
-    share, _ = blend_setting(WorkerSettings.model_construct(), load_calibration(model_id, path))
-    return share is not None
+    return _verdict(DEFAULT_SELECTION, load_calibration(model_id, path)) is None

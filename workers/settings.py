@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from workers.calibration import ReuseMode, reuse_mode
+from workers.calibration import DEFAULT_SELECTION, ReuseMode, reuse_mode
 from workers.engine_lock import DEFAULT_BACKGROUND_MAX_WAIT_S
 from workers.kv.blocks import BLOCK_SIZE
 from workers.kv.eviction import DEFAULT_POLICY, make_policy
@@ -202,7 +202,7 @@ class WorkerSettings(BaseSettings):
         "(workers/calibrations/<model>.json).",
     )
     chunk_selection: ChunkSelection = Field(
-        default="hkvd",
+        default=DEFAULT_SELECTION,
         description="How recomputed tokens are chosen: hkvd (KV deviation), attn (question "
         "attention), sink (each chunk's first tokens), sink+ one of the scores, or tail (the "
         "last chunk whole, then the others' first tokens).",
