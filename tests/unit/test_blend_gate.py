@@ -112,7 +112,8 @@ def test_load_refuses_another_models_calibration(tmp_path: Path) -> None:
 
 
 def test_the_stored_file_is_named_after_the_model() -> None:
-    assert model_slug("HuggingFaceTB/SmolLM2-135M-Instruct") == "huggingfacetb-smollm2-135m-instruct"
+    slug = model_slug("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert slug == "huggingfacetb-smollm2-135m-instruct"
     assert calibration_path(MODEL).name == f"{MODEL}.json"
     assert calibration_path(MODEL).parent.name == "calibrations"
 
