@@ -3,6 +3,7 @@ questions at one share, through the worker's engine) agrees with it prompt by pr
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -64,3 +65,20 @@ def test_a_small_calibration_matches_the_stored_one(
     assert flips["first"] <= FLIPS_ALLOWED and flips["greedy"] <= FLIPS_ALLOWED, flips
     # The blend really ran: the prompts' later chunks came from chunk KV.
     assert all(c.blended > 0 for c in tally.shares[share])
+
+
+def test_a_default_worker_blends_only_where_the_stored_calibration_passes(
+    load_engine: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="workers.engines.torch_engine"):
+        engine = load_engine()
+    stored = load_calibration(engine.model_id)
+    assert stored is not None
+    said = [r.getMessage() for r in caplog.records if "chunk-KV blending" in r.getMessage()]
+    assert len(said) == 1, said  # one line saying whether and why
+    selection = engine.chunks.selection
+    if stored.passed:
+        assert selection is not None and selection.share == stored.share
+        assert "passes" in said[0]
+    else:
+        assert selection is None and "fails the quality gate" in said[0]
