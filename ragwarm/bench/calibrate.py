@@ -170,10 +170,13 @@ def _git(*args: str) -> str:
     return out.stdout.strip()
 
 
-def provenance(trace: Path, questions: int, threads: int) -> dict[str, Any]:
+def code_commit() -> str:
+    """The checkout's commit, `-dirty` when tracked files differ from it."""
     commit = _git("rev-parse", "--short=12", "HEAD") or "unknown"
-    if _git("status", "--porcelain", "--untracked-files=no"):
-        commit += "-dirty"
+    return commit + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def provenance(trace: Path, questions: int, threads: int, commit: str) -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo()
                 if line.startswith("model name")), platform.processor() or platform.machine())
     return {
@@ -295,8 +298,9 @@ def run_calibration(engine: TorchEngine, cases: Sequence[Case], shares: Sequence
     return the report."""
     from workers.calibration import calibration_path
 
+    commit = code_commit()  # before the run: the code it measures, whatever changes meanwhile
     tally = calibrate(engine, cases, shares, method)
-    origin = provenance(trace, len(cases), threads)
+    origin = provenance(trace, len(cases), threads, commit)
     calibration = build_calibration(engine.model_id, method, tally, origin)
     out = out if out is not None else calibration_path(engine.model_id)
     try:
