@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -17,7 +17,7 @@ MAX_MEAN_KL = 0.005
 CALIBRATIONS_DIR = Path(__file__).with_name("calibrations")
 ReuseMode = Literal["auto", "on", "off"]
 # WorkerSettings.chunk_selection's default (defined here: the settings import this module).
-DEFAULT_SELECTION = "hkvd"
+DEFAULT_SELECTION: Final = "hkvd"
 
 
 class CalibrationError(ValueError):
