@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from workers.calibration import DEFAULT_SELECTION, ReuseMode, reuse_mode
 from workers.engine_lock import DEFAULT_BACKGROUND_MAX_WAIT_S
 from workers.kv.blocks import BLOCK_SIZE
 from workers.kv.eviction import DEFAULT_POLICY, make_policy
@@ -181,20 +182,27 @@ class WorkerSettings(BaseSettings):
         description="Synthetic warmup: most KV memory one sampled question may hold (prompt and "
         "new tokens), as a share of the KV budget (seed 000: under 5%).",
     )
-    chunk_reuse: bool = Field(
-        default=False,
+    chunk_reuse: ReuseMode = Field(
+        default="auto",
         description="Serve prompts no cached prefix covers from held chunk KV (re-rotated, a "
-        "share recomputed; `ragwarm bench blend` measures the quality). Off until the "
-        "measured bar is met.",
+        "share recomputed). `auto`: only for a model whose stored calibration passes the "
+        "quality gate (`ragwarm bench blend --calibrate`); `on`: always, with a warning; "
+        "`off`: never. true/false mean on/off.",
     )
     chunk_recompute_share: float = Field(
         default=0.3,
         ge=0.0,
         le=1.0,
-        description="Share of moved chunk tokens recomputed when blending chunk KV.",
+        description="Share of moved chunk tokens recomputed when blending chunk KV. Unset, the "
+        "calibration's chosen share (this default where there is none).",
+    )
+    chunk_calibration: Path | None = Field(
+        default=None,
+        description="Blend calibration file to read; unset, the one stored for the model "
+        "(workers/calibrations/<model>.json).",
     )
     chunk_selection: ChunkSelection = Field(
-        default="hkvd",
+        default=DEFAULT_SELECTION,
         description="How recomputed tokens are chosen: hkvd (KV deviation), attn (question "
         "attention), sink (each chunk's first tokens), sink+ one of the scores, or tail (the "
         "last chunk whole, then the others' first tokens).",
@@ -233,6 +241,11 @@ class WorkerSettings(BaseSettings):
     vllm_max_model_len: int | None = Field(
         default=None, ge=1, description="Engine `vllm`: context length; the model's if unset."
     )
+
+    @field_validator("chunk_reuse", mode="before")
+    @classmethod
+    def _reuse_mode(cls, value: object) -> ReuseMode:
+        return reuse_mode(value)  # true/false (the old boolean setting) mean on/off
 
     @field_validator("eviction_policy")
     @classmethod

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
@@ -318,66 +317,6 @@ def measure(
     return [summarize(s, per_share[s]) for s in shares]
 
 
-@click.command()
-@click.option(
-    "--events", "events_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=DEFAULT_EVENTS, show_default=True, help="Trace events JSONL.",
-)
-@click.option(
-    "--questions", "questions_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=DEFAULT_QUESTIONS, show_default=True, help="Trace questions JSONL.",
-)
-@click.option("--recompute", default=DEFAULT_SHARES, show_default=True,
-              help="Comma-separated shares of moved chunk tokens to recompute.")
-@click.option("--questions-limit", type=int, default=None, help="Use only the first N questions.")
-@click.option("--method", default="hkvd", show_default=True,
-              help="How recomputed tokens are chosen: hkvd, attn, sink, sink+hkvd, "
-              "sink+attn, tail.")
-@click.option("--checks", default="1,4,10", show_default=True,
-              help="Layers where scored tokens are filtered (gradually, down to the share).")
-@click.option("--widen", default=2.0, show_default=True,
-              help="Kept share at the first check, as a multiple of the final share.")
-@click.option("--bridge", type=int, default=0, show_default=True,
-              help="Compute each chunk's KV after this many last tokens of the chunk before "
-              "it in its document (0: after the system prompt alone).")
-@click.option("--threads", type=int, default=None, help="torch threads (default: settings).")
-@click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also draw the curve (quality and TTFT ratio per share) into this PNG.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def blend(
-    events_path: Path, questions_path: Path, recompute: str, questions_limit: int | None,
-    method: str, checks: str, widen: float, bridge: int, threads: int | None, chart: Path | None,
-    as_json: bool,
-) -> None:
-    """First-token agreement, greedy agreement, KL and TTFT of chunk-KV reuse vs full prefill."""
-    from ragwarm.models import ModelMissing, llm_dir
-    from workers.engines.blend import SELECTORS, prefill
-    from workers.engines.torch_engine import load_torch_engine
-    from workers.settings import WorkerSettings
-
-    if method not in SELECTORS:
-        raise click.BadParameter(f"valid methods: {', '.join(SELECTORS)}", param_hint="--method")
-    shares = _shares(recompute)
-    try:
-        engine = load_torch_engine(llm_dir(), WorkerSettings(threads=threads))
-    except ModelMissing as exc:
-        raise click.ClickException(str(exc)) from None
-    cases = retrieve_cases(events_path, questions_path, questions_limit, engine.tokenizer)
-    if not cases:
-        raise click.ClickException("no question retrieved any chunk")
-    opening = cases[0].token_ids[: cases[0].opening]
-    runner = Runner(engine.model, prefill(engine.model, opening)[0], opening, bridge)
-    layers = tuple(int(c) for c in checks.split(","))
-    results = measure(runner, cases, shares, method, layers, widen)
-    report = {"questions": len(cases), "method": method, "checks": list(layers), "widen": widen,
-              "bridge": bridge,
-              "prompt_tokens_p50": statistics.median(len(c.token_ids) for c in cases),
-              "results": results}
-    if chart is not None:
-        draw_curve(report, chart)
-    click.echo(json.dumps(report) if as_json else _table(report))
-
-
 def draw_curve(report: dict[str, Any], path: Path) -> None:
     """Quality (left axis) and TTFT blend/full (right axis) against the recompute share."""
     import matplotlib
@@ -424,3 +363,4 @@ def _table(report: dict[str, Any]) -> str:
             f"{r['ttft_full_ms_p50']:>8.1f} {r['ttft_blend_ms_p50']:>8.1f} {ratio:>6.1%}"
         )
     return "\n".join(lines)
+

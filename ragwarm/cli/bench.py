@@ -11,7 +11,7 @@ BENCHES: dict[str, str] = {
     "rag": "ragwarm.bench.rag:rag",
     "pipeline": "ragwarm.bench.pipeline:pipeline",
     "strategies": "ragwarm.bench.strategies.command:strategies",
-    "blend": "ragwarm.bench.blend:blend",
+    "blend": "ragwarm.bench.blend_cli:blend",
     "faults": "ragwarm.bench.faults:faults",
     "contention": "ragwarm.bench.contention:contention",
 }

@@ -76,7 +76,8 @@ def test_a_first_ask_reuses_its_warm_first_chunk_exactly_without_blending(
 ) -> None:
     ids, parts, spans = prompt
     # Chunk reuse off: position 1 needs no blending, its KV is the prompt's own prefix.
-    engine = load_torch_engine(fetch_llm(), WorkerSettings(device="cpu", threads=1))
+    settings = WorkerSettings(device="cpu", threads=1, chunk_reuse="off")
+    engine = load_torch_engine(fetch_llm(), settings)
     steps = list(engine.generate(GenerateRequest(ids, max_tokens=MAX_TOKENS, tenant="t")))
     cold = steps[-1].result
     assert cold is not None and cold.cached_tokens == 0

@@ -85,6 +85,10 @@ def test_the_base_install_sends_kb_changes_without_torch_or_faust(
     finally:
         consumer.close()
     assert [c.doc_id for c in got] == ["docs/slim.md"]
+    # The stored blend calibration is package data: an installed worker finds its gate.
+    stored = _run(base_venv, "python", "-c", "from workers.calibration import load_calibration; "
+                  "print(load_calibration('smollm2-135m-instruct') is not None)")
+    assert stored.stdout.strip() == "True", stored.stderr[-3000:]
     hint = _run(base_venv, "ragwarm", "worker")
     assert hint.returncode != 0 and "ragwarm[worker]" in hint.stderr
 

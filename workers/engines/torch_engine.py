@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from workers.calibration import blend_setting, load_calibration, reuse_mode
 from workers.engines.base import PrefixEngine, Request
 from workers.engines.blend import Selection, as_cache
 from workers.engines.chunk_reuse import ChunkBlender
@@ -31,6 +33,8 @@ from workers.kv.cache import CacheEntry, PrefixCache, WarmupRefused
 from workers.kv.sizing import cache_for, kv_bytes_per_token
 from workers.kv.tier_journal import TierJournal
 from workers.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
 
 # Context length assumed when the model config names none.
 FALLBACK_CONTEXT = 8192
@@ -60,6 +64,16 @@ def device_memory(device: str) -> int:
     if device.startswith("cuda"):
         return int(torch.cuda.mem_get_info(torch.device(device))[1])
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def blend_selection(settings: WorkerSettings, model_id: str) -> Selection | None:
+    """How this worker blends chunk KV (None: it does not), as the model's quality gate
+    decides (`workers.calibration`); logs one line saying why."""
+    calibration = load_calibration(model_id, settings.chunk_calibration)
+    share, reason = blend_setting(settings, calibration)
+    forced = reuse_mode(settings.chunk_reuse) == "on"
+    log.log(logging.WARNING if forced else logging.INFO, "%s", reason)
+    return None if share is None else Selection(method=settings.chunk_selection, share=share)
 
 
 def load_torch_engine(
@@ -141,10 +155,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         if tier is not None:
             self.cache.tier = TierJournal()
         self._stop_ids = _eos_ids(model, tokenizer)
-        selection = Selection(
-            method=settings.chunk_selection, share=settings.chunk_recompute_share
-        )
-        self.chunks = ChunkBlender(self, selection if settings.chunk_reuse else None)
+        self.chunks = ChunkBlender(self, blend_selection(settings, model_id))
 
     # -- tokens ----------------------------------------------------------------------
 
