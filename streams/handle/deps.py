@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from schemas import WarmupCommand
 from streams.decide.asks import AskLog
 from streams.decide.chunks import WarmedChunks
-from streams.decide.fleet import EpochCheck
+from streams.decide.fleet import EpochCheck, mark_stale
 from streams.decide.hot import HotTracker
 from streams.decide.pacing import KeyPacing
 from streams.decide.records import DocLink, DocState, PrefixOp, ReadyRewarm, WorkerState
@@ -171,8 +171,5 @@ class HandlerDeps:
                           ahead_us=int(self.settings.epoch_ahead_s * 1_000_000), expired=quiet)
 
     def live_workers(self) -> list[WorkerState]:
-        horizon = self.clock() - self.settings.worker_stale_s
         rows = [WorkerState.model_validate(v) for v in self.tables.workers.values() if v]
-        return [
-            w if w.last_seen >= horizon else w.model_copy(update={"ready": False}) for w in rows
-        ]
+        return mark_stale(rows, self.clock(), self.settings.worker_stale_s)
