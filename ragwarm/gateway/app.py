@@ -303,17 +303,20 @@ async def _open_until_ready(state: GatewayState) -> None:
 def gateway(host: str | None, port: int | None, insecure: bool) -> None:
     """The OpenAI-compatible gateway: retrieval, canonical prompt, routing to a warm worker."""
     from ragwarm.client.rag import quiet_http_logs
-    from ragwarm.secure import check_start, open_keys
+    from ragwarm.gateway.client import open_gateway_client
+    from ragwarm.secure import check_start, open_keys, unsigned_events
     from ragwarm.settings import ModelSettings, SecuritySettings
 
     quiet_http_logs()
     settings = GatewaySettings()
-    check_start("gateway", open_keys("gateway", settings.operator_key is not None,
-                                     bool(settings.keys)),
-                host or settings.host, insecure or SecuritySettings().insecure)
+    exposures = open_keys("gateway", settings.operator_key is not None, bool(settings.keys))
+    if settings.follow_workers:
+        exposures += unsigned_events("gateway", settings.worker_events_secret is not None)
+    check_start("gateway", exposures, host or settings.host,
+                insecure or SecuritySettings().insecure)
     models = ModelSettings()
     client_settings = ClientSettings()
     state = GatewayState(settings, client_settings, models.llm_name,
-                         lambda: AsyncRagClient.open(client_settings, models=models))
+                         lambda: open_gateway_client(settings, client_settings, models))
     web.run_app(build_app(state), host=host or settings.host, port=port or settings.port,
                 access_log=None, print=lambda msg: log.info("%s", msg))
