@@ -143,7 +143,15 @@ class GatewayClient(AsyncRagClient):
 
     async def _retrieve(self, question: str, tenant: str) -> list[RetrievedChunk]:
         if self.replica is not None and self.replica_ready:
-            return await asyncio.to_thread(self.replica.retrieve, question, tenant, self.top_k)
+            found = await asyncio.to_thread(self.replica.retrieve, question, tenant, self.top_k)
+            if found or self.replica_only:
+                return found
+            # auto: an empty replica may be one nothing is published to (a single streams
+            # instance with RAGWARM_STREAMS_INDEX_REPLICA=false): the app's index decides.
+            try:
+                return await super()._retrieve(question, tenant)
+            except StreamsUnavailable:
+                return found
         if self.replica_only:
             feed = self._replica_feed()
             read = feed.records if feed is not None else 0

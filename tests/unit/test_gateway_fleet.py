@@ -3,6 +3,7 @@ them, routing by it while fresh, by load once stale, and the retrieval plan."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import httpx
@@ -11,7 +12,7 @@ import pytest
 from rag.prompt import PromptBuilder
 from ragwarm.client.fallback import ROUTED, InFlight
 from ragwarm.client.settings import ClientSettings
-from ragwarm.client.wire import WorkerRef
+from ragwarm.client.wire import RetrievedChunk, WorkerRef
 from ragwarm.gateway.client import GatewayClient, ReplicaNotReady, RetrievalPlan, retrieval_plan
 from ragwarm.gateway.feeds import worker_events_apply
 from ragwarm.gateway.fleet import (
@@ -193,6 +194,36 @@ async def test_replica_retrieval_refuses_while_the_replica_catches_up():
             await client.prepare("a question?")
         client.attach(None, None, (), replica_only=False)  # auto: the streams app meanwhile
         assert (await client.prepare("a question?")).chunks
+
+
+class FakeReplica:
+    def __init__(self, chunks: list[RetrievedChunk]) -> None:
+        self.chunks = chunks
+
+    def retrieve(self, question: str, tenant: str, k: int) -> list[RetrievedChunk]:
+        return self.chunks[:k]
+
+    def close(self) -> None:
+        pass
+
+
+def caught_up_feed() -> SimpleNamespace:
+    done = threading.Event()
+    done.set()
+    return SimpleNamespace(topic="ns.rag.chunks", caught_up=done, records=3, close=lambda: None)
+
+
+async def test_a_caught_up_replica_retrieves_and_auto_asks_the_app_when_it_finds_nothing():
+    cluster = DownCluster("w1", {"w1": "ok"})
+    mine = RetrievedChunk("docs/a.md#0", "e" * 64, "docs/a.md", "From the replica.")
+    async with gateway_client(cluster, None) as client:
+        client.attach(None, FakeReplica([mine]), (caught_up_feed(),))  # type: ignore[arg-type]
+        assert (await client.prepare("a question?")).chunks == (mine,)
+        assert "streams.test/ragwarm/retrieve" not in cluster.calls
+        client.attach(None, FakeReplica([]), (caught_up_feed(),))  # type: ignore[arg-type]
+        assert (await client.prepare("a question?")).chunks[0].doc_id == "docs/faq.md"
+        cluster.down = httpx.ConnectError("refused")
+        assert (await client.prepare("a question?")).chunks == ()  # nothing, not an error
 
 
 # --- the retrieval plan -------------------------------------------------------------------------
