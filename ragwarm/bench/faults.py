@@ -45,6 +45,8 @@ class QueryLoad:
     say: Say = print
     asked: list[plan.Asked] = field(default_factory=list)
     errors: int = 0
+    failed_at: list[float] = field(default_factory=list)  # when each failed query gave up
+    table: dict[str, int] = field(default_factory=dict)  # the docs table last read
     reasons: set[str] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -67,6 +69,7 @@ class QueryLoad:
                 self.asked.append(self._ask(question))
             except Exception as exc:  # noqa: BLE001 - a failed query is a figure of the bench
                 self.errors += 1
+                self.failed_at.append(time.monotonic())
                 reason = type(exc).__name__
                 if reason not in self.reasons:  # each kind of failure once, with its text
                     self.reasons.add(reason)
@@ -75,11 +78,19 @@ class QueryLoad:
             self.stop.wait(self.gap_s)
 
     def _ask(self, question: str) -> plan.Asked:
-        table = table_versions(self.stack)
+        try:
+            self.table = table_versions(self.stack)
+        except httpx.HTTPError:
+            # The app is down: it confirms no new version meanwhile, so the table it last
+            # showed is still the one a stale answer is judged by; the query goes on.
+            pass
+        table = dict(self.table)
+        started = time.perf_counter()
         prepared = self.client.prepare(question)
-        answer = self.client.ask(prepared, max_tokens=1)
+        answer = self.client.ask(prepared, max_tokens=1, started=started)
         versions = tuple((c.doc_id, c.version) for c in prepared.chunks)
-        return plan.Asked(versions, table, answer.cached_tokens)
+        return plan.Asked(versions, table, answer.cached_tokens, time.monotonic(),
+                          answer.e2e_ttft_ms)
 
 
 def table_versions(stack: FaultStack) -> dict[str, int]:
@@ -105,6 +116,7 @@ class Replay:
     done: list[str] = field(default_factory=list)
     rewarm: Rewarm | None = None
     pending: deque = field(default_factory=deque)
+    outages: list[plan.Outage] = field(default_factory=list)
 
     def run(self, edits: list) -> None:
         self.pending.extend(enumerate(edits))
@@ -131,7 +143,9 @@ class Replay:
             plan.BROKER_RESTART: self.stack.restart_broker,
             plan.STORE_OUTAGE: self._outage,
         }
+        start = time.monotonic()
         actions[kind]()
+        self.outages.append(plan.Outage(kind, start, time.monotonic()))
         self.done.append(kind)
 
     def _streams(self, move: bool) -> None:
@@ -325,6 +339,7 @@ def run(stack: FaultStack, sliced: plan.Slice, o: Options, say: Say) -> dict[str
         "worker_rewarm_s": None if rewarm is None or rewarm.seconds is None
         else round(rewarm.seconds, 1),
         **plan.recovery_figures(stack.recoveries),
+        **plan.outage_figures(replay.outages, load.asked, load.failed_at),
     }
 
 
@@ -341,7 +356,8 @@ def quiet_logs() -> None:
 
 ORDER = ("faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalidations",
          "stale_served", "queries", "query_errors", "transient_dead_letters", "worker_rewarm_s",
-         "streams_recovery_s_p50", "streams_recovery_s_max")
+         "streams_recovery_s_p50", "streams_recovery_s_max", "answered_during_outage",
+         "errors_during_outage", "outage_ttft_p50_ms", "outages")
 
 
 @click.command()

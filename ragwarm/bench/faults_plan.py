@@ -7,6 +7,7 @@ import random
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ragwarm.trace import Question, TraceEvent, split_initial
 
@@ -159,6 +160,8 @@ class Asked:
     chunk_versions: tuple[tuple[str, int], ...]  # (doc_id, version) per chunk of the prompt
     table_versions: Mapping[str, int]
     cached_tokens: int
+    at: float = 0.0  # when it was answered (the benchmark's monotonic clock)
+    ttft_ms: float = 0.0  # from the question to the first token: retrieval and routing too
 
 
 def stale(asked: Asked) -> bool:
@@ -168,6 +171,38 @@ def stale(asked: Asked) -> bool:
         version < asked.table_versions.get(doc_id, version)
         for doc_id, version in asked.chunk_versions
     )
+
+
+# --- outages: what the query load got while a fault lasted -------------------------------------
+@dataclass(frozen=True)
+class Outage:
+    """One fault from its injection until the part was back (ready again, restarted)."""
+
+    kind: str
+    start: float
+    end: float
+
+
+def outage_figures(outages: Sequence[Outage], asked: Sequence[Asked],
+                   failed_at: Sequence[float]) -> dict[str, Any]:
+    """Queries answered and failed while each fault lasted, and the answered ones' TTFT:
+    an optimisation must keep answering (cold where it must) while its parts are down."""
+    rows = []
+    for o in outages:
+        answered = [a.ttft_ms for a in asked if o.start <= a.at <= o.end]
+        rows.append({"kind": o.kind, "seconds": round(o.end - o.start, 1),
+                     "answered": len(answered),
+                     "errors": sum(o.start <= t <= o.end for t in failed_at),
+                     "ttft_p50_ms": _p50(answered)})
+    during = [a.ttft_ms for a in asked if any(o.start <= a.at <= o.end for o in outages)]
+    return {"answered_during_outage": len(during),
+            "errors_during_outage": sum(any(o.start <= t <= o.end for o in outages)
+                                        for t in failed_at),
+            "outage_ttft_p50_ms": _p50(during), "outages": rows}
+
+
+def _p50(values: Sequence[float]) -> float | None:
+    return round(statistics.median(values), 1) if values else None
 
 
 # --- the report ------------------------------------------------------------------------------

@@ -102,3 +102,4 @@ class GatewaySettings(BaseSettings):
         if isinstance(value, str):
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
+

@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from ragwarm.gateway.fleet import EVENTS
+from ragwarm.client.view import EVENTS
 from ragwarm.stack.procs import Proc
 from schemas import encode
 from schemas.topics import KB_CHANGES

@@ -122,3 +122,21 @@ def test_recovery_figures_and_the_checks():
     short = done | {"faults": plan.fault_counts(f.kind for f in planned[:-1])}
     assert plan.passed(short, planned) == [f"faults injected {short['faults']} differ from "
                                            "the plan"]
+
+
+def test_outage_figures_count_what_was_answered_and_failed_while_each_fault_lasted():
+    outages = [plan.Outage(plan.STREAMS_KILL, 10.0, 70.0),
+               plan.Outage(plan.WORKER_KILL, 100.0, 120.0)]
+    asked = [plan.Asked((), {}, 0, at, ttft) for at, ttft in
+             [(5.0, 50.0), (20.0, 300.0), (40.0, 500.0), (110.0, 900.0), (130.0, 60.0)]]
+    figures = plan.outage_figures(outages, asked, failed_at=[30.0, 80.0])
+    assert figures["answered_during_outage"] == 3 and figures["errors_during_outage"] == 1
+    assert figures["outage_ttft_p50_ms"] == 500.0  # the median of 300, 500 and 900
+    assert figures["outages"] == [
+        {"kind": plan.STREAMS_KILL, "seconds": 60.0, "answered": 2, "errors": 1,
+         "ttft_p50_ms": 400.0},
+        {"kind": plan.WORKER_KILL, "seconds": 20.0, "answered": 1, "errors": 0,
+         "ttft_p50_ms": 900.0},
+    ]
+    none = plan.outage_figures([], asked, [])
+    assert (none["answered_during_outage"], none["outage_ttft_p50_ms"]) == (0, None)

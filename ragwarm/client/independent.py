@@ -1,12 +1,13 @@
-"""The gateway's client: `AsyncRagClient` routing by the gateway's own worker view and
-retrieving from its own index replica, so the query path does not wait on the streams app.
+"""The gateway's client: `AsyncRagClient` routing by its own worker view and retrieving from
+its own index replica, so the query path does not wait on the streams app (the gateway, and
+`bench faults`' query load, which measures that path).
 
 Retrieval, in `RAGWARM_GATEWAY_RETRIEVAL` order of preference (`retrieval_plan`): a Qdrant
 server when one is configured (every part sees one index); else the gateway's replica of
 `rag.chunks` once it has caught up (the same records and apply logic a second streams
 instance uses, `rag.replica`, into an in-memory store: local mode on a path opens in one
 process only, and the streams app holds it); else the streams app. Routing: the gateway's
-`WorkerView` while it is fresh, else the streams app, else by load (`gateway.fleet`).
+`WorkerView` while it is fresh, else the streams app, else by load (`client.view`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from rag.replica import apply_batch, refused
 from rag.settings import QdrantSettings, RagSettings
 from ragwarm.client.arag import AsyncRagClient
 from ragwarm.client.fallback import ROUTED, fallback_route
+from ragwarm.client.feeds import TopicFeed, worker_events_apply
 from ragwarm.client.rag import PreparedQuery, QdrantRetrieval
 from ragwarm.client.settings import ClientSettings
-from ragwarm.client.wire import RetrievedChunk, Route, StreamsUnavailable
-from ragwarm.gateway.feeds import TopicFeed, worker_events_apply
-from ragwarm.gateway.fleet import (
+from ragwarm.client.view import (
     EVENTS,
     FALLBACK_STALE_VIEW,
     ViewRules,
@@ -35,7 +35,7 @@ from ragwarm.gateway.fleet import (
     fresh_route,
     stale_route,
 )
-from ragwarm.gateway.settings import GatewaySettings
+from ragwarm.client.wire import RetrievedChunk, Route, StreamsUnavailable
 from ragwarm.settings import KafkaSettings, ModelSettings
 from schemas import SchemaError
 from schemas.chunks import ReplicaRecord, decode_record
@@ -186,22 +186,32 @@ class GatewayClient(AsyncRagClient):
             self.replica.close()
 
 
-async def open_gateway_client(settings: GatewaySettings, client_settings: ClientSettings,
+@dataclass(frozen=True)
+class OwnPath:
+    """What the gateway's client reads itself: where it retrieves (`retrieval_plan`), and
+    whether and how it keeps its own worker view (None: every route is asked of the app)."""
+
+    retrieval: Mode = "auto"
+    view: ViewRules | None = ViewRules(None)
+    view_replay_s: float = 60.0  # how far back worker.events is read at start
+
+
+async def open_gateway_client(path: OwnPath, client_settings: ClientSettings,
                               models: ModelSettings, kafka: KafkaSettings | None = None,
                               ) -> GatewayClient:
     """The gateway's client, with its worker view and index replica following their topics
-    (each as the settings ask)."""
+    (each as `path` asks)."""
     kafka = kafka or KafkaSettings()
-    plan = retrieval_plan(settings.retrieval, QdrantSettings().url)
+    plan = retrieval_plan(path.retrieval, QdrantSettings().url)
     client_settings = client_settings.model_copy(update={"retrieval": plan.client})
     client = await GatewayClient.open(client_settings, kafka, models)
     assert isinstance(client, GatewayClient)  # `open` builds `cls`; typed as its base
     view, replica, feeds = None, None, []
     try:
-        if settings.follow_workers:
-            view = WorkerView(view_rules(settings))
+        if path.view is not None:
+            view = WorkerView(path.view)
             feeds.append(TopicFeed(kafka, kafka.topic(WORKER_EVENTS), worker_events_apply(view),
-                                   since_s=settings.view_replay_s).start())
+                                   since_s=path.view_replay_s).start())
         if plan.replica:
             replica = await asyncio.to_thread(ReplicaIndex.open, models, RagSettings())
             feeds.append(TopicFeed(kafka, kafka.topic(RAG_CHUNKS), replica.apply).start())
@@ -212,9 +222,3 @@ async def open_gateway_client(settings: GatewaySettings, client_settings: Client
         await client.aclose()
         raise
     return client
-
-
-def view_rules(settings: GatewaySettings) -> ViewRules:
-    secret = settings.worker_events_secret
-    return ViewRules(secret.get_secret_value() if secret else None, settings.worker_stale_s,
-                     settings.view_quiet_s)

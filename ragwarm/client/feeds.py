@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ragwarm.gateway.fleet import WorkerView
+from ragwarm.client.view import WorkerView
 from ragwarm.settings import KafkaSettings
 from schemas import SchemaError, WorkerEvent, decode
 

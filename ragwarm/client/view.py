@@ -1,4 +1,4 @@
-"""The gateway's own view of the workers, pure: `worker.events` folded as the streams app
+"""The gateway client's own view of the workers, pure: `worker.events` folded as the streams app
 folds them (`streams.decide.fleet`), and the route it gives without asking the app.
 
 Serving routers that route by cache state (llm-d, Dynamo) build their view from the

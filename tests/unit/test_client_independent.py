@@ -1,4 +1,4 @@
-"""The gateway's own worker view (issue 40): worker.events folded as the streams app folds
+"""The gateway's client's own worker view (issue 40): worker.events folded as the streams app folds
 them, routing by it while fresh, by load once stale, and the retrieval plan."""
 
 from __future__ import annotations
@@ -11,11 +11,15 @@ import pytest
 
 from rag.prompt import PromptBuilder
 from ragwarm.client.fallback import ROUTED, InFlight
+from ragwarm.client.feeds import worker_events_apply
+from ragwarm.client.independent import (
+    GatewayClient,
+    ReplicaNotReady,
+    RetrievalPlan,
+    retrieval_plan,
+)
 from ragwarm.client.settings import ClientSettings
-from ragwarm.client.wire import RetrievedChunk, WorkerRef
-from ragwarm.gateway.client import GatewayClient, ReplicaNotReady, RetrievalPlan, retrieval_plan
-from ragwarm.gateway.feeds import worker_events_apply
-from ragwarm.gateway.fleet import (
+from ragwarm.client.view import (
     EVENTS,
     FALLBACK_STALE_VIEW,
     ViewRules,
@@ -23,6 +27,7 @@ from ragwarm.gateway.fleet import (
     fresh_route,
     stale_route,
 )
+from ragwarm.client.wire import RetrievedChunk, WorkerRef
 from schemas import WorkerEvent, encode
 from schemas.signing import derive_worker_key, sign
 from streams.decide.fleet import route_answer
