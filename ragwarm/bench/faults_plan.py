@@ -4,6 +4,7 @@ oracle of the final state computed from the trace alone, and the accounting agai
 from __future__ import annotations
 
 import random
+import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -211,6 +212,24 @@ def recovery_figures(seconds: Sequence[float]) -> dict[str, float | None]:
         return {"streams_recovery_s_p50": None, "streams_recovery_s_max": None}
     return {"streams_recovery_s_p50": round(statistics.median(seconds), 1),
             "streams_recovery_s_max": round(max(seconds), 1)}
+
+
+def phase_seconds(timeline: Sequence[tuple[float, str]]) -> dict[str, float]:
+    """Seconds spent in each state of the ready probe after a kill (`down`: no process
+    answering yet; then the app's reasons, `recovering tables` covering the consumer group's
+    rebalance and the changelogs' replay), from (seconds after the kill, state) changes."""
+    out: dict[str, float] = {}
+    for (at, state), (until, _) in zip(timeline, timeline[1:], strict=False):
+        key = re.sub(r"\d+", "N", state.split(" (")[0])  # "re-indexing 3 documents": one kind
+        out[key] = round(out.get(key, 0.0) + until - at, 1)
+    return out
+
+
+def phase_figures(timelines: Sequence[Sequence[tuple[float, str]]]) -> dict[str, float]:
+    """The median seconds of each phase over the kills (0 where a kill skipped it)."""
+    each = [phase_seconds(t) for t in timelines]
+    names = dict.fromkeys(k for e in each for k in e)
+    return {k: round(statistics.median(e.get(k, 0.0) for e in each), 1) for k in names}
 
 
 def passed(result: Mapping, planned: Sequence[Fault] = ()) -> list[str]:

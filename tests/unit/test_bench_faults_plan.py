@@ -140,3 +140,13 @@ def test_outage_figures_count_what_was_answered_and_failed_while_each_fault_last
     ]
     none = plan.outage_figures([], asked, [])
     assert (none["answered_during_outage"], none["outage_ttft_p50_ms"]) == (0, None)
+
+
+def test_recovery_phases_are_the_seconds_in_each_state_of_the_ready_probe():
+    first = [(0.0, "down"), (2.5, "recovering tables"), (63.0, "re-indexing 3 documents from "
+             "kb.changes"), (64.0, "ready")]
+    second = [(0.0, "down"), (3.5, "recovering tables"), (60.0, "ready")]
+    assert plan.phase_seconds(first) == {"down": 2.5, "recovering tables": 60.5,
+                                         "re-indexing N documents from kb.changes": 1.0}
+    assert plan.phase_figures([first, second]) == {
+        "down": 3.0, "recovering tables": 58.5, "re-indexing N documents from kb.changes": 0.5}
