@@ -373,7 +373,9 @@ def quiet_logs() -> None:
     from ragwarm.client.rag import quiet_http_logs
 
     quiet_http_logs()
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    # The broker restart is on purpose: its consumers' and producers' reconnect errors (a
+    # line a second each) would bury the progress lines; they retry until it is back.
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
 ORDER = ("faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalidations",
