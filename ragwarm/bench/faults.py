@@ -381,7 +381,7 @@ def quiet_logs() -> None:
 ORDER = ("faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalidations",
          "stale_served", "queries", "query_errors", "transient_dead_letters", "worker_rewarm_s",
          "streams_recovery_s_p50", "streams_recovery_s_max", "streams_recovery_phases_s_p50",
-         "answered_during_outage",
+         "ttft_p50_ms", "answered_during_outage",
          "errors_during_outage", "outage_ttft_p50_ms", "outages")
 
 

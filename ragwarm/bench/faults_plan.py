@@ -186,8 +186,9 @@ class Outage:
 
 def outage_figures(outages: Sequence[Outage], asked: Sequence[Asked],
                    failed_at: Sequence[float]) -> dict[str, Any]:
-    """Queries answered and failed while each fault lasted, and the answered ones' TTFT:
-    an optimisation must keep answering (cold where it must) while its parts are down."""
+    """Queries answered and failed while each fault lasted, and the answered ones' TTFT
+    (beside every answer's): an optimisation must keep answering (cold where it must)
+    while its parts are down."""
     rows = []
     for o in outages:
         answered = [a.ttft_ms for a in asked if o.start <= a.at <= o.end]
@@ -196,7 +197,8 @@ def outage_figures(outages: Sequence[Outage], asked: Sequence[Asked],
                      "errors": sum(o.start <= t <= o.end for t in failed_at),
                      "ttft_p50_ms": _p50(answered)})
     during = [a.ttft_ms for a in asked if any(o.start <= a.at <= o.end for o in outages)]
-    return {"answered_during_outage": len(during),
+    return {"ttft_p50_ms": _p50([a.ttft_ms for a in asked]),
+            "answered_during_outage": len(during),
             "errors_during_outage": sum(any(o.start <= t <= o.end for o in outages)
                                         for t in failed_at),
             "outage_ttft_p50_ms": _p50(during), "outages": rows}

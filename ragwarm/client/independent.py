@@ -168,15 +168,20 @@ class GatewayClient(AsyncRagClient):
             if route is not None:
                 self.table.learn(route.workers, time.monotonic())
                 return route, EVENTS
+        stale = stale_route(self.view, self.in_flight) if self.view is not None else None
         try:
-            return await self.route(prepared), ROUTED
+            routed = await self.route(prepared)
         except StreamsUnavailable as exc:
             log.warning("routing by load: no fresh worker view, no streams app: %s", exc)
-            stale = stale_route(self.view, self.in_flight) if self.view is not None else None
             if stale is not None:
                 return stale, FALLBACK_STALE_VIEW
             return fallback_route(self.table, self.in_flight, time.monotonic(),
                                   self.settings.worker_table_max_age_s, exc)
+        if not routed.workers and stale is not None:
+            # The app's table went stale too (the broker away past its worker horizon):
+            # the workers the view last knew healthy still serve; failover skips a dead one.
+            return stale, FALLBACK_STALE_VIEW
+        return routed, ROUTED
 
     async def aclose(self) -> None:
         for feed in self.feeds:

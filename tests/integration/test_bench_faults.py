@@ -62,7 +62,8 @@ def test_a_small_fault_run_loses_nothing(tmp_path):
         "faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalidations",
         "stale_served", "queries", "query_errors", "transient_dead_letters", "worker_rewarm_s",
         "streams_recovery_s_p50", "streams_recovery_s_max", "streams_recovery_phases_s_p50",
-        "answered_during_outage", "errors_during_outage", "outage_ttft_p50_ms", "outages",
+        "ttft_p50_ms", "answered_during_outage", "errors_during_outage", "outage_ttft_p50_ms",
+        "outages",
     ]
     assert result["faults"] == {"streams_kills": 1, "worker_kills": 1, "broker_restarts": 1,
                                 "store_outages": 1, "host_moves": 1}

@@ -132,6 +132,7 @@ def test_outage_figures_count_what_was_answered_and_failed_while_each_fault_last
     figures = plan.outage_figures(outages, asked, failed_at=[30.0, 80.0])
     assert figures["answered_during_outage"] == 3 and figures["errors_during_outage"] == 1
     assert figures["outage_ttft_p50_ms"] == 500.0  # the median of 300, 500 and 900
+    assert figures["ttft_p50_ms"] == 300.0  # every answer's, to compare with
     assert figures["outages"] == [
         {"kind": plan.STREAMS_KILL, "seconds": 60.0, "answered": 2, "errors": 1,
          "ttft_p50_ms": 400.0},

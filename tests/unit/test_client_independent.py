@@ -27,7 +27,7 @@ from ragwarm.client.view import (
     fresh_route,
     stale_route,
 )
-from ragwarm.client.wire import RetrievedChunk, WorkerRef
+from ragwarm.client.wire import NoWorker, RetrievedChunk, WorkerRef
 from schemas import WorkerEvent, encode
 from schemas.signing import derive_worker_key, sign
 from streams.decide.fleet import route_answer
@@ -180,6 +180,29 @@ async def test_with_a_stale_view_the_streams_app_routes_and_without_it_the_view_
         fallback = await client.ask(prepared)
     assert (routed.worker_id, routed.routing) == ("w1", ROUTED)
     assert (fallback.worker_id, fallback.routing) == ("w2", FALLBACK_STALE_VIEW)
+
+
+class StaleAppCluster(DownCluster):
+    """The app answers, but its table marks every worker gone (no heartbeat for a while)."""
+
+    def streams(self, path, request):
+        if path == "/ragwarm/route":
+            return httpx.Response(200, json={"worker_id": None, "url": None,
+                                             "matched_blocks": 0, "workers": []})
+        return super().streams(path, request)
+
+
+async def test_when_the_apps_table_is_stale_too_the_view_routes_by_load():
+    """The broker away past the app's worker horizon: its route names no worker."""
+    cluster = StaleAppCluster(None, {"w1": "ok"})
+    async with gateway_client(cluster, view()) as client:
+        prepared = await client.prepare("how do I reset the password?")
+        with pytest.raises(NoWorker):  # nothing known to the view either
+            await client.ask(prepared)
+        stale = client.view
+        assert stale is not None and stale.apply(event("w1", epoch=1), 1.0) == "new"
+        answer = await client.ask(prepared)
+    assert (answer.worker_id, answer.routing) == ("w1", FALLBACK_STALE_VIEW)
 
 
 async def test_a_worker_failing_mid_request_is_retried_on_the_next_the_view_names():
