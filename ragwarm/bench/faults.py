@@ -338,6 +338,7 @@ def run(stack: FaultStack, sliced: plan.Slice, o: Options, say: Say) -> dict[str
         else round(rewarm.seconds, 1),
         **plan.recovery_figures(stack.recoveries),
         "streams_recovery_phases_s_p50": plan.phase_figures(stack.recovery_phases),
+        "streams_recovery_log_s_p50": plan.mark_figures(stack.recovery_marks),
         **plan.outage_figures(replay.outages, load.asked, load.failed_at),
     }
 
@@ -381,6 +382,7 @@ def quiet_logs() -> None:
 ORDER = ("faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalidations",
          "stale_served", "queries", "query_errors", "transient_dead_letters", "worker_rewarm_s",
          "streams_recovery_s_p50", "streams_recovery_s_max", "streams_recovery_phases_s_p50",
+         "streams_recovery_log_s_p50",
          "ttft_p50_ms", "answered_during_outage",
          "errors_during_outage", "outage_ttft_p50_ms", "outages")
 

@@ -234,6 +234,38 @@ def phase_figures(timelines: Sequence[Sequence[tuple[float, str]]]) -> dict[str,
     return {k: round(statistics.median(e.get(k, 0.0) for e in each), 1) for k in names}
 
 
+# What the restarted app's own log says, in order: its first timestamped line (Python, torch
+# and the models loaded, the broker and topics checked, Faust's worker starting), the consumer
+# group joined (after the group dropped the killed member), the tables' changelogs read, and
+# Faust ready (the probe's own `ready` comes after the index checks).
+LOG_MARKS = (("log starts", ""), ("group joined", "Joined group"),
+             ("tables recovered", "Resuming flow"), ("faust ready", "[^Worker]: Ready"))
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
+
+
+def log_marks(lines: Iterable[str], since_wall: float) -> dict[str, float]:
+    """Seconds after `since_wall` (the kill, wall clock) of each `LOG_MARKS` line first seen
+    in a Faust log (its default format, local time); a mark never logged is absent."""
+    from datetime import datetime
+
+    out: dict[str, float] = {}
+    for line in lines:
+        stamp = _STAMP.match(line)
+        if stamp is None:
+            continue
+        at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        for name, text in LOG_MARKS:
+            if name not in out and text in line:
+                out[name] = round(at - since_wall, 1)
+    return out
+
+
+def mark_figures(marks: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The median of each mark over the kills that logged it."""
+    names = [n for n, _ in LOG_MARKS if any(n in m for m in marks)]
+    return {n: round(statistics.median(m[n] for m in marks if n in m), 1) for n in names}
+
+
 def passed(result: Mapping, planned: Sequence[Fault] = ()) -> list[str]:
     """The issue's acceptance checks that fail on `result` (empty: all hold), and whether
     every `planned` fault was injected."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from ragwarm.bench.faults_plan import log_marks
 from ragwarm.kafka.local import LocalKafka, LocalKafkaSettings
 from ragwarm.settings import HomeSettings, KafkaSettings
 from ragwarm.stack.procs import Proc
@@ -52,7 +53,8 @@ class FaultStack:
         port = free_port()
         self.streams_url = f"http://127.0.0.1:{port}"
         self.host = 0
-        self.streams = Proc("faults-streams", ["streams", "--loglevel", "warning"], workdir,
+        # Info: the log's timestamps say where a restart's time goes (`plan.log_marks`).
+        self.streams = Proc("faults-streams", ["streams", "--loglevel", "info"], workdir,
                             f"{self.streams_url}/ragwarm/health", base | {
                                 "RAGWARM_MODEL_LLM_PATH": str(llm_path),
                                 "RAGWARM_STREAMS_APP_ID": APP_ID,
@@ -64,6 +66,7 @@ class FaultStack:
         self.recoveries: list[float] = []
         # Per streams kill: (seconds after the kill, the ready probe's state) at each change.
         self.recovery_phases: list[list[tuple[float, str]]] = []
+        self.recovery_marks: list[dict[str, float]] = []  # its log's marks, per kill
 
     def _worker(self, worker_id: str, base: dict[str, str]) -> Proc:
         port = free_port()
@@ -160,13 +163,18 @@ class FaultStack:
     def kill_streams(self, timeout_s: float, move_host: bool = False) -> float:
         """SIGKILL the streams app and start it again (on an empty disk when `move_host`);
         the seconds from the kill to its ready probe answering 200."""
-        t0 = time.monotonic()
+        t0, wall = time.monotonic(), time.time()
+        logged = self.streams.log_file.stat().st_size if self.streams.log_file.exists() else 0
         _sigkill(self.streams)
         if move_host:
             self._use_host(self.host + 1)
         self.streams.start()
         self.wait_ready(timeout_s, since=t0)
         took = time.monotonic() - t0
+        with self.streams.log_file.open("rb") as log:
+            log.seek(logged)
+            text = log.read().decode("utf-8", "replace")
+        self.recovery_marks.append(log_marks(text.splitlines(), wall))
         self.recoveries.append(took)
         return took
 

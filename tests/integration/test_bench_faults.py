@@ -62,6 +62,7 @@ def test_a_small_fault_run_loses_nothing(tmp_path):
         "faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalidations",
         "stale_served", "queries", "query_errors", "transient_dead_letters", "worker_rewarm_s",
         "streams_recovery_s_p50", "streams_recovery_s_max", "streams_recovery_phases_s_p50",
+        "streams_recovery_log_s_p50",
         "ttft_p50_ms", "answered_during_outage", "errors_during_outage", "outage_ttft_p50_ms",
         "outages",
     ]

@@ -151,3 +151,20 @@ def test_recovery_phases_are_the_seconds_in_each_state_of_the_ready_probe():
                                          "re-indexing N documents from kb.changes": 1.0}
     assert plan.phase_figures([first, second]) == {
         "down": 3.0, "recovering tables": 58.5, "re-indexing N documents from kb.changes": 0.5}
+
+
+def test_log_marks_are_seconds_after_the_kill_of_the_first_line_of_each_kind():
+    from datetime import datetime
+
+    kill = datetime(2026, 12, 3, 17, 0, 0).timestamp()
+    lines = ["streams: app faults on 127.0.0.1:9092 (no timestamp: not a mark)",
+             "[2026-12-03 17:00:21,500] [7] [INFO]: [^Worker]: Starting... ",
+             "[2026-12-03 17:00:32,000] [7] [INFO]: Joined group 'faults' (generation 3) ",
+             "[2026-12-03 17:00:33,000] [7] [INFO]: [^---Recovery]: Resuming flow... ",
+             "[2026-12-03 17:00:34,000] [7] [INFO]: [^---Recovery]: Resuming flow... ",
+             "[2026-12-03 17:00:35,200] [7] [INFO]: [^Worker]: Ready "]
+    marks = plan.log_marks(lines, kill)
+    assert marks == {"log starts": 21.5, "group joined": 32.0, "tables recovered": 33.0,
+                     "faust ready": 35.2}
+    assert plan.mark_figures([marks, {"log starts": 20.5}]) == {
+        "log starts": 21.0, "group joined": 32.0, "tables recovered": 33.0, "faust ready": 35.2}
