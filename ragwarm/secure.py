@@ -46,9 +46,9 @@ def unsigned_events(component: str, secret_set: bool) -> list[Exposure]:
     the clients then send prompts and keys to."""
     if secret_set:
         return []
-    if component == "streams":
+    if component in ("streams", "gateway"):
         return [Exposure("unsigned worker events are accepted",
-                         "RAGWARM_STREAMS_WORKER_EVENTS_SECRET")]
+                         f"RAGWARM_{component.upper()}_WORKER_EVENTS_SECRET")]
     return [Exposure("this worker's events are unsigned", "RAGWARM_WORKER_EVENTS_SECRET")]
 
 

@@ -219,9 +219,12 @@ class StreamsSettings(BaseSettings):
         description="How long a KB batch waits for more changes before it is indexed.",
     )
     session_timeout_s: float = Field(
-        default=60.0, ge=10.0, le=300.0,
+        default=10.0, ge=10.0, le=300.0,
         description="How long the consumer group waits for a silent instance (a crash) "
-        "before its partitions move to the others (Kafka's session timeout).",
+        "before its partitions move to the others (Kafka's session timeout). It is also "
+        "what a SIGKILLed app waits at its restart, for the group to drop its dead member "
+        "(issue 40). Heartbeats go every 3 s from the event loop, which blocking store work "
+        "(in a thread) does not hold.",
     )
     consumer_max_fetch_bytes: int = Field(
         default=8 * 1024 * 1024, ge=65_536,

@@ -45,6 +45,8 @@ class QueryLoad:
     say: Say = print
     asked: list[plan.Asked] = field(default_factory=list)
     errors: int = 0
+    failed_at: list[float] = field(default_factory=list)  # when each failed query gave up
+    table: dict[str, int] = field(default_factory=dict)  # the docs table last read
     reasons: set[str] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -67,6 +69,7 @@ class QueryLoad:
                 self.asked.append(self._ask(question))
             except Exception as exc:  # noqa: BLE001 - a failed query is a figure of the bench
                 self.errors += 1
+                self.failed_at.append(time.monotonic())
                 reason = type(exc).__name__
                 if reason not in self.reasons:  # each kind of failure once, with its text
                     self.reasons.add(reason)
@@ -75,11 +78,19 @@ class QueryLoad:
             self.stop.wait(self.gap_s)
 
     def _ask(self, question: str) -> plan.Asked:
-        table = table_versions(self.stack)
+        try:
+            self.table = table_versions(self.stack)
+        except httpx.HTTPError:
+            # The app is down: it confirms no new version meanwhile, so the table it last
+            # showed is still the one a stale answer is judged by; the query goes on.
+            pass
+        table = dict(self.table)
+        started = time.perf_counter()
         prepared = self.client.prepare(question)
-        answer = self.client.ask(prepared, max_tokens=1)
+        answer = self.client.ask(prepared, max_tokens=1, started=started)
         versions = tuple((c.doc_id, c.version) for c in prepared.chunks)
-        return plan.Asked(versions, table, answer.cached_tokens)
+        return plan.Asked(versions, table, answer.cached_tokens, time.monotonic(),
+                          answer.e2e_ttft_ms)
 
 
 def table_versions(stack: FaultStack) -> dict[str, int]:
@@ -105,6 +116,7 @@ class Replay:
     done: list[str] = field(default_factory=list)
     rewarm: Rewarm | None = None
     pending: deque = field(default_factory=deque)
+    outages: list[plan.Outage] = field(default_factory=list)
 
     def run(self, edits: list) -> None:
         self.pending.extend(enumerate(edits))
@@ -131,7 +143,9 @@ class Replay:
             plan.BROKER_RESTART: self.stack.restart_broker,
             plan.STORE_OUTAGE: self._outage,
         }
+        start = time.monotonic()
         actions[kind]()
+        self.outages.append(plan.Outage(kind, start, time.monotonic()))
         self.done.append(kind)
 
     def _streams(self, move: bool) -> None:
@@ -275,12 +289,11 @@ class Options:
     query_gap_s: float
     edit_gap_s: float
     grace_s: float
+    via: str = "gateway"
 
 
 def run(stack: FaultStack, sliced: plan.Slice, o: Options, say: Say) -> dict[str, Any]:
     from ragwarm.client.producer import KbProducer
-    from ragwarm.client.rag import RagClient
-    from ragwarm.client.settings import ClientSettings
     from schemas.topics import KB_CHANGES
 
     faults = plan.plan_faults(len(sliced.edits), o.kills, o.seed)
@@ -293,8 +306,7 @@ def run(stack: FaultStack, sliced: plan.Slice, o: Options, say: Say) -> dict[str
         say(f"{len(sliced.initial)} initial documents sent; indexing")
         initial = plan.oracle(sliced.initial)
         settle(stack, initial, say)
-        client = RagClient.open(ClientSettings(streams_url=stack.streams_url, max_tokens=1,
-                                               emit_queries=True, max_attempts=2), kafka=kafka)
+        client = open_load_client(o.via, stack, say)
         asked = [q.question for q in sliced.questions]
         warm_up(stack, client, asked[:o.hot], say)
         load = QueryLoad(stack, client, asked, o.queries, o.query_gap_s, o.seed, say)
@@ -325,7 +337,33 @@ def run(stack: FaultStack, sliced: plan.Slice, o: Options, say: Say) -> dict[str
         "worker_rewarm_s": None if rewarm is None or rewarm.seconds is None
         else round(rewarm.seconds, 1),
         **plan.recovery_figures(stack.recoveries),
+        "streams_recovery_phases_s_p50": plan.phase_figures(stack.recovery_phases),
+        "streams_recovery_log_s_p50": plan.mark_figures(stack.recovery_marks),
+        **plan.outage_figures(replay.outages, load.asked, load.failed_at),
     }
+
+
+def open_load_client(via: str, stack: FaultStack, say: Say) -> Any:
+    """The query load's client: `gateway`, the gateway's query path (its own worker view and
+    index replica: it answers while the streams app is down), or `client`, `RagClient`
+    (retrieval and routing through the streams app)."""
+    from ragwarm.client.independent import OwnPath
+    from ragwarm.client.rag import RagClient
+    from ragwarm.client.settings import ClientSettings
+    from ragwarm.client.view import ViewRules
+
+    settings = ClientSettings(streams_url=stack.streams_url, max_tokens=1, emit_queries=True,
+                              max_attempts=2)
+    if via == "client":
+        return RagClient.open(settings, kafka=stack.kafka)
+    from ragwarm.bench.sync_gateway import SyncGatewayClient
+
+    client = SyncGatewayClient.open(settings, stack.kafka, OwnPath("replica", ViewRules(None)))
+    if not client.wait_replica(START_S):
+        client.close()
+        raise RuntimeError(f"the gateway's index replica did not catch up in {START_S:.0f} s")
+    say("query load through the gateway's path: its index replica caught up")
+    return client
 
 
 def quiet_logs() -> None:
@@ -336,12 +374,17 @@ def quiet_logs() -> None:
     from ragwarm.client.rag import quiet_http_logs
 
     quiet_http_logs()
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    # The broker restart is on purpose: its consumers' and producers' reconnect errors (a
+    # line a second each) would bury the progress lines; they retry until it is back.
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
 ORDER = ("faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalidations",
          "stale_served", "queries", "query_errors", "transient_dead_letters", "worker_rewarm_s",
-         "streams_recovery_s_p50", "streams_recovery_s_max")
+         "streams_recovery_s_p50", "streams_recovery_s_max", "streams_recovery_phases_s_p50",
+         "streams_recovery_log_s_p50",
+         "ttft_p50_ms", "answered_during_outage",
+         "errors_during_outage", "outage_ttft_p50_ms", "outages")
 
 
 @click.command()
@@ -365,10 +408,14 @@ ORDER = ("faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalida
 @click.option("--edit-gap-s", type=float, default=2.0, show_default=True)
 @click.option("--grace-s", type=float, default=30.0, show_default=True,
               help="Wait after the final versions are in before counting what workers hold.")
+@click.option("--via", type=click.Choice(["gateway", "client"]), default="gateway",
+              show_default=True,
+              help="The query load's path: the gateway's (its own worker view and index "
+              "replica) or RagClient's (retrieval and routing through the streams app).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def faults(events: Path, questions: Path, kills: int, seed: int, docs: int, edits: int,
            hot: int, queries: int, query_gap_s: float, edit_gap_s: float, grace_s: float,
-           as_json: bool) -> None:
+           via: str, as_json: bool) -> None:
     """Replay edits under faults (kills, broker restart, store outage, moved host) and
     compare the end state with the trace's oracle. Defaults are a quick scale for a small
     machine: --docs 0 with --edits at least the trace's edit count replays all of it."""
@@ -381,7 +428,7 @@ def faults(events: Path, questions: Path, kills: int, seed: int, docs: int, edit
 
     quiet_logs()
 
-    o = Options(kills, seed, docs, edits, hot, queries, query_gap_s, edit_gap_s, grace_s)
+    o = Options(kills, seed, docs, edits, hot, queries, query_gap_s, edit_gap_s, grace_s, via)
     sliced = plan.pick_slice(list(read_events(events)), read_questions(questions), docs,
                              edits, MAX_TEXT_BYTES)
     if not sliced.edits:

@@ -4,9 +4,11 @@ oracle of the final state computed from the trace alone, and the accounting agai
 from __future__ import annotations
 
 import random
+import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ragwarm.trace import Question, TraceEvent, split_initial
 
@@ -159,6 +161,8 @@ class Asked:
     chunk_versions: tuple[tuple[str, int], ...]  # (doc_id, version) per chunk of the prompt
     table_versions: Mapping[str, int]
     cached_tokens: int
+    at: float = 0.0  # when it was answered (the benchmark's monotonic clock)
+    ttft_ms: float = 0.0  # from the question to the first token: retrieval and routing too
 
 
 def stale(asked: Asked) -> bool:
@@ -170,12 +174,96 @@ def stale(asked: Asked) -> bool:
     )
 
 
+# --- outages: what the query load got while a fault lasted -------------------------------------
+@dataclass(frozen=True)
+class Outage:
+    """One fault from its injection until the part was back (ready again, restarted)."""
+
+    kind: str
+    start: float
+    end: float
+
+
+def outage_figures(outages: Sequence[Outage], asked: Sequence[Asked],
+                   failed_at: Sequence[float]) -> dict[str, Any]:
+    """Queries answered and failed while each fault lasted, and the answered ones' TTFT
+    (beside every answer's): an optimisation must keep answering (cold where it must)
+    while its parts are down."""
+    rows = []
+    for o in outages:
+        answered = [a.ttft_ms for a in asked if o.start <= a.at <= o.end]
+        rows.append({"kind": o.kind, "seconds": round(o.end - o.start, 1),
+                     "answered": len(answered),
+                     "errors": sum(o.start <= t <= o.end for t in failed_at),
+                     "ttft_p50_ms": _p50(answered)})
+    during = [a.ttft_ms for a in asked if any(o.start <= a.at <= o.end for o in outages)]
+    return {"ttft_p50_ms": _p50([a.ttft_ms for a in asked]),
+            "answered_during_outage": len(during),
+            "errors_during_outage": sum(any(o.start <= t <= o.end for o in outages)
+                                        for t in failed_at),
+            "outage_ttft_p50_ms": _p50(during), "outages": rows}
+
+
+def _p50(values: Sequence[float]) -> float | None:
+    return round(statistics.median(values), 1) if values else None
+
+
 # --- the report ------------------------------------------------------------------------------
 def recovery_figures(seconds: Sequence[float]) -> dict[str, float | None]:
     if not seconds:
         return {"streams_recovery_s_p50": None, "streams_recovery_s_max": None}
     return {"streams_recovery_s_p50": round(statistics.median(seconds), 1),
             "streams_recovery_s_max": round(max(seconds), 1)}
+
+
+def phase_seconds(timeline: Sequence[tuple[float, str]]) -> dict[str, float]:
+    """Seconds spent in each state of the ready probe after a kill (`down`: no process
+    answering yet; then the app's reasons, `recovering tables` covering the consumer group's
+    rebalance and the changelogs' replay), from (seconds after the kill, state) changes."""
+    out: dict[str, float] = {}
+    for (at, state), (until, _) in zip(timeline, timeline[1:], strict=False):
+        key = re.sub(r"\d+", "N", state.split(" (")[0])  # "re-indexing 3 documents": one kind
+        out[key] = round(out.get(key, 0.0) + until - at, 1)
+    return out
+
+
+def phase_figures(timelines: Sequence[Sequence[tuple[float, str]]]) -> dict[str, float]:
+    """The median seconds of each phase over the kills (0 where a kill skipped it)."""
+    each = [phase_seconds(t) for t in timelines]
+    names = dict.fromkeys(k for e in each for k in e)
+    return {k: round(statistics.median(e.get(k, 0.0) for e in each), 1) for k in names}
+
+
+# What the restarted app's own log says, in order: its first timestamped line (Python, torch
+# and the models loaded, the broker and topics checked, Faust's worker starting), the consumer
+# group joined (after the group dropped the killed member), the tables' changelogs read, and
+# Faust ready (the probe's own `ready` comes after the index checks).
+LOG_MARKS = (("log starts", ""), ("group joined", "Joined group"),
+             ("tables recovered", "Resuming flow"), ("faust ready", "[^Worker]: Ready"))
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
+
+
+def log_marks(lines: Iterable[str], since_wall: float) -> dict[str, float]:
+    """Seconds after `since_wall` (the kill, wall clock) of each `LOG_MARKS` line first seen
+    in a Faust log (its default format, local time); a mark never logged is absent."""
+    from datetime import datetime
+
+    out: dict[str, float] = {}
+    for line in lines:
+        stamp = _STAMP.match(line)
+        if stamp is None:
+            continue
+        at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        for name, text in LOG_MARKS:
+            if name not in out and text in line:
+                out[name] = round(at - since_wall, 1)
+    return out
+
+
+def mark_figures(marks: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The median of each mark over the kills that logged it."""
+    names = [n for n, _ in LOG_MARKS if any(n in m for m in marks)]
+    return {n: round(statistics.median(m[n] for m in marks if n in m), 1) for n in names}
 
 
 def passed(result: Mapping, planned: Sequence[Fault] = ()) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from ragwarm.bench.faults_plan import log_marks
 from ragwarm.kafka.local import LocalKafka, LocalKafkaSettings
 from ragwarm.settings import HomeSettings, KafkaSettings
 from ragwarm.stack.procs import Proc
@@ -52,7 +53,8 @@ class FaultStack:
         port = free_port()
         self.streams_url = f"http://127.0.0.1:{port}"
         self.host = 0
-        self.streams = Proc("faults-streams", ["streams", "--loglevel", "warning"], workdir,
+        # Info: the log's timestamps say where a restart's time goes (`plan.log_marks`).
+        self.streams = Proc("faults-streams", ["streams", "--loglevel", "info"], workdir,
                             f"{self.streams_url}/ragwarm/health", base | {
                                 "RAGWARM_MODEL_LLM_PATH": str(llm_path),
                                 "RAGWARM_STREAMS_APP_ID": APP_ID,
@@ -62,6 +64,9 @@ class FaultStack:
         self._use_host(0)
         self.workers = [self._worker(f"w{i}", base) for i in (1, 2)]
         self.recoveries: list[float] = []
+        # Per streams kill: (seconds after the kill, the ready probe's state) at each change.
+        self.recovery_phases: list[list[tuple[float, str]]] = []
+        self.recovery_marks: list[dict[str, float]] = []  # its log's marks, per kill
 
     def _worker(self, worker_id: str, base: dict[str, str]) -> Proc:
         port = free_port()
@@ -104,15 +109,28 @@ class FaultStack:
         self.say("stack up: broker, streams app, workers w1 and w2")
 
     def streams_ready(self) -> bool:
-        try:
-            return httpx.get(f"{self.streams_url}/ragwarm/health/ready", timeout=5).status_code \
-                == 200
-        except httpx.HTTPError:
-            return False
+        return self.streams_state() == "ready"
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def streams_state(self) -> str:
+        """What the ready probe says: `ready`, its reason not to be, or `down` (no answer)."""
+        try:
+            response = httpx.get(f"{self.streams_url}/ragwarm/health/ready", timeout=5)
+        except httpx.HTTPError:
+            return "down"
+        if response.status_code == 200:
+            return "ready"
+        try:
+            return str(response.json().get("reason") or response.status_code)
+        except ValueError:
+            return str(response.status_code)
+
+    def wait_ready(self, timeout_s: float, since: float | None = None) -> None:
+        """Wait for the ready probe; with `since`, record when its state changed after it."""
         deadline = time.monotonic() + timeout_s
-        while not self.streams_ready():
+        timeline: list[tuple[float, str]] = []
+        while (state := self.streams_state()) != "ready":
+            if since is not None and (not timeline or timeline[-1][1] != state):
+                timeline.append((time.monotonic() - since, state))
             if self.streams.pid() is None:
                 from ragwarm.stack.procs import tail
 
@@ -120,6 +138,8 @@ class FaultStack:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the streams app not ready after {timeout_s:.0f} s")
             time.sleep(0.5)
+        if since is not None:
+            self.recovery_phases.append([*timeline, (time.monotonic() - since, "ready")])
 
     def get(self, path: str) -> dict:
         response = httpx.get(f"{self.streams_url}{path}", timeout=30)
@@ -143,13 +163,18 @@ class FaultStack:
     def kill_streams(self, timeout_s: float, move_host: bool = False) -> float:
         """SIGKILL the streams app and start it again (on an empty disk when `move_host`);
         the seconds from the kill to its ready probe answering 200."""
-        t0 = time.monotonic()
+        t0, wall = time.monotonic(), time.time()
+        logged = self.streams.log_file.stat().st_size if self.streams.log_file.exists() else 0
         _sigkill(self.streams)
         if move_host:
             self._use_host(self.host + 1)
         self.streams.start()
-        self.wait_ready(timeout_s)
+        self.wait_ready(timeout_s, since=t0)
         took = time.monotonic() - t0
+        with self.streams.log_file.open("rb") as log:
+            log.seek(logged)
+            text = log.read().decode("utf-8", "replace")
+        self.recovery_marks.append(log_marks(text.splitlines(), wall))
         self.recoveries.append(took)
         return took
 

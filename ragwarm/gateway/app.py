@@ -14,8 +14,10 @@ import click
 from aiohttp import web
 
 from ragwarm.client.arag import AsyncRagClient, PartialAnswerLost
+from ragwarm.client.independent import OwnPath
 from ragwarm.client.rag import Answer, PreparedQuery
 from ragwarm.client.settings import ClientSettings
+from ragwarm.client.view import ViewRules
 from ragwarm.client.wire import ClientError, NoWorker, RequestRejected, StreamsUnavailable
 from ragwarm.gateway.metrics import CONTENT_TYPE, UNMATCHED, GatewayMetrics
 from ragwarm.gateway.protocol import (
@@ -295,6 +297,15 @@ async def _open_until_ready(state: GatewayState) -> None:
             await asyncio.sleep(state.settings.open_retry_s)
 
 
+def own_path(settings: GatewaySettings) -> OwnPath:
+    """What the gateway's client reads itself, from the gateway's settings."""
+    secret = settings.worker_events_secret
+    rules = ViewRules(secret.get_secret_value() if secret else None, settings.worker_stale_s,
+                      settings.view_quiet_s)
+    return OwnPath(settings.retrieval, rules if settings.follow_workers else None,
+                   settings.view_replay_s)
+
+
 @click.command()
 @click.option("--host", default=None, help="Listen address (RAGWARM_GATEWAY_HOST).")
 @click.option("--port", type=int, default=None, help="Port (RAGWARM_GATEWAY_PORT).")
@@ -302,18 +313,22 @@ async def _open_until_ready(state: GatewayState) -> None:
               help="Start with no key beyond loopback (RAGWARM_INSECURE); docs/security.md.")
 def gateway(host: str | None, port: int | None, insecure: bool) -> None:
     """The OpenAI-compatible gateway: retrieval, canonical prompt, routing to a warm worker."""
+    from ragwarm.client.independent import open_gateway_client
     from ragwarm.client.rag import quiet_http_logs
-    from ragwarm.secure import check_start, open_keys
+    from ragwarm.secure import check_start, open_keys, unsigned_events
     from ragwarm.settings import ModelSettings, SecuritySettings
 
     quiet_http_logs()
     settings = GatewaySettings()
-    check_start("gateway", open_keys("gateway", settings.operator_key is not None,
-                                     bool(settings.keys)),
-                host or settings.host, insecure or SecuritySettings().insecure)
+    exposures = open_keys("gateway", settings.operator_key is not None, bool(settings.keys))
+    if settings.follow_workers:
+        exposures += unsigned_events("gateway", settings.worker_events_secret is not None)
+    check_start("gateway", exposures, host or settings.host,
+                insecure or SecuritySettings().insecure)
     models = ModelSettings()
     client_settings = ClientSettings()
     state = GatewayState(settings, client_settings, models.llm_name,
-                         lambda: AsyncRagClient.open(client_settings, models=models))
+                         lambda: open_gateway_client(own_path(settings), client_settings,
+                                                     models))
     web.run_app(build_app(state), host=host or settings.host, port=port or settings.port,
                 access_log=None, print=lambda msg: log.info("%s", msg))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -44,6 +44,42 @@ class GatewaySettings(BaseSettings):
         default=2.0, gt=0, description="Wait between attempts to reach the streams app at start."
     )
 
+    retrieval: Literal["streams", "replica", "qdrant", "auto"] = Field(
+        default="auto",
+        description="Where questions are retrieved (docs/architecture.md, The query path). "
+        "`qdrant`: the Qdrant server at RAGWARM_QDRANT_URL; `replica`: the gateway's own "
+        "in-memory copy of the index, rebuilt from rag.chunks at start (memory: every chunk "
+        "and vector; the embedding model loads in the gateway); `streams`: the streams "
+        "app's /ragwarm/retrieve (nothing is answered while it is down); `auto`: qdrant "
+        "with a URL, else the replica once it has caught up, the streams app before.",
+    )
+    follow_workers: bool = Field(
+        default=True,
+        description="Keep the gateway's own worker table from worker.events and route by it "
+        "(by the longest held prefix, as the streams app does), so routing does not wait "
+        "on the streams app; off: every route is asked of the app.",
+    )
+    worker_events_secret: SecretStr | None = Field(
+        default=None,
+        description="The master signing secret (as RAGWARM_STREAMS_WORKER_EVENTS_SECRET): "
+        "worker events not signed with their worker's key derived from it are ignored, so "
+        "a writer of worker.events cannot name the URL prompts go to.",
+    )
+    view_quiet_s: float = Field(
+        default=15.0, gt=0,
+        description="No worker event for this long (three heartbeats) and the table is not "
+        "fresh: routes are asked of the streams app, else go by load (`fallback:stale-view`).",
+    )
+    worker_stale_s: float = Field(
+        default=30.0, gt=0, description="Heartbeat age that marks a worker gone (as "
+        "RAGWARM_STREAMS_WORKER_STALE_S).",
+    )
+    view_replay_s: float = Field(
+        default=60.0, gt=0,
+        description="How far back worker.events is read at start: a heartbeat lists all a "
+        "worker holds, so a few heartbeats' worth rebuilds the table.",
+    )
+
     @field_validator("keys")
     @classmethod
     def _no_empty_key(cls, keys: dict[str, SecretStr]) -> dict[str, SecretStr]:
@@ -66,3 +102,4 @@ class GatewaySettings(BaseSettings):
         if isinstance(value, str):
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
+

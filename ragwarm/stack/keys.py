@@ -128,7 +128,8 @@ class StackSecurity:
 
     def gateway(self) -> dict[str, str]:
         return self._env({"RAGWARM_GATEWAY_OPERATOR_KEY": self.operator,
-                          "RAGWARM_CLIENT_API_KEY": self.operator})
+                          "RAGWARM_CLIENT_API_KEY": self.operator,
+                          "RAGWARM_GATEWAY_WORKER_EVENTS_SECRET": self.signing})
 
     def key_of(self, variable: str) -> str | None:
         """The key a process reads from `variable` (to call it as an operator)."""

@@ -8,6 +8,7 @@ from typing import Literal
 
 from schemas import WorkerEvent
 from schemas.events import MEMORY_THRESHOLD
+from schemas.signing import authentic_under_master
 from streams.decide.records import WorkerState
 
 
@@ -134,6 +135,51 @@ def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float
             pinned=event.pinned_bytes,
         )
     return ws.model_copy(update=update)
+
+
+Folded = Literal["unauthenticated", "same", "new", "old", "future"]
+
+
+def fold_worker_event(prior: WorkerState | None, event: WorkerEvent, now: float,
+                      check: EpochCheck | None, master: str | None,
+                      ) -> tuple[Folded, WorkerState | None]:
+    """How one `worker.events` record changes a worker's row: whether it counts (signed
+    under `master` when there is one; of this boot or a later one) and the row after it
+    (None when it is ignored). The streams app's table and the gateway's own view fold
+    events through this one function, so they agree on what every worker holds."""
+    if master is not None and not authentic_under_master(event, master):
+        # A forged heartbeat would otherwise set the URL clients are routed to.
+        return "unauthenticated", None
+    order = epoch_order(prior, event, check)
+    if order in ("old", "future"):
+        return order, None
+    return order, apply_worker_event(prior, event, now, order)
+
+
+def mark_stale(rows: Iterable[WorkerState], now: float, stale_s: float) -> list[WorkerState]:
+    """The rows with every worker not heard from within `stale_s` marked not ready."""
+    horizon = now - stale_s
+    return [w if w.last_seen >= horizon else w.model_copy(update={"ready": False})
+            for w in rows]
+
+
+def route_answer(workers: Sequence[WorkerState], hashes: Sequence[str]) -> dict:
+    """Where to send a prompt of these block hashes: the chosen worker, how many leading
+    blocks it holds, and every ready worker (the `/ragwarm/route` body)."""
+    live = [w for w in workers if w.ready and w.url]
+    # Serving is not warmup: a busy worker still serves, so no memory threshold here.
+    chosen = choose_worker(live, list(hashes), threshold=1.0)
+    by_id = {w.worker_id: w for w in live}
+    matched = 0
+    if chosen:
+        held = set(by_id[chosen].prefixes)
+        matched = max((i + 1 for i, h in enumerate(hashes) if h in held), default=0)
+    return {
+        "worker_id": chosen,
+        "url": by_id[chosen].url if chosen else None,
+        "matched_blocks": matched,
+        "workers": [{"worker_id": w.worker_id, "url": w.url} for w in live],
+    }
 
 
 # Seed 000, deployment: "keep ≥1 hot instance per node".

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from schemas import WarmupCommand
 from streams.decide.asks import AskLog
 from streams.decide.chunks import WarmedChunks
-from streams.decide.fleet import EpochCheck
+from streams.decide.fleet import EpochCheck, mark_stale
 from streams.decide.hot import HotTracker
 from streams.decide.pacing import KeyPacing
 from streams.decide.records import (
@@ -221,8 +221,5 @@ class HandlerDeps:
                           ahead_us=int(self.settings.epoch_ahead_s * 1_000_000), expired=quiet)
 
     def live_workers(self) -> list[WorkerState]:
-        horizon = self.clock() - self.settings.worker_stale_s
-        rows = self.tables.worker_states.values()
-        return [
-            w if w.last_seen >= horizon else w.model_copy(update={"ready": False}) for w in rows
-        ]
+        rows = list(self.tables.worker_states.values())
+        return mark_stale(rows, self.clock(), self.settings.worker_stale_s)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
-from schemas.signing import authentic_under_master
 from streams.decide import logic, progressive
+from streams.decide.fleet import fold_worker_event
 from streams.decide.hot import HotPayload
 from streams.decide.records import (
     DocLink,
@@ -180,16 +180,17 @@ async def on_doc_link(p: HandlerDeps, link: DocLink) -> None:
 # --- worker.events (global table) ------------------------------------------------------------
 
 
+IGNORED_EVENTS = {"unauthenticated": "unauthenticated_events", "old": "stale_epoch_events",
+                  "future": "future_epoch_events"}
+
+
 async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
     secret = p.settings.worker_events_secret
-    if secret is not None and not authentic_under_master(event, secret.get_secret_value()):
-        # A forged heartbeat would otherwise set the URL clients are routed to (per-worker key).
-        p.stats["unauthenticated_events"] += 1
-        return
     prior = p.tables.worker_states.get(event.worker_id)
-    order = logic.epoch_order(prior, event, p.epoch_check(prior))
-    if order in ("old", "future"):  # a leftover of a previous boot; a clock far ahead
-        p.stats["stale_epoch_events" if order == "old" else "future_epoch_events"] += 1
+    order, state = fold_worker_event(prior, event, p.clock(), p.epoch_check(prior),
+                                     secret.get_secret_value() if secret else None)
+    if state is None:  # forged; a leftover of a previous boot; a clock far ahead
+        p.stats[IGNORED_EVENTS[order]] += 1
         return
     if order == "new" and prior is not None:
         # Restarted (a crash leaves no `stopped`): whatever the row listed is gone.
@@ -198,7 +199,6 @@ async def on_worker_event(p: HandlerDeps, event: WorkerEvent) -> None:
                  "disk tier)", event.worker_id, event.epoch, len(event.tier_prefixes))
     if event.kind == "expired":
         p.stats["expired_commands"] += 1
-    state = logic.apply_worker_event(prior, event, p.clock(), order)
     p.tables.worker_states[event.worker_id] = state
     if event.kind == "stored" and event.prefix_tokens:
         p.stats["kv_bytes_per_token"] = event.bytes // event.prefix_tokens

@@ -55,13 +55,16 @@ def test_a_small_fault_run_loses_nothing(tmp_path):
          "--hot", "1", "--queries", "4", "--edit-gap-s", "1", "--grace-s", "5", "--json"],
         capture_output=True, text=True, timeout=1400,
     )
-    print(done.stderr[-4000:])
+    print(done.stderr[-4000:], done.stdout)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
     assert list(result) == [
         "faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalidations",
         "stale_served", "queries", "query_errors", "transient_dead_letters", "worker_rewarm_s",
-        "streams_recovery_s_p50", "streams_recovery_s_max",
+        "streams_recovery_s_p50", "streams_recovery_s_max", "streams_recovery_phases_s_p50",
+        "streams_recovery_log_s_p50",
+        "ttft_p50_ms", "answered_during_outage", "errors_during_outage", "outage_ttft_p50_ms",
+        "outages",
     ]
     assert result["faults"] == {"streams_kills": 1, "worker_kills": 1, "broker_restarts": 1,
                                 "store_outages": 1, "host_moves": 1}
@@ -70,3 +73,8 @@ def test_a_small_fault_run_loses_nothing(tmp_path):
     assert result["transient_dead_letters"] == 0
     assert result["worker_rewarm_s"] is not None and result["worker_rewarm_s"] > 0
     assert result["queries"] >= 1 and result["streams_recovery_s_max"] > 0
+    assert "recovering tables" in result["streams_recovery_phases_s_p50"]
+    # One per fault injected (the host move is the streams kill), with what it answered.
+    assert sorted(o["kind"] for o in result["outages"]) == [
+        "broker_restarts", "host_moves", "store_outages", "worker_kills"]
+    assert result["answered_during_outage"] == sum(o["answered"] for o in result["outages"])

@@ -122,3 +122,49 @@ def test_recovery_figures_and_the_checks():
     short = done | {"faults": plan.fault_counts(f.kind for f in planned[:-1])}
     assert plan.passed(short, planned) == [f"faults injected {short['faults']} differ from "
                                            "the plan"]
+
+
+def test_outage_figures_count_what_was_answered_and_failed_while_each_fault_lasted():
+    outages = [plan.Outage(plan.STREAMS_KILL, 10.0, 70.0),
+               plan.Outage(plan.WORKER_KILL, 100.0, 120.0)]
+    asked = [plan.Asked((), {}, 0, at, ttft) for at, ttft in
+             [(5.0, 50.0), (20.0, 300.0), (40.0, 500.0), (110.0, 900.0), (130.0, 60.0)]]
+    figures = plan.outage_figures(outages, asked, failed_at=[30.0, 80.0])
+    assert figures["answered_during_outage"] == 3 and figures["errors_during_outage"] == 1
+    assert figures["outage_ttft_p50_ms"] == 500.0  # the median of 300, 500 and 900
+    assert figures["ttft_p50_ms"] == 300.0  # every answer's, to compare with
+    assert figures["outages"] == [
+        {"kind": plan.STREAMS_KILL, "seconds": 60.0, "answered": 2, "errors": 1,
+         "ttft_p50_ms": 400.0},
+        {"kind": plan.WORKER_KILL, "seconds": 20.0, "answered": 1, "errors": 0,
+         "ttft_p50_ms": 900.0},
+    ]
+    none = plan.outage_figures([], asked, [])
+    assert (none["answered_during_outage"], none["outage_ttft_p50_ms"]) == (0, None)
+
+
+def test_recovery_phases_are_the_seconds_in_each_state_of_the_ready_probe():
+    first = [(0.0, "down"), (2.5, "recovering tables"), (63.0, "re-indexing 3 documents from "
+             "kb.changes"), (64.0, "ready")]
+    second = [(0.0, "down"), (3.5, "recovering tables"), (60.0, "ready")]
+    assert plan.phase_seconds(first) == {"down": 2.5, "recovering tables": 60.5,
+                                         "re-indexing N documents from kb.changes": 1.0}
+    assert plan.phase_figures([first, second]) == {
+        "down": 3.0, "recovering tables": 58.5, "re-indexing N documents from kb.changes": 0.5}
+
+
+def test_log_marks_are_seconds_after_the_kill_of_the_first_line_of_each_kind():
+    from datetime import datetime
+
+    kill = datetime(2026, 12, 3, 17, 0, 0).timestamp()
+    lines = ["streams: app faults on 127.0.0.1:9092 (no timestamp: not a mark)",
+             "[2026-12-03 17:00:21,500] [7] [INFO]: [^Worker]: Starting... ",
+             "[2026-12-03 17:00:32,000] [7] [INFO]: Joined group 'faults' (generation 3) ",
+             "[2026-12-03 17:00:33,000] [7] [INFO]: [^---Recovery]: Resuming flow... ",
+             "[2026-12-03 17:00:34,000] [7] [INFO]: [^---Recovery]: Resuming flow... ",
+             "[2026-12-03 17:00:35,200] [7] [INFO]: [^Worker]: Ready "]
+    marks = plan.log_marks(lines, kill)
+    assert marks == {"log starts": 21.5, "group joined": 32.0, "tables recovered": 33.0,
+                     "faust ready": 35.2}
+    assert plan.mark_figures([marks, {"log starts": 20.5}]) == {
+        "log starts": 21.0, "group joined": 32.0, "tables recovered": 33.0, "faust ready": 35.2}

@@ -22,6 +22,7 @@ def test_a_key_or_a_secret_closes_each_exposure() -> None:
     assert "RAGWARM_STREAMS_API_KEY" in OPEN[0].fix
     assert "RAGWARM_GATEWAY_OPERATOR_KEY" in open_keys("gateway", False, False)[0].fix
     assert "RAGWARM_WORKER_EVENTS_SECRET" in unsigned_events("worker", False)[0].fix
+    assert "RAGWARM_GATEWAY_WORKER_EVENTS_SECRET" in unsigned_events("gateway", False)[0].fix
 
 
 @pytest.mark.parametrize(("host", "loop"), [("127.0.0.1", True), ("::1", True),
@@ -85,7 +86,9 @@ def test_every_process_gets_the_operator_key_and_the_signing_secret(tmp_path) ->
     assert len({w1, w2, keys.signing}) == 3
     assert w1 == derive_worker_key(keys.signing.encode(), "w1")
     assert security.gateway() == {"RAGWARM_GATEWAY_OPERATOR_KEY": keys.operator,
-                                  "RAGWARM_CLIENT_API_KEY": keys.operator}
+                                  "RAGWARM_CLIENT_API_KEY": keys.operator,
+                                  # The master: the gateway verifies every worker's events.
+                                  "RAGWARM_GATEWAY_WORKER_EVENTS_SECRET": keys.signing}
 
 
 def test_a_key_the_user_set_is_kept_and_shared_with_the_others(tmp_path) -> None:
@@ -134,7 +137,8 @@ def test_compose_requires_the_keys_for_every_listening_service() -> None:
     compose = yaml.safe_load((infra_dir() / "compose.yaml").read_text())["services"]
     wanted = {"streams": ("RAGWARM_STREAMS_API_KEY", "RAGWARM_STREAMS_WORKER_EVENTS_SECRET"),
               "worker": ("RAGWARM_WORKER_API_KEY", "RAGWARM_WORKER_EVENTS_SECRET"),
-              "gateway": ("RAGWARM_GATEWAY_OPERATOR_KEY", "RAGWARM_CLIENT_API_KEY")}
+              "gateway": ("RAGWARM_GATEWAY_OPERATOR_KEY", "RAGWARM_CLIENT_API_KEY",
+                          "RAGWARM_GATEWAY_WORKER_EVENTS_SECRET")}
     for service, names in wanted.items():
         env = compose[service]["environment"]
         for name in names:

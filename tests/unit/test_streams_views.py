@@ -7,6 +7,7 @@ import json
 import pytest
 
 from schemas.prefix import PromptParams
+from streams.decide.fleet import route_answer
 from streams.decide.records import WorkerState
 from streams.shell.views.bodies import (
     MAX_BODY_BYTES,
@@ -17,7 +18,6 @@ from streams.shell.views.bodies import (
     parse_body,
 )
 from streams.shell.views.health import health_body
-from streams.shell.views.route import route_answer
 
 
 def test_a_valid_retrieve_body_gets_its_defaults():

@@ -1,0 +1,96 @@
+"""Issue 40: with the streams app stopped, the gateway still answers, retrieving from its own
+replica of rag.chunks and routing by its own view of worker.events, and a prompt the worker
+computed before still reports cached tokens."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from ragwarm.client.view import EVENTS
+from ragwarm.stack.procs import Proc
+from schemas import encode
+from schemas.topics import KB_CHANGES
+from tests.integration.streams_proc import free_port
+from tests.integration.test_client_routing import QUESTION, initial_changes, ready_workers
+from tests.integration.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+KEY = "sk-ragwarm-test"
+OTHER = "How do I disable the admin user?"
+
+
+def start_gateway(workdir, app, bootstrap: str, namespace: str) -> Proc:
+    port = free_port()
+    env = {"RAGWARM_CLIENT_STREAMS_URL": app.url, "RAGWARM_KAFKA_BOOTSTRAP": bootstrap,
+           "RAGWARM_KAFKA_TOPIC_PREFIX": namespace,
+           "RAGWARM_GATEWAY_KEYS": json.dumps({"default": KEY}),
+           "RAGWARM_GATEWAY_RETRIEVAL": "replica", "RAGWARM_CLIENT_MAX_TOKENS": "4"}
+    proc = Proc("gateway", ["gateway", "--port", str(port)], workdir,
+                f"http://127.0.0.1:{port}/health/ready", env)
+    proc.start()
+    proc.wait_healthy(180)
+    return proc
+
+
+def ask(base_url: str, model: str, question: str) -> httpx.Response:
+    return httpx.post(f"{base_url}/v1/chat/completions", timeout=300,
+                      headers={"Authorization": f"Bearer {KEY}"},
+                      json={"model": model, "max_tokens": 4,
+                            "messages": [{"role": "user", "content": question}]})
+
+
+def model_of(base_url: str) -> str:
+    models = httpx.get(f"{base_url}/v1/models", headers={"Authorization": f"Bearer {KEY}"},
+                       timeout=10).json()
+    return models["data"][0]["id"]
+
+
+@pytest.mark.timeout(1200)  # a stack, the replica's catch-up, then a few answers on CPU
+def test_the_gateway_answers_warm_after_the_streams_app_stops(
+    kafka_bootstrap, kafka_producer, namespace, streams_factory, worker_factory, tmp_path
+):
+    env = {"RAGWARM_STREAMS_WORKER_STALE_S": "900", "RAGWARM_STREAMS_HOT_MIN_COUNT": "1000"}
+    app = streams_factory(namespace, "gwdown", env).start()
+    worker = worker_factory("gd1", kafka_bootstrap=kafka_bootstrap, topic_prefix=namespace)
+    worker.start()
+    changes = initial_changes(("docs/faq.md",))
+    for change in changes:
+        kafka_producer.send(namespace + KB_CHANGES, key=change.doc_id.encode(),
+                            value=encode(change))
+    kafka_producer.flush()
+    worker.wait_ready()
+    wait_for(lambda: app.counters().get("kb_events", 0) >= len(changes), 300, "indexing")
+    wait_for(lambda: ready_workers(app) == {"gd1"}, 120, "the worker in the table")
+    gateway = start_gateway(tmp_path, app, kafka_bootstrap, namespace)
+    base_url = gateway.health_url.removesuffix("/health/ready")
+    try:
+        model = model_of(base_url)
+        # 503 (the replica is still reading rag.chunks) until it has caught up.
+        wait_for(lambda: ask(base_url, model, QUESTION).status_code == 200, 300, "the replica")
+        warm = ask(base_url, model, QUESTION).json()
+        assert warm["model"] == model
+        assert warm["ragwarm"]["routing"] == EVENTS and warm["ragwarm"]["worker_id"] == "gd1"
+        assert "docs/faq.md" in warm["ragwarm"]["doc_ids"]
+        cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached > 0
+
+        app.stop()
+        after = ask(base_url, model, QUESTION)
+        assert after.status_code == 200, after.text
+        body = after.json()
+        assert body["ragwarm"]["routing"] == EVENTS and body["ragwarm"]["worker_id"] == "gd1"
+        assert body["ragwarm"]["failed_workers"] == []
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= cached
+        assert body["usage"]["prompt_tokens"] == warm["usage"]["prompt_tokens"]
+        assert body["choices"][0]["message"]["content"]
+
+        # A question never asked: retrieved from the replica, answered cold where it must be.
+        other = ask(base_url, model, OTHER)
+        assert other.status_code == 200, other.text
+        assert other.json()["ragwarm"]["doc_ids"] and other.json()["usage"]["completion_tokens"]
+    finally:
+        gateway.stop()
