@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -132,9 +132,9 @@ class SimWorker:
         self.restarts = 0
         self.restore_runs = 0  # requests read back from the disk tier: run once, not shared
         self.own_measurements = 0  # measurements never shared (a blending worker's)
-        # A worker that prefills is not serving: warmup occupies it until `busy_until`
-        # (simulated seconds) and a request arriving before waits for it.
-        self.busy_until = float("-inf")
+        # A worker that prefills is not serving: each warmup occupies it for its compute
+        # time on the simulated clock, back to back (`occupy`); see `_wait`.
+        self.jobs: deque[list[float]] = deque()  # [start, end] of each queued warmup
         self.busy_seconds = 0.0  # simulated seconds of warmup compute charged
         self.queued_seconds = 0.0  # simulated seconds requests waited behind it
         self._drain()
@@ -267,8 +267,7 @@ class SimWorker:
         used = self.refs.get(result.prefix_hash or "", frozenset())
         self._drain()
         # The wait is this worker's own, never part of a measurement another lane reuses.
-        wait = max(0.0, self.busy_until - self.clock())
-        self.queued_seconds += wait
+        wait = self._wait(result.ttft_s)
         if restored is None:
             return SimAnswer(result, used, ttft_s + wait, queued_s=wait)
         # Blocks read back carry their chunk marks; the freshness check sees those too.
@@ -315,14 +314,37 @@ class SimWorker:
         self._drain()
         return outcome
 
+    @property
+    def busy_until(self) -> float:
+        """When the queued warmup ends (simulated seconds; -inf when none is queued)."""
+        return self.jobs[-1][1] if self.jobs else float("-inf")
+
     def occupy(self, seconds: float) -> None:
-        """The worker computes for `seconds` of simulated time, after what it has queued."""
-        self.busy_until = max(self.busy_until, self.clock()) + seconds
+        """Queue `seconds` of warmup compute after what the worker has queued."""
+        start = max(self.busy_until, self.clock())
+        self.jobs.append([start, start + seconds])
         self.busy_seconds += seconds
 
     def idle(self) -> None:
         """Forget queued warmup: what a worker does before it takes traffic costs none."""
-        self.busy_until = float("-inf")
+        self.jobs.clear()
+
+    def _wait(self, compute_s: float) -> float:
+        """How long a request arriving now waits, as the worker's engine lock schedules it
+        (requests first, `workers.engine_lock`): for the rest of the warmup prefill under
+        way, not for the ones queued behind it, which wait for the request's `compute_s`."""
+        now = self.clock()
+        while self.jobs and self.jobs[0][1] <= now:
+            self.jobs.popleft()
+        wait = 0.0
+        if self.jobs and self.jobs[0][0] <= now:
+            wait = self.jobs[0][1] - now
+        for job in self.jobs:
+            if job[0] > now:  # not started: runs after the request
+                job[0] += compute_s
+                job[1] += compute_s
+        self.queued_seconds += wait
+        return wait
 
     def _compute_s(self, prompt_tokens: int, cached: int, measured_s: float) -> float:
         # The cost engine's own estimate (it computes nothing); a real engine's wall time.

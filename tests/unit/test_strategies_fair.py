@@ -56,6 +56,19 @@ def test_a_request_waits_behind_the_prefill_its_worker_is_computing():
     assert w.serve(list(range(200, 300)), "t", []).queued_s == 0.0
 
 
+def test_a_request_goes_before_the_queued_prefills_not_before_the_one_under_way():
+    clock = SimClock()
+    w = worker(clock)
+    for first in (1000, 2000, 3000):  # three prefills of 0.2 s queued back to back
+        prefill(w, list(range(first, first + 100)))
+    assert w.busy_until == pytest.approx(0.6)
+    clock.now = 0.1
+    answer = w.serve(list(range(100)), "t", [])
+    assert answer.queued_s == pytest.approx(0.1)  # the rest of the first prefill only
+    # The two queued prefills run after the request's own 0.2 s of compute.
+    assert w.busy_until == pytest.approx(0.6 + answer.result.ttft_s)
+
+
 def test_a_prefill_of_what_is_cached_costs_nothing_and_warmup_before_traffic_is_free():
     clock = SimClock()
     w = worker(clock)
