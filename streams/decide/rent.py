@@ -9,11 +9,6 @@ once before any asked again, so a prefix already asked twice is only pushed out 
 prefixes asked again: its distance counts those alone. A prefix re-asked within reach stays
 cached without a pin, and pinning it freezes bytes for nothing; a prefix whose re-asks come
 from beyond it is the one a pin saves. The hot set pins only the latter.
-
-That is a forecast from the last window. A pin is also judged by what it earned: an ask of
-a pinned prefix from beyond request caching's reach is one the pin saved. A pin that saved
-none for a whole window (its rent period) is released, and pinned again only after a new
-ask from beyond reach.
 """
 
 from __future__ import annotations
@@ -73,68 +68,34 @@ class RentLedger:
     capacity_tokens: float = 0.0
     stack: ReuseStack = field(default_factory=ReuseStack)
     _beyond: dict[str, float] = field(default_factory=dict)
-    # The hot set's pins: since when each is pinned, and when it last saved an ask.
-    _pinned: dict[str, float] = field(default_factory=dict)
-    _earned: dict[str, float] = field(default_factory=dict)
-    # Prefixes released for earning nothing, and when (`earning`).
-    _idle: dict[str, float] = field(default_factory=dict)
 
     def ask(self, prefix_hash: str, tokens: int, now: float) -> None:
         distance = self.stack.ask(prefix_hash, tokens, self.capacity_tokens)
         if distance is not None and (distance > self.capacity_tokens
                                      or self.capacity_tokens <= 0):
             self._beyond[prefix_hash] = now
-            if prefix_hash in self._pinned:
-                self._earned[prefix_hash] = now
             if len(self._beyond) > self.stack.max_tracked:
                 oldest = min(self._beyond, key=self._beyond.__getitem__)
                 del self._beyond[oldest]
 
     def pays(self, prefix_hash: str, now: float, window_s: float) -> bool:
-        """Whether a pin of `prefix_hash` would have saved an ask in the last `window_s`
-        (since its release, for one released for earning nothing)."""
+        """Whether a pin of `prefix_hash` would have saved an ask in the last `window_s`."""
         when = self._beyond.get(prefix_hash)
-        idle = self._idle.get(prefix_hash)
-        return (when is not None and now - when <= window_s
-                and (idle is None or when > idle))
-
-    def earning(self, hot: Iterable[str], now: float, period_s: float) -> set[str]:
-        """Of the hot set `hot` (pinned now), those whose pin is not idle: pinned for less
-        than `period_s`, or saved an ask in the last `period_s`. The others are marked
-        idle (`pays` ignores their older asks). Also records new pins and dropped ones."""
-        hot = set(hot)
-        for key in [k for k in self._pinned if k not in hot]:
-            del self._pinned[key]
-            self._earned.pop(key, None)
-        earning: set[str] = set()
-        for key in hot:
-            last = max(self._pinned.setdefault(key, now), self._earned.get(key, float("-inf")))
-            if now - last < period_s:
-                earning.add(key)
-            else:
-                self._idle[key] = now
-        return earning
+        return when is not None and now - when <= window_s
 
     def plan(self, capacity_tokens: float, forget_before: float) -> None:
         """Set request caching's reach for the next asks; drop misses older than the window."""
         self.capacity_tokens = capacity_tokens
         for key in [k for k, t in self._beyond.items() if t < forget_before]:
             del self._beyond[key]
-        for key in [k for k, t in self._idle.items() if t < forget_before]:
-            del self._idle[key]
 
 
 def paying(ledger: RentLedger, ranked: Iterable[tuple[str, float, Any]], capacity_tokens: float,
-           now: float, settings: Any, hot: Iterable[str] = ()) -> list[HotCandidate]:
+           now: float, settings: Any) -> list[HotCandidate]:
     """The hot-set candidates among `ranked` (prefix, count, payload with `prefix_tokens`):
     with `settings.hot_pin_rent`, only those a pin would have saved an ask for in the hot
-    window, less the pins of `hot` (the hot set now) that saved none in a whole window.
-    Also sets request caching's reach (`capacity_tokens`) until the next plan."""
+    window. Also sets request caching's reach (`capacity_tokens`) until the next plan."""
     window_s = settings.hot_window_s
     ledger.plan(capacity_tokens, now - window_s)
-    if not settings.hot_pin_rent:
-        return [HotCandidate(h, c, payload.prefix_tokens) for h, c, payload in ranked]
-    hot = set(hot)
-    idle = hot - ledger.earning(hot, now, window_s)
     return [HotCandidate(h, c, payload.prefix_tokens) for h, c, payload in ranked
-            if h not in idle and ledger.pays(h, now, window_s)]
+            if not settings.hot_pin_rent or ledger.pays(h, now, window_s)]

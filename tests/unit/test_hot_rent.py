@@ -97,35 +97,3 @@ def test_paying_filters_the_ranked_candidates_unless_the_rule_is_off() -> None:
     assert [c.prefix_hash for c in paying(ledger, ranked, 25, 2, on)] == ["far"]
     off = on.model_copy(update={"hot_pin_rent": False})
     assert [c.prefix_hash for c in paying(ledger, ranked, 25, 2, off)] == ["near", "far"]
-
-
-def test_a_pin_that_saves_no_ask_for_a_window_is_released_until_a_new_miss() -> None:
-    ledger = RentLedger()
-    ledger.plan(25, forget_before=0)
-    on = StreamsSettings(hot_window_s=100)
-    for key, size in (("p", 10), ("x", 20), ("y", 20), ("p", 10)):  # beyond 25 tokens
-        ledger.ask(key, size, now=1)
-    ranked = [("p", 2.0, Payload(10))]
-    assert [c.prefix_hash for c in paying(ledger, ranked, 25, 2, on, hot=["p"])] == ["p"]
-    ledger.ask("p", 10, now=50)  # asked again at once while pinned: request caching had it
-    assert [c.prefix_hash for c in paying(ledger, ranked, 25, 90, on, hot=["p"])] == ["p"]
-    # Pinned at 2, nothing saved by 102: idle, released; its miss before the release no
-    # longer counts.
-    assert paying(ledger, ranked, 25, 102, on, hot=["p"]) == []
-    assert paying(ledger, ranked, 25, 103, on) == []
-    for key, size in (("x", 20), ("y", 20), ("p", 10)):  # a miss after the release
-        ledger.ask(key, size, now=110)
-    assert [c.prefix_hash for c in paying(ledger, ranked, 25, 111, on)] == ["p"]
-
-
-def test_a_pin_that_saves_asks_keeps_its_place() -> None:
-    ledger = RentLedger()
-    ledger.plan(25, forget_before=0)
-    on = StreamsSettings(hot_window_s=100)
-    for key, size in (("p", 10), ("x", 20), ("y", 20), ("p", 10)):
-        ledger.ask(key, size, now=1)
-    ranked = [("p", 2.0, Payload(10))]
-    paying(ledger, ranked, 25, 2, on, hot=["p"])  # pinned at 2
-    for key, size in (("x", 20), ("y", 20), ("p", 10)):  # from beyond reach, while pinned
-        ledger.ask(key, size, now=80)
-    assert [c.prefix_hash for c in paying(ledger, ranked, 25, 150, on, hot=["p"])] == ["p"]
