@@ -432,12 +432,12 @@ async def plan_hot(p: HandlerDeps) -> None:
 
 
 async def _plan_hot(p: HandlerDeps) -> None:
-    now, retry, t = p.clock(), p.settings.hot_unfound_retry_s, p.tracker
-    ranked = t.ranked(now)
+    now, retry = p.clock(), p.settings.hot_unfound_retry_s
+    ranked = p.tracker.ranked(now)
     ready = [w for w in p.live_workers() if w.ready]
     memory = sum(w.mem_total for w in ready) * p.owned_share()
     budget, per_token, s = int(p.settings.hot_share * memory), p.kv_bytes_per_token(), p.settings
-    candidates = paying(t.rent, ranked, (memory - budget) / per_token, now, s, memory / per_token)
+    candidates = paying(p.tracker.rent, ranked, (memory - budget) / per_token, now, s)
     hot, cooled = logic.plan_hot_set(candidates, budget, per_token, p.tracker.hot, s.hot_min_count)
     payloads = {h: pl for h, _, pl in ranked}
     held = {h for w in ready for h in w.prefixes}

@@ -97,30 +97,3 @@ def test_paying_filters_the_ranked_candidates_unless_the_rule_is_off() -> None:
     assert [c.prefix_hash for c in paying(ledger, ranked, 25, 2, on)] == ["far"]
     off = on.model_copy(update={"hot_pin_rent": False})
     assert [c.prefix_hash for c in paying(ledger, ranked, 25, 2, off)] == ["near", "far"]
-
-
-def test_the_hot_set_is_pinned_only_while_it_saves_more_asks_than_its_bytes_cost() -> None:
-    on = StreamsSettings(hot_window_s=1000)
-    ranked = [("p", 2.0, Payload(10))]
-    ledger = RentLedger()
-    # Reach 30 tokens with the hot share taken, 40 with all the memory.
-    assert paying(ledger, ranked, 30, 0, on, full_tokens=40) == []  # nothing pays yet
-    for key, size in (("p", 10), ("a", 50), ("b", 50), ("p", 10)):  # p from 100 > 40
-        ledger.ask(key, size, now=1)
-    # p pays (beyond 30) and would be saved only by a pin (beyond 40), but the candidates
-    # are known only from this plan on: no ask has been judged for them yet.
-    assert paying(ledger, ranked, 30, 2, on, full_tokens=40) == []
-    for key, size in (("a", 50), ("b", 50), ("p", 10)):  # p again from 100: a pin saves it
-        ledger.ask(key, size, now=3)
-    assert [c.prefix_hash for c in paying(ledger, ranked, 30, 4, on, full_tokens=40)] == ["p"]
-    # Two asks from within all the memory (32, 32) but beyond it less p's 10 tokens: the
-    # pin would cost both, more than the one it saved.
-    for key, size in (("c", 32), ("d", 32), ("c", 32), ("d", 32)):
-        ledger.ask(key, size, now=5)
-    assert paying(ledger, ranked, 30, 6, on, full_tokens=40) == []
-
-
-def test_without_all_the_memorys_reach_the_set_is_not_judged() -> None:
-    ledger = RentLedger()
-    ledger.plan(25, forget_before=0)
-    assert ledger.earns()
