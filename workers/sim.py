@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -60,6 +60,7 @@ class SimAnswer:
     entry_refs: frozenset[ChunkKey]
     ttft_s: float
     restored: bool = False  # part of its prefix was read back from the disk tier
+    queued_s: float = 0.0  # of `ttft_s`, the wait behind the worker's warmup prefills
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,12 @@ class SimWorker:
         cache_requests: bool,
         ttft_runs: int = 1,
         chunk_reuse: bool = False,
+        block_level: bool = False,
     ) -> None:
         # Blending held chunk KV: its answers are another computation than any exact one.
         self.chunk_reuse = chunk_reuse
+        # Request caching per block (vLLM's prefix caching): see `_per_block`.
+        self.block_level = block_level
         self.ttft_runs = ttft_runs
         self.clock = clock
         self.worker_id = worker_id
@@ -128,6 +132,11 @@ class SimWorker:
         self.restarts = 0
         self.restore_runs = 0  # requests read back from the disk tier: run once, not shared
         self.own_measurements = 0  # measurements never shared (a blending worker's)
+        # A worker that prefills is not serving: each warmup occupies it for its compute
+        # time on the simulated clock, back to back (`occupy`); see `_wait`.
+        self.jobs: deque[list[float]] = deque()  # [start, end] of each queued warmup
+        self.busy_seconds = 0.0  # simulated seconds of warmup compute charged
+        self.queued_seconds = 0.0  # simulated seconds requests waited behind it
         self._drain()
 
     def _boot(self, engine: SimEngine) -> None:
@@ -229,16 +238,40 @@ class SimWorker:
             raise RuntimeError("the runtime stopped a generation nobody cancelled")
         if known is not None:
             self.reruns += 1
+        if self.block_level and self.runtime.cache_requests:
+            self._per_block(token_ids, tenant, result.cached_tokens // self.engine.block_size)
         return result
+
+    def _per_block(self, token_ids: Sequence[int], tenant: str, matched: int) -> None:
+        """After a request, every leading run of its blocks as its own request entry, so
+        that eviction takes one block at a time; recency as vLLM's free queue leaves it:
+        the blocks hit along the match touched, the prompt's first block the most recent
+        and its last the least (vLLM frees a request's blocks tail first)."""
+        cache, block = self.cache, self.engine.block_size
+        hashes = self.engine.block_hashes(token_ids, tenant=tenant)
+        for k in range(len(hashes), 0, -1):
+            head = hashes[:k]
+            if head[-1] not in cache.pool:
+                continue  # not stored (caching refused, or the request's last block)
+            if head[-1] in cache and k <= matched:
+                cache.lookup(head)
+            elif head[-1] not in cache:
+                nbytes = prefix_kv_bytes(k * block, self.engine.kv_bytes_per_token, block)
+                try:
+                    cache.admit(tenant=tenant, hashes=head, nbytes=nbytes, kind="request")
+                except WarmupRefused:
+                    return  # the blocks are held already: only the entry count can refuse
 
     def _served(self, result: GenerationResult, ttft_s: float, *,
                 restored: frozenset[ChunkKey] | None = None) -> SimAnswer:
         used = self.refs.get(result.prefix_hash or "", frozenset())
         self._drain()
+        # The wait is this worker's own, never part of a measurement another lane reuses.
+        wait = self._wait(result.ttft_s)
         if restored is None:
-            return SimAnswer(result, used, ttft_s)
+            return SimAnswer(result, used, ttft_s + wait, queued_s=wait)
         # Blocks read back carry their chunk marks; the freshness check sees those too.
-        return SimAnswer(result, used | restored, ttft_s, restored=True)
+        return SimAnswer(result, used | restored, ttft_s + wait, restored=True, queued_s=wait)
 
     def _tier_marks(self, token_ids: Sequence[int], tenant: str) -> frozenset[ChunkKey]:
         """The chunks the disk tier's blocks of this prompt pass through."""
@@ -265,14 +298,60 @@ class SimWorker:
         raise RuntimeError("the engine returned no result")
 
     def apply(self, command: WarmupCommand) -> str:
-        """Carry out a warmup command as the worker does; prefill time is warmup time."""
+        """Carry out a warmup command as the worker does; prefill time is warmup time, and
+        the worker is busy for it on the simulated clock (`occupy`)."""
+        warmup = command.op in ("prefill", "prefill_chunk", "synthesize")  # sampling too
+        tokens = [*getattr(command, "opening_ids", ()), *command.token_ids]
+        cached = self.expected_cached(tokens, command.tenant) if warmup and tokens else 0
         started = time.perf_counter()
         outcome = self.runtime.apply(command)
-        if command.op in ("prefill", "prefill_chunk", "synthesize"):  # sampling is warmup too
-            self.warm_seconds += time.perf_counter() - started
+        if warmup:
+            spent = time.perf_counter() - started
+            self.warm_seconds += spent
+            if outcome == "stored" or command.op == "synthesize":
+                self.occupy(self._compute_s(len(tokens), cached, spent))
         self.outcomes[f"{command.op}:{outcome}"] += 1
         self._drain()
         return outcome
+
+    @property
+    def busy_until(self) -> float:
+        """When the queued warmup ends (simulated seconds; -inf when none is queued)."""
+        return self.jobs[-1][1] if self.jobs else float("-inf")
+
+    def occupy(self, seconds: float) -> None:
+        """Queue `seconds` of warmup compute after what the worker has queued."""
+        start = max(self.busy_until, self.clock())
+        self.jobs.append([start, start + seconds])
+        self.busy_seconds += seconds
+
+    def idle(self) -> None:
+        """Forget queued warmup: what a worker does before it takes traffic costs none."""
+        self.jobs.clear()
+
+    def _wait(self, compute_s: float) -> float:
+        """How long a request arriving now waits, as the worker's engine lock schedules it
+        (requests first, `workers.engine_lock`): for the rest of the warmup prefill under
+        way, not for the ones queued behind it, which wait for the request's `compute_s`."""
+        now = self.clock()
+        while self.jobs and self.jobs[0][1] <= now:
+            self.jobs.popleft()
+        wait = 0.0
+        if self.jobs and self.jobs[0][0] <= now:
+            wait = self.jobs[0][1] - now
+        for job in self.jobs:
+            if job[0] > now:  # not started: runs after the request
+                job[0] += compute_s
+                job[1] += compute_s
+        self.queued_seconds += wait
+        return wait
+
+    def _compute_s(self, prompt_tokens: int, cached: int, measured_s: float) -> float:
+        # The cost engine's own estimate (it computes nothing); a real engine's wall time.
+        cost = getattr(self.engine, "cost", None)
+        if isinstance(cost, CostModel):
+            return cost.ttft_ms(prompt_tokens, cached) / 1000.0
+        return measured_s
 
     def expire(self) -> None:
         self.runtime.tick()

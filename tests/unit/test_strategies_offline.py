@@ -72,15 +72,19 @@ def test_event_rag_rewarms_a_question_whose_chunk_changed():
     assert hit_rates(changed, "event-rag")[3] is True  # re-warmed when the chunk changed
 
 
-def test_ragwarms_policies_evict_as_its_worker_does_the_others_lru():
+def test_every_policy_evicts_as_ragwarms_worker_unless_the_peers_keep_their_own():
     events = [query(0, "a?", "a")]
+    for policy in ("reactive", "history", "event-rag", "hybrid"):
+        _, _, lane = evaluate(events, policy, settings(), 10**9)
+        assert lane.worker.cache.policy_name == "slru"
+    _, _, lane = evaluate(events, "reactive", settings(), 10**9, eviction="gdsf")
+    assert lane.worker.cache.policy_name == "gdsf"
+    own = settings().model_copy(update={"same_eviction": False})
     expected = {"reactive": "lru", "history": "lru", "event-rag": "slru", "hybrid": "slru"}
     for policy, eviction in expected.items():
-        _, _, lane = evaluate(events, policy, settings(), 10**9)
+        _, _, lane = evaluate(events, policy, own, 10**9)
         assert lane.worker.cache.policy_name == eviction
-    _, _, lane = evaluate(events, "hybrid", settings(), 10**9, eviction="gdsf")
-    assert lane.worker.cache.policy_name == "gdsf"
-    _, _, lane = evaluate(events, "reactive", settings(), 10**9, eviction="gdsf")
+    _, _, lane = evaluate(events, "reactive", own, 10**9, eviction="gdsf")
     assert lane.worker.cache.policy_name == "lru"  # vLLM's, whatever ragwarm's worker does
 
 

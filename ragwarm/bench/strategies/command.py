@@ -57,10 +57,14 @@ _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--runs", type=click.IntRange(1), default=1, show_default=True,
               help="Repeat with N workload seeds (the seed, seed+1, ...) and report the "
               "median of each figure; each run's outputs go to OUT/seed-<seed>/.")
+@click.option("--drawn", is_flag=True,
+              help="The workload as drawn, without the post-edit scenario's moved asks "
+              "(every edit followed by an ask it concerns); RAGWARM_STRATEGIES_POST_EDIT_ASKS.")
 def strategies(
     events_path: Path, questions_path: Path, seed: int | None, quick: bool, standard: bool,
     as_json: bool, out: Path, policies: str | None, queries: int | None, edits: int | None,
     restart_at: float | None, memory_share: float | None, model_free: bool, runs: int,
+    drawn: bool,
 ) -> None:
     """Replay a KB history with a Zipf query workload under every warmup policy, for real:
     real retrieval on Qdrant, real prefill and TTFT on the torch engine, one simulated clock.
@@ -72,6 +76,8 @@ def strategies(
     given: dict[str, Any] = {
         k: v for k, v in (("seed", seed), ("restart_at", restart_at),
                           ("memory_share", memory_share)) if v is not None}
+    if drawn:
+        given["post_edit_asks"] = False
     settings = StrategySettings(**given)
     names = _names(policies, model_free)
     try:

@@ -47,7 +47,8 @@ def evaluate(
     eviction: str = DEFAULT_POLICY,
 ) -> tuple[list[Outcome], CostModel, Lane]:
     """Replay `events` (in timestamp order) against `policy` with a KV budget of `kv_bytes`;
-    `eviction` is ragwarm's worker's (the streams app's policies; the others evict LRU).
+    `eviction` is ragwarm's worker's: every policy's, or with `settings.same_eviction` off
+    only the streams app's policies' (the others evict LRU, as vLLM).
     Raises ValueError naming the valid policies for an unknown one."""
     cls = policy_class(policy)
     if cls.disk_tier:
@@ -58,7 +59,8 @@ def evaluate(
     cost = cost or fit_cost(ordered)
     clock = SimClock()
     budget = Budget(kv_bytes, DEFAULT_MAX_ENTRIES, kv_bytes)
-    cache = make_cache(budget, clock, block_size, cls.eviction_on(eviction))
+    cache = make_cache(budget, clock, block_size,
+                       cls.eviction_on(eviction, same=settings.same_eviction))
     engine = CostEngine(cost, cache, model_id="offline",
                         kv_bytes_per_token=settings.streams.kv_bytes_per_token)
     rag = LogRag(ordered, tenant=settings.tenant, block_size=block_size, model=engine.model_id,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
 from schemas import KbChange, QueryEvent, WarmupCommand
@@ -71,19 +71,25 @@ class Policy:
     # Whether its decisions read the model's output (sampled questions): such a policy, like
     # one with a disk tier or chunk blending, cannot run on the model-free cost engine.
     needs_model: ClassVar[bool] = False
-    # Its worker's eviction policy: LRU for the systems the seeds compare with (vLLM's
-    # automatic prefix caching evicts least recently used blocks); None: ragwarm's worker,
-    # `RAGWARM_WORKER_EVICTION_POLICY` (the streams app's policies).
+    # The eviction of the system it stands for: LRU for the systems the seeds compare with
+    # (vLLM's automatic prefix caching evicts least recently used blocks); None: ragwarm's
+    # worker, `RAGWARM_WORKER_EVICTION_POLICY` (the streams app's policies). The fair bench
+    # runs every policy on ragwarm's worker's eviction (`same_eviction`, the default).
     eviction: ClassVar[str | None] = "lru"
+    # Request caching per block, as vLLM's prefix caching: each block of a prompt is its own
+    # eviction unit, a hit touches every block along the match, and a prompt's tail blocks
+    # go before its head (`SimWorker.block_level`).
+    block_level: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
 
     @classmethod
-    def eviction_on(cls, worker_policy: str) -> str:
+    def eviction_on(cls, worker_policy: str, *, same: bool = True) -> str:
         """The eviction policy of its worker, where ragwarm's worker evicts by
-        `worker_policy` (its `RAGWARM_WORKER_EVICTION_POLICY`)."""
-        return cls.eviction or worker_policy
+        `worker_policy` (its `RAGWARM_WORKER_EVICTION_POLICY`): that one for every policy
+        when `same`, else the eviction of the system the policy stands for."""
+        return worker_policy if same else cls.eviction or worker_policy
 
     def logged(self, query: QueryEvent) -> None:
         """A query of yesterday's log (before the run, no worker up): replayed so a policy
@@ -115,9 +121,11 @@ class NoReuse(Policy):
 
 
 class Reactive(Policy):
-    """`reactive`: only the worker's request caching with LRU (vLLM automatic prefix caching)."""
+    """`reactive`: only the worker's request caching, per block (vLLM automatic prefix
+    caching; LRU unless the bench runs every policy on the same eviction)."""
 
     name: ClassVar[str] = "reactive"
+    block_level: ClassVar[bool] = True
 
 
 class ReactiveOffload(Reactive):
@@ -127,24 +135,52 @@ class ReactiveOffload(Reactive):
 
     name: ClassVar[str] = "reactive-offload"
     disk_tier: ClassVar[bool] = True
+    # Per entry still: its tier spills what an eviction frees, and per-block entries on the
+    # torch engine with a tier are not measured yet.
+    block_level: ClassVar[bool] = False
 
 
 class History(Policy):
-    """`history`: at start, prefill the prefixes of every past prompt until memory is full
-    (seed 000's full history prefill), most asked first; request caching afterwards."""
+    """`history`: at start, prefill yesterday's prompts (prefix and question) until memory
+    is full (seed 000's full history prefill); request caching afterwards.
+
+    Its best form: the most asked are chosen first, and prefilled last, so that an
+    eviction by recency (or SLRU's storing order) takes the least asked first; and each is
+    the whole prompt, since a repeat of the question then reuses its question's tokens too.
+    """
 
     name: ClassVar[str] = "history"
 
     def start(self) -> None:
-        cache = self.ctx.worker.cache
-        for question in self.ctx.past:
-            prefix = self.ctx.rag.prefix_for_question(question.question, self.ctx.tenant)
-            if prefix is None or prefix.prefix_hash in cache:
-                continue
-            if cache.bytes_used + self.ctx.prefix_bytes(prefix) > cache.budget.max_bytes:
-                break
+        for prefix in reversed(self.chosen()):
             if self.ctx.prefill(prefix, pin=False, ttl_s=None, why="history") == "refused":
                 break
+
+    def chosen(self) -> list[WarmPrefix]:
+        """Yesterday's prompts, most asked first, that fit the free memory together."""
+        cache, tenant = self.ctx.worker.cache, self.ctx.tenant
+        free = cache.budget.max_bytes - cache.bytes_used
+        picked: list[WarmPrefix] = []
+        seen: set[tuple[int, ...]] = set()
+        for question in self.ctx.past:
+            prefix = self.ctx.rag.prefix_for_question(question.question, tenant)
+            if prefix is None:
+                continue
+            prompt = with_question(prefix, self.ctx.rag.question_ids(question.question))
+            size, ids = self.ctx.prefix_bytes(prompt), tuple(prompt.token_ids)
+            if ids in seen:
+                continue
+            if size > free:
+                break
+            picked.append(prompt)
+            seen.add(ids)
+            free -= size
+        return picked
+
+
+def with_question(prefix: WarmPrefix, question_ids: Sequence[int]) -> WarmPrefix:
+    """`prefix` with a question's tokens after it: the whole prompt that question sends."""
+    return replace(prefix, token_ids=[*prefix.token_ids, *question_ids])
 
 
 class Scheduled(Policy):

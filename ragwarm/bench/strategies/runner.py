@@ -189,13 +189,17 @@ class Runner:
         self.clock.now = 0.0
         for lane in tqdm(self.lanes.values(), desc="policy start", disable=self._quiet()):
             lane.policy.start()
+            # The first warmup happens before the worker takes traffic (it reports ready
+            # first); a restart's re-warm, by contrast, delays the requests behind it.
+            lane.worker.idle()
 
     def engine_for(self, name: str) -> TorchEngine | CostEngine:
         """A booting worker's engine for policy `name`: an empty cache on the shared weights,
         and the disk tier the policy keeps (its folder scanned, as at a worker's boot); in a
         model-free run, an empty cache on the cost engine."""
         base, tier, cls = self.rig.base, None, policy_class(name)
-        eviction = cls.eviction_on(self.rig.worker_settings.eviction_policy)
+        eviction = cls.eviction_on(self.rig.worker_settings.eviction_policy,
+                                   same=self.settings.same_eviction)
         cache = make_cache(self.budget, self.clock, self.rig.worker_settings.block_size,
                            eviction)
         if self.rig.cost is not None:
@@ -391,6 +395,9 @@ class Runner:
             stats = getattr(lane.policy, "stats", {})
             out[name] = {
                 "warmup_seconds": lane.worker.warm_seconds,
+                # Simulated seconds the worker spent prefilling, and requests waited for it.
+                "warmup_busy_s": round(lane.worker.busy_seconds, 2),
+                "queued_s": round(lane.worker.queued_seconds, 2),
                 "commands": dict(lane.worker.outcomes),
                 "streams": dict(stats),
                 "figures": lane.policy.figures(),
@@ -450,6 +457,8 @@ def run_benchmark(
         "elapsed_seconds": round(time.perf_counter() - started, 1),
         "duration_sim_s": round(steps[-1].at, 1) if steps else 0.0,
         "shared_across_queries": share_queries,
+        "scenario": "post-edit-asks" if settings.post_edit_asks else "drawn",
+        "same_eviction": settings.same_eviction,
     } | runner.measure_counts()
     if runner.restart_at is not None:
         meta["restart"] = {"at_s": round(runner.restart_at, 1), "boots": runner.boots,
@@ -469,7 +478,7 @@ def _workload(
     arrivals = wl.arrivals(queries, rng, settings.mean_gap_s, settings.burst_prob,
                            settings.burst_size, settings.burst_gap_s)
     steps = wl.timeline(arrivals, edits, questions, weights, initial_seq, rng,
-                        settings.edits_from, deps)
+                        settings.edits_from, deps, post_edit_asks=settings.post_edit_asks)
     yesterday = random.Random(settings.seed + 1)
     log = wl.past_log(questions, weights, initial_seq, settings.history_queries, yesterday)
     times = wl.arrivals(len(log), yesterday, settings.mean_gap_s, settings.burst_prob,

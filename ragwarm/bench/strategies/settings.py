@@ -66,6 +66,17 @@ class StrategySettings(BaseSettings):
         default=(3, 8), description="Smallest and largest number of queries in a burst."
     )
     burst_gap_s: float = Field(default=2.0, gt=0, description="Mean gap inside a burst.")
+    post_edit_asks: bool = Field(
+        default=True,
+        description="The post-edit scenario: every edit is followed by an ask of a question "
+        "it concerns (questions moved in the drawn timeline); false: the drawn workload.",
+    )
+    same_eviction: bool = Field(
+        default=True,
+        description="Every policy on ragwarm's worker's eviction (RAGWARM_WORKER_EVICTION_"
+        "POLICY), so the table compares warmup alone; false: the peers on their own "
+        "system's (vLLM's LRU).",
+    )
     edits_from: float = Field(
         default=0.25, ge=0, lt=1, description="Share of the run before the first KB change."
     )

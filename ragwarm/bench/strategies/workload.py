@@ -190,11 +190,15 @@ def timeline(
     rng: random.Random,
     edits_from: float = 0.25,
     deps: Mapping[str, frozenset[str]] | None = None,
+    *,
+    post_edit_asks: bool = True,
 ) -> list[Step]:
     """Queries and KB changes in time order, each query drawn among the questions live then.
 
     Changes occupy [edits_from, 0.95] of the run. A question is asked only while it exists
-    (`first_seq` / `removed_seq` against the last change applied before the query).
+    (`first_seq` / `removed_seq` against the last change applied before the query). With
+    `post_edit_asks` (the named scenario) questions are moved so every edit is followed by
+    an ask it concerns (`ask_after_edits`); without, the drawn timeline as it is.
     """
     duration = arrivals_[-1].at if arrivals_ else 0.0
     times = edit_times(edits, duration * edits_from, duration * 0.95)
@@ -210,6 +214,8 @@ def timeline(
         if question is not None:
             steps.append(QueryStep(arrival.at, index, question, arrival.burst))
     steps.extend(kb[k:])
+    if not post_edit_asks:
+        return steps
     return ask_after_edits(steps, questions, weights, initial_seq, rng, deps)
 
 
