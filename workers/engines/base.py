@@ -21,6 +21,7 @@ from workers.engines.protocol import (
 from workers.kv.blocks import block_hashes
 from workers.kv.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
 from workers.kv.chunk_kv import ChunkSpan, check_spans, chunk_prefix, held_chunk_tokens
+from workers.kv.donors import DonorIndex
 from workers.kv.entries import Kind
 
 
@@ -76,6 +77,9 @@ class PrefixEngine(ABC, Generic[H]):
     _held: dict[str, H]
     # A served model (vLLM, a remote server) is warmed by its server when it loads.
     boot_warmup_tokens: int = 0
+    # Chunks of the prompts this engine stored, for blending into others (`workers.kv.donors`);
+    # None where the engine holds no KV it could read chunks out of (a server's).
+    donors: DonorIndex | None = None
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of `text` as is: special tokens only where the text spells them."""
@@ -97,6 +101,8 @@ class PrefixEngine(ABC, Generic[H]):
     def reset(self) -> int:
         # A clean slate for a test or a benchmark step; `sync` so the KV goes with them.
         self.cache.clear()
+        if self.donors is not None:
+            self.donors.clear()
         return self.sync()
 
     def invalidate(
@@ -106,7 +112,12 @@ class PrefixEngine(ABC, Generic[H]):
         # Only `tenant`'s prefixes: another tenant's identical chunks are not what its edit
         # changed. Entries extending a stale prefix (reactive ones carry no chunk refs) are
         # stale too.
+        chunk_refs = list(chunk_refs)
         removed = self.cache.invalidate(chunk_refs, command_id=command_id, tenant=tenant)
+        if self.donors is not None:
+            # Its blocks may outlive the cut (another prompt holds the same leading blocks):
+            # a changed chunk is never blended again, whatever still holds its old KV.
+            self.donors.invalidate(chunk_refs, tenant=tenant)
         stale = {e.prefix_hash for e in removed} | ({prefix_hash} if prefix_hash else set())
         for key in sorted(stale):
             removed += self.cache.invalidate_prefix(key, command_id=command_id)
@@ -151,10 +162,16 @@ class PrefixEngine(ABC, Generic[H]):
         pin: bool = False,
         command_id: str | None = None,
         kind: Kind = "managed",
+        chunks: Sequence[ChunkSpan] = (),
     ) -> PrefillResult:
+        # `chunks`: where the chunks stand in the prompt, when the caller knows (then their
+        # KV is donated for blending, and invalidation cuts each at its first block).
+        check_spans(chunks, len(token_ids) + 1)
+        refs = list(chunk_refs)
         return self._prefill(
-            list(token_ids), {}, tenant=tenant, chunk_refs=chunk_refs, ttl_s=ttl_s, pin=pin,
-            command_id=command_id, kind=kind,
+            list(token_ids), tuple(chunks), tenant=tenant,
+            chunk_refs=[*refs, *(s.ref for s in chunks if s.ref not in refs)], ttl_s=ttl_s,
+            pin=pin, command_id=command_id, kind=kind,
         )
 
     def prefill_chunk(
@@ -174,13 +191,14 @@ class PrefixEngine(ABC, Generic[H]):
         tokens = chunk_prefix(opening, chunk)
         if held_chunk_tokens(len(opening), len(tokens) // self.block_size, self.block_size) < 1:
             return PrefillResult(None, 0, 0, 0, (), 0.0)  # no full block reaches the chunk
+        span = ChunkSpan(ref, len(opening), len(tokens))
         return self._prefill(
-            tokens, {ref: len(opening)}, tenant=tenant, chunk_refs=[ref], ttl_s=ttl_s,
+            tokens, (span,), tenant=tenant, chunk_refs=[ref], ttl_s=ttl_s,
             pin=pin, command_id=command_id, kind=kind,
         )
 
     def _prefill(
-        self, tokens: list[int], chunk_starts: dict[ChunkKey, int],
+        self, tokens: list[int], spans: tuple[ChunkSpan, ...],
         **options: Unpack[PrefillOptions],
     ) -> PrefillResult:
         start = time.perf_counter()
@@ -192,9 +210,18 @@ class PrefixEngine(ABC, Generic[H]):
         n_tokens = len(hashes) * self.block_size
         held, computed = self._prefix_kv(tokens[:n_tokens], hashes, tenant)
         entry, evicted = self.cache.admit(
-            hashes=hashes, nbytes=self._held_bytes(held), chunk_starts=chunk_starts, **options
+            hashes=hashes, nbytes=self._held_bytes(held),
+            chunk_starts={s.ref: s.start for s in spans}, **options
         )
-        return self._record(entry, held, evicted, computed, start)
+        result = self._record(entry, held, evicted, computed, start)
+        self._donate(tenant, tokens, spans, hashes)
+        return result
+
+    def _donate(self, tenant: str, prompt: Sequence[int], spans: Sequence[ChunkSpan],
+                hashes: Sequence[str]) -> None:
+        """Offer the chunks of a prompt just stored as `hashes` for blending elsewhere."""
+        if self.donors is not None and spans:
+            self.donors.donate(tenant, self.model_id, prompt, spans, hashes)
 
     def generate(
         self,

@@ -28,6 +28,7 @@ from workers.kv.budgets import (
     quantization_method,
 )
 from workers.kv.cache import CacheEntry, PrefixCache, WarmupRefused
+from workers.kv.donors import DonorIndex
 from workers.kv.sizing import cache_for, kv_bytes_per_token
 from workers.kv.tier_journal import TierJournal
 from workers.settings import WorkerSettings
@@ -144,6 +145,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         selection = Selection(
             method=settings.chunk_selection, share=settings.chunk_recompute_share
         )
+        self.donors = DonorIndex(self.block_size)
         self.chunks = ChunkBlender(self, selection if settings.chunk_reuse else None)
 
     # -- tokens ----------------------------------------------------------------------
@@ -267,7 +269,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
             final = stopped or index == request.max_tokens - 1
             if pending is not None and keep is not None and (index > 0 or final):
                 # Stored once the first token is out, so caching never delays it.
-                stored = self._keep_prompt(pending, hashes, tenant, keep, cached)
+                stored = self._keep_prompt(pending, hashes, request, cached)
                 pending = None
             if final:
                 result = GenerationResult(
@@ -311,24 +313,28 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         return (entry, have) if have else (None, 0)
 
     def _keep_prompt(
-        self, pending: Pending, hashes: list[str], tenant: str, keep: KeepPrompt, cached: int
+        self, pending: Pending, hashes: list[str], request: Request, cached: int
     ) -> PrefillResult | None:
         """Store the prompt's new full blocks from the request's own KV as request blocks
-        (evictable; warm prefixes stay as they are); None when refused."""
-        start = time.perf_counter()
+        (evictable; warm prefixes stay as they are) and donate its chunks; None when refused."""
+        start, keep = time.perf_counter(), cast(KeepPrompt, request.keep)
+        spans = request.chunks
         try:
             entry, evicted = self.cache.admit(
-                tenant=tenant,
+                tenant=request.tenant,
                 hashes=hashes,
                 nbytes=self._held_bytes(pending),
-                chunk_refs=keep.chunk_refs,
+                chunk_refs=[*keep.chunk_refs, *(s.ref for s in spans)],
                 ttl_s=keep.ttl_s,
                 kind="request",
+                chunk_starts={s.ref: s.start for s in spans},
             )
         except WarmupRefused:
             return None  # the answer matters more than caching its prompt
         computed = len(hashes) * self.block_size - cached
-        return self._record(entry, pending, evicted, computed, start)
+        stored = self._record(entry, pending, evicted, computed, start)
+        self._donate(request.tenant, request.prompt, spans, hashes)
+        return stored
 
     # -- model -----------------------------------------------------------------------
 
@@ -345,6 +351,8 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
                     input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1
                 )
             logits = out.logits[0, -1]
+        if len(tokens) >= self.block_size:  # a decode step's cost is mostly not per token
+            self.chunks.costs.saw_prefill(len(tokens), time.perf_counter() - began)
         self._saw_compute(len(tokens), began)
         return logits
 
