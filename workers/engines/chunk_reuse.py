@@ -37,9 +37,12 @@ class ChunkBlender:
     blend cost on this engine; a blend estimated slower than the cold prefill is not run.
     """
 
-    def __init__(self, engine: BlockHolder, selection: Selection | None) -> None:
+    def __init__(
+        self, engine: BlockHolder, selection: Selection | None, *, gate: bool = True
+    ) -> None:
         self._engine = engine
         self.selection = selection
+        self.gate = gate  # False: blend whatever the estimate says (tests, calibration)
         self.costs = BlendCosts()
         if selection is not None:
             require_llama_like(engine.model)  # refused at start, not on the first request
@@ -58,7 +61,7 @@ class ChunkBlender:
         moved = sum(plan.count for plan in plans)
         cold = len(request.prompt) - cached
         computed = blend_computed(cold - moved, moved, selection.share)
-        if not plans or not self.costs.worth(cold, computed, moved):
+        if not plans or (self.gate and not self.costs.worth(cold, computed, moved)):
             return None
         start = time.perf_counter()
         pieces = [self._piece(plan, donors[plan.span.ref]) for plan in plans]

@@ -146,7 +146,9 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
             method=settings.chunk_selection, share=settings.chunk_recompute_share
         )
         self.donors = DonorIndex(self.block_size)
-        self.chunks = ChunkBlender(self, selection if settings.chunk_reuse else None)
+        self.chunks = ChunkBlender(
+            self, selection if settings.chunk_reuse else None, gate=settings.chunk_blend_gate
+        )
 
     # -- tokens ----------------------------------------------------------------------
 
