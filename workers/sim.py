@@ -23,8 +23,10 @@ from schemas.prefix import prefix_kv_bytes
 from workers.api import Limits
 from workers.engines.base import PrefixEngine, Request
 from workers.engines.protocol import Engine, GenerationResult, GenerationStep
+from workers.kv.blend_cost import moved_layer_share
 from workers.kv.cache import ChunkKey, PrefixCache, WarmupRefused
-from workers.kv.chunk_kv import ChunkSpan
+from workers.kv.chunk_kv import ChunkSpan, plan_pieces
+from workers.kv.donors import DonorIndex
 from workers.kv.memory import MEMORY_THRESHOLD, Budget
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
@@ -36,6 +38,9 @@ class SimEngine(Engine, Protocol):
     if any, it can ask about (the torch engine, or the model-free `CostEngine`)."""
 
     def restorable(self, hashes: list[str], have: int) -> int: ...
+
+    def chunk_kv_available(self, prompt: Sequence[int], spans: Sequence[ChunkSpan], *,
+                           tenant: str, cached: int) -> tuple[int, int]: ...
 
 
 class _Events:
@@ -60,6 +65,8 @@ class SimAnswer:
     entry_refs: frozenset[ChunkKey]
     ttft_s: float
     restored: bool = False  # part of its prefix was read back from the disk tier
+    # (chunk tokens past the exact prefix that stored prompts held, all of them) on arrival
+    chunk_kv: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,7 @@ class SimWorker:
         self.restarts = 0
         self.restore_runs = 0  # requests read back from the disk tier: run once, not shared
         self.own_measurements = 0  # measurements never shared (a blending worker's)
+        self._chunk_kv = (0, 0)  # what the request being served found held (`SimAnswer`)
         self._drain()
 
     def _boot(self, engine: SimEngine) -> None:
@@ -170,8 +178,12 @@ class SimWorker:
         blocks back from a disk tier runs once, as deployed, and shares nothing.
         """
         keys = [(r.chunk_id, r.content_hash) for r in refs]
-        spans = tuple(spans) if self.chunk_reuse else ()
+        # Spans go with every request, as the RAG client sends them: the worker donates the
+        # chunks of what it stores whether it blends or not (`chunk_reuse` says that).
+        spans = tuple(spans)
         cached, restoring = self._expected(token_ids, tenant)
+        self._chunk_kv = self.engine.chunk_kv_available(token_ids, spans, tenant=tenant,
+                                                        cached=cached)
         if restoring:
             # A read from the disk tier moves the blocks onto the device, so a trial would
             # change what the next run finds: the request runs once, as deployed.
@@ -184,7 +196,7 @@ class SimWorker:
             self.own_measurements += 1
         known = shared.get(cached) if shared is not None else None
         if shared is not None and known is not None:
-            result = self._deployed(token_ids, tenant, keys, known)
+            result = self._deployed(token_ids, tenant, keys, known, spans)
             if result.cached_tokens == cached:  # the prediction held: same computation
                 shared.reused += 1
                 return self._served(result, known.ttft_s)
@@ -224,6 +236,7 @@ class SimWorker:
         result = self.runtime.generate(
             token_ids, tenant=tenant, max_tokens=1, temperature=0.0,
             arrived=time.perf_counter(), emit=lambda step: True, chunk_refs=keys, chunks=spans,
+            chunk_reuse=self.chunk_reuse,
         )
         if result is None:
             raise RuntimeError("the runtime stopped a generation nobody cancelled")
@@ -236,9 +249,9 @@ class SimWorker:
         used = self.refs.get(result.prefix_hash or "", frozenset())
         self._drain()
         if restored is None:
-            return SimAnswer(result, used, ttft_s)
+            return SimAnswer(result, used, ttft_s, chunk_kv=self._chunk_kv)
         # Blocks read back carry their chunk marks; the freshness check sees those too.
-        return SimAnswer(result, used | restored, ttft_s, restored=True)
+        return SimAnswer(result, used | restored, ttft_s, restored=True, chunk_kv=self._chunk_kv)
 
     def _tier_marks(self, token_ids: Sequence[int], tenant: str) -> frozenset[ChunkKey]:
         """The chunks the disk tier's blocks of this prompt pass through."""
@@ -257,7 +270,7 @@ class SimWorker:
         self.cache.touching = False
         try:
             for step in self.engine.generate(token_ids, max_tokens=1, tenant=tenant,
-                                             chunks=spans):
+                                             chunks=spans, chunk_reuse=self.chunk_reuse):
                 if step.result is not None:
                     return step.result.ttft_s
         finally:
@@ -307,16 +320,30 @@ def make_cache(budget: Budget, clock: Callable[[], float], block_size: int,
 DEFAULT_COST = (127.0, 3.14)  # (ms fixed, ms per uncached prompt token)
 
 
+# A moved token's cost in a blend, as a share of a computed token's: the layers the default
+# selection runs it through (hkvd checked at layers 1, 4, 10 keeping 2x, 1.41x, 1x the share
+# of 0.3, SmolLM2-135M's 30 layers: `moved_layer_share` = 0.378). It predicts a blend of
+# Argo CD's prompts (p50 582 tokens, ~87% moved) at 46% of the full prefill; `bench blend`
+# measured 40% (docs/lab/benchmarks-notebook.md, 2026-11-30), so it errs on the slow side.
+DEFAULT_MOVED_SHARE = moved_layer_share(0.3, (1, 4, 10), 2.0, 30)
+
+
 @dataclass(frozen=True)
 class CostModel:
-    """TTFT ≈ fixed_ms + per_token_ms × (prompt tokens − cached tokens)."""
+    """TTFT ≈ fixed_ms + per_token_ms × (prompt tokens − cached tokens); a blend computes
+    the tokens no chunk KV covers and pays `moved_share` of a token for each moved one."""
 
     fixed_ms: float
     per_token_ms: float
     fitted_on: int = 0  # measured queries behind the fit (0: the default figures)
+    moved_share: float = DEFAULT_MOVED_SHARE
 
     def ttft_ms(self, prompt_tokens: int, cached_tokens: int) -> float:
         return self.fixed_ms + self.per_token_ms * max(0, prompt_tokens - cached_tokens)
+
+    def blend_ttft_ms(self, prompt_tokens: int, cached_tokens: int, moved: int) -> float:
+        uncovered = max(0, prompt_tokens - cached_tokens - moved)
+        return self.fixed_ms + self.per_token_ms * (uncovered + self.moved_share * moved)
 
 
 def fit_cost(events: Iterable[QueryEvent]) -> CostModel:
@@ -353,6 +380,8 @@ class CostEngine(PrefixEngine[int]):
         self.kv_bytes_per_token = kv_bytes_per_token
         self.tokenizer = None
         self._held: dict[str, int] = {}
+        # The same donation bookkeeping as the torch engine: a blend's cost needs no tensors.
+        self.donors = DonorIndex(self.block_size)
 
     def _held_bytes(self, held: int) -> int:
         return held
@@ -371,23 +400,40 @@ class CostEngine(PrefixEngine[int]):
         cached = min(matched * self.block_size, len(prompt) - 1)
         stored = None
         keep = request.keep
-        if keep is not None and hashes and matched < len(hashes):
+        ttft_ms, moved = self._ttft_ms(request, cached)
+        ttft = ttft_ms / 1000.0
+        if keep is not None and hashes and matched < len(hashes) and not moved:
             n_tokens = len(hashes) * self.block_size
             nbytes = prefix_kv_bytes(n_tokens, self.kv_bytes_per_token, self.block_size)
             try:
+                spans = request.chunks
                 admitted, evicted = self.cache.admit(
                     tenant=request.tenant, hashes=hashes,
-                    nbytes=nbytes, chunk_refs=keep.chunk_refs,
+                    nbytes=nbytes, chunk_refs=[*keep.chunk_refs, *(s.ref for s in spans)],
                     ttl_s=keep.ttl_s, kind="request",
+                    chunk_starts={s.ref: s.start for s in spans},
                 )
                 stored = self._record(admitted, nbytes, evicted,
                                       n_tokens - cached, start)
+                self._donate(request.tenant, prompt, spans, hashes)
             except WarmupRefused:
                 stored = None  # the answer matters more than caching its prompt
-        ttft = self.cost.ttft_ms(len(prompt), cached) / 1000.0
         result = GenerationResult(
             token_ids=(0,), text="", prompt_tokens=len(prompt), cached_tokens=cached,
             prefix_hash=entry.prefix_hash if entry else None, ttft_s=ttft, total_s=ttft,
-            finish_reason="length", stored=stored,
+            finish_reason="length", stored=stored, blended_tokens=moved,
         )
         yield GenerationStep(0, 0, "", result)
+
+    def _ttft_ms(self, request: Request, cached: int) -> tuple[float, int]:
+        """The request's TTFT and the tokens it blends: as the torch engine decides, a blend
+        only where it is estimated faster than the cold prefill (here the estimate is the
+        cost model itself, so it is exact)."""
+        cold = self.cost.ttft_ms(len(request.prompt), cached)
+        if not request.chunk_reuse or not request.chunks:
+            return cold, 0
+        donors = self.chunk_donors(request.tenant, request.prompt, request.chunks, cached)
+        plans = plan_pieces(request.chunks, cached, {r: d.held for r, d in donors.items()})
+        moved = sum(plan.count for plan in plans)
+        blended = self.cost.blend_ttft_ms(len(request.prompt), cached, moved)
+        return (blended, moved) if moved and blended < cold else (cold, 0)

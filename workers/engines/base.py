@@ -20,8 +20,14 @@ from workers.engines.protocol import (
 )
 from workers.kv.blocks import block_hashes
 from workers.kv.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
-from workers.kv.chunk_kv import ChunkSpan, check_spans, chunk_prefix, held_chunk_tokens
-from workers.kv.donors import DonorIndex
+from workers.kv.chunk_kv import (
+    ChunkSpan,
+    check_spans,
+    chunk_prefix,
+    held_chunk_tokens,
+    plan_pieces,
+)
+from workers.kv.donors import Donor, DonorIndex
 from workers.kv.entries import Kind
 
 
@@ -216,6 +222,35 @@ class PrefixEngine(ABC, Generic[H]):
         result = self._record(entry, held, evicted, computed, start)
         self._donate(tenant, tokens, spans, hashes)
         return result
+
+    def chunk_donors(self, tenant: str, prompt: Sequence[int], spans: Sequence[ChunkSpan],
+                     cached: int) -> dict[ChunkKey, Donor]:
+        """Per chunk of `prompt` not within its first `cached` tokens, the stored prompt
+        holding most of its KV now (stale donors are dropped on the way)."""
+        if self.donors is None:
+            return {}
+        found = {}
+        for span in spans:
+            if span.end <= cached:
+                continue
+            chunk = prompt[span.start : span.end]
+            donor = self.donors.find(tenant, self.model_id, chunk, self._held_blocks)
+            if donor is not None:
+                found[span.ref] = donor
+        return found
+
+    def chunk_kv_available(self, prompt: Sequence[int], spans: Sequence[ChunkSpan], *,
+                           tenant: str, cached: int) -> tuple[int, int]:
+        """(tokens of `prompt`'s chunks past its first `cached` that stored prompts hold,
+        all its chunk tokens past them): how much of it chunk KV could serve."""
+        donors = self.chunk_donors(tenant, prompt, spans, cached)
+        plans = plan_pieces(spans, cached, {r: d.held for r, d in donors.items()})
+        total = sum(s.end - max(s.start, cached) for s in spans if s.end > cached)
+        return sum(p.count for p in plans), total
+
+    def _held_blocks(self, chain: tuple[str, ...]) -> int:
+        """Leading blocks of `chain` held here with their KV (a peek: touches nothing)."""
+        return self.cache.peek(chain)[1]
 
     def _donate(self, tenant: str, prompt: Sequence[int], spans: Sequence[ChunkSpan],
                 hashes: Sequence[str]) -> None:

@@ -5,6 +5,7 @@ where the cost estimate says that beats computing it (`workers.kv.blend_cost`)."
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from workers.engines.base import Request
@@ -12,17 +13,18 @@ from workers.engines.blend import BlendResult, Piece, Selection, blend, require_
 from workers.engines.kv_blocks import KV, BlockKV, join
 from workers.kv.blend_cost import BlendCosts, blend_computed
 from workers.kv.cache import ChunkKey
-from workers.kv.chunk_kv import PiecePlan, plan_pieces
-from workers.kv.donors import Donor, DonorIndex
+from workers.kv.chunk_kv import ChunkSpan, PiecePlan, plan_pieces
+from workers.kv.donors import Donor
 
 
 class BlockHolder(Protocol):
     """What chunk blending needs of the engine that holds the block tensors."""
 
     model: Any
-    model_id: str
     block_size: int
-    donors: DonorIndex | None
+
+    def chunk_donors(self, tenant: str, prompt: Sequence[int], spans: Sequence[ChunkSpan],
+                     cached: int) -> dict[ChunkKey, Donor]: ...
 
     def held_run(self, hashes: list[str], *, hit: bool) -> list[BlockKV]:
         """The leading blocks of `hashes` whose tensors are held (`hit`: count a use)."""
@@ -56,7 +58,7 @@ class ChunkBlender:
         spans, selection = request.chunks, self.selection
         if selection is None or not request.chunk_reuse or not spans:
             return None
-        donors = self._donors(request, cached)
+        donors = self._engine.chunk_donors(request.tenant, request.prompt, spans, cached)
         plans = plan_pieces(spans, cached, {ref: d.held for ref, d in donors.items()})
         moved = sum(plan.count for plan in plans)
         cold = len(request.prompt) - cached
@@ -71,23 +73,6 @@ class ChunkBlender:
         result = blend(self._engine.model, request.prompt, exact_kv, pieces, selection)
         self.costs.saw_blend(computed, moved, time.perf_counter() - start)
         return result, moved
-
-    def _donors(self, request: Request, cached: int) -> dict[ChunkKey, Donor]:
-        """Per chunk not covered by the exact prefix, the stored prompt holding most of it."""
-        e = self._engine
-        if e.donors is None:
-            return {}
-        found = {}
-        for span in request.chunks:
-            if span.end <= cached:
-                continue
-            donor = e.donors.find(
-                request.tenant, e.model_id, request.prompt[span.start : span.end],
-                lambda chain: len(e.held_run(list(chain), hit=False)),
-            )
-            if donor is not None:
-                found[span.ref] = donor
-        return found
 
     def _piece(self, plan: PiecePlan, donor: Donor) -> Piece:
         """The planned part of a chunk's KV, cut out of its donor's blocks; a hit on them (it

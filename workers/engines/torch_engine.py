@@ -238,6 +238,9 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         _, matched = self._lookup(hashes) if hit else self.cache.peek(hashes)
         return self._chain(hashes[: self._stored_run(hashes[:matched])])
 
+    def _held_blocks(self, chain: tuple[str, ...]) -> int:
+        return len(self.held_run(list(chain), hit=False))
+
     def _chain(self, hashes: list[str]) -> list[BlockKV]:
         return [self._blocks[h] for h in hashes]
 

@@ -105,3 +105,24 @@ def blend_computed(uncovered: int, moved: int, share: float) -> int:
     """Tokens a blend runs through every layer: those no chunk KV covers and the recomputed
     share of the moved ones (rounded up, as the selection does)."""
     return uncovered + min(moved, math.ceil(share * moved))  # as `blend._budget` counts
+
+
+def check_shares(share: float, n_checks: int, widen: float) -> list[float]:
+    """Share of the moved tokens kept after each of `n_checks` check layers of a scored
+    selection: `widen` × share at the first narrowing down to share at the last."""
+    return [min(1.0, share * widen ** ((n_checks - 1 - i) / max(1, n_checks - 1)))
+            for i in range(n_checks)]
+
+
+def moved_layer_share(share: float, checks: tuple[int, ...], widen: float, layers: int,
+                      *, scored: bool = True) -> float:
+    """Layers a moved token runs through on average, as a share of all `layers`: every one
+    runs up to the first check, then the kept shares (`check_shares`) run on to the next
+    (a scored selection); an unscored one runs the recomputed share only."""
+    if not scored or share == 0:
+        return share
+    kept = check_shares(share, len(checks), widen)
+    bounds = [*(min(c, layers) for c in checks), layers]
+    token_layers = bounds[0] + sum(k * (b - a) for k, a, b in zip(kept, bounds, bounds[1:],
+                                                                  strict=False))
+    return token_layers / layers
