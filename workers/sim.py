@@ -398,6 +398,7 @@ class CostEngine(PrefixEngine[int]):
         hashes = self.block_hashes(prompt, tenant=request.tenant)
         entry, matched = self._lookup(hashes)
         cached = min(matched * self.block_size, len(prompt) - 1)
+        self._donate(request.tenant, prompt, request.chunks, hashes[:matched])  # as torch does
         stored = None
         keep = request.keep
         ttft_ms, moved = self._ttft_ms(request, cached)

@@ -132,3 +132,20 @@ def test_content_hash_is_of_token_ids() -> None:
     assert chunk_content_hash([1, 2, 3]) == chunk_content_hash([1, 2, 3])
     assert chunk_content_hash([1, 2, 3]) != chunk_content_hash([1, 2, 4])
     assert chunk_content_hash([1, 2]) != chunk_content_hash([1, 2, 0])
+
+
+def test_a_prompt_s_cached_head_donates_and_the_whole_prompt_replaces_it() -> None:
+    cache, index = make_cache(), DonorIndex(BLOCK_SIZE, per_chunk=2)
+    b = chunk(2)
+    prompt, spans = prompt_of((A, chunk(1)), (B, b))
+    hashes = block_hashes(prompt, tenant="t", model="m")
+    head = spans[1].start // BLOCK_SIZE + 1  # a warm prefix ending inside b
+    cache.admit(tenant="t", hashes=hashes[:head], nbytes=64 * head)
+    index.donate("t", "m", prompt, spans, hashes[:head])
+    partial = index.find("t", "m", b, held_by(cache))
+    assert partial is not None and partial.held == head * BLOCK_SIZE - spans[1].start
+    stored(cache, index, prompt, spans)
+    index.donate("t", "m", prompt, spans, hashes[:head])  # a later hit on the head: no news
+    assert len(index) == 2  # one record per chunk of the one prompt
+    whole = index.find("t", "m", b, held_by(cache))
+    assert whole is not None and whole.held == len(b)

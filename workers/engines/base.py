@@ -254,8 +254,9 @@ class PrefixEngine(ABC, Generic[H]):
 
     def _donate(self, tenant: str, prompt: Sequence[int], spans: Sequence[ChunkSpan],
                 hashes: Sequence[str]) -> None:
-        """Offer the chunks of a prompt just stored as `hashes` for blending elsewhere."""
-        if self.donors is not None and spans:
+        """Offer the chunks of a prompt held as `hashes` for blending elsewhere (not from a
+        timing trial, which leaves everything as it found it)."""
+        if self.donors is not None and spans and self.cache.touching:
             self.donors.donate(tenant, self.model_id, prompt, spans, hashes)
 
     def generate(

@@ -252,6 +252,9 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         start = time.perf_counter()
         hashes = self.block_hashes(prompt, tenant=tenant)
         entry, have = self._reusable(hashes, tenant)
+        # The cached head holds its chunks' KV too (a warmup's prefix, which came with no
+        # chunk positions): donated now that a request says where they stand.
+        self._donate(tenant, prompt, request.chunks, hashes[:have])
         # At least the last prompt token must run through the model to give logits.
         cached = min(have * self.block_size, len(prompt) - 1)
         past, logits, blended = self._prompt_kv(request, self._chain(hashes[:have]), cached)

@@ -94,8 +94,12 @@ class DonorIndex:
         pairs = donors_of(spans, chain, self.block_size)
         for span, donor in pairs:
             key = (tenant, model, chunk_content_hash(prompt[span.start:span.end]))
-            # One donor per chain end: a prompt stored again replaces its own record.
-            kept = [d for d in self._by_key.get(key, []) if d.chain != donor.chain]
+            known = self._by_key.get(key, [])
+            # One record per prompt: its cached head donated first (a hit), the whole prompt
+            # once stored, replaces it; a head of a prompt already recorded adds nothing.
+            if any(_extends(d, donor) for d in known):
+                continue
+            kept = [d for d in known if not _extends(donor, d)]
             self._by_key[key] = [donor, *kept][: self.per_chunk]
             self._by_ref.setdefault(donor.ref, set()).add(key)
         return len(pairs)
@@ -151,3 +155,8 @@ class DonorIndex:
             self._by_key[key] = donors
             return
         self._by_key.pop(key, None)
+
+
+def _extends(a: Donor, b: Donor) -> bool:
+    """Whether `a` is `b`'s chunk in the same prompt, holding at least as much of it."""
+    return a.start == b.start and a.held >= b.held and a.chain[: len(b.chain)] == b.chain
