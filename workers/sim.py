@@ -174,8 +174,9 @@ class SimWorker:
         another policy's worker measured for this query (same prompt ids, same cached
         tokens) reuses that measurement: it runs once, as deployed, for its effect on this
         cache (not at all when it has none), and no trial runs. A worker that blends chunk
-        KV (`spans`: where the chunks stand) never shares measurements. A request that reads
-        blocks back from a disk tier runs once, as deployed, and shares nothing.
+        KV (`spans`: where the chunks stand) shares no measurement of a request some of whose
+        chunk KV is held. A request that reads blocks back from a disk tier runs once, as
+        deployed, and shares nothing.
         """
         keys = [(r.chunk_id, r.content_hash) for r in refs]
         # Spans go with every request, as the RAG client sends them: the worker donates the
@@ -191,7 +192,8 @@ class SimWorker:
             result = self._deployed(token_ids, tenant, keys, None, spans)
             self.restore_runs += 1
             return self._served(result, result.ttft_s, restored=marks)
-        if self.chunk_reuse:
+        if self.chunk_reuse and self._chunk_kv[0]:
+            # It may blend (some chunk KV is held): another computation than any exact one.
             shared = None
             self.own_measurements += 1
         known = shared.get(cached) if shared is not None else None
