@@ -149,3 +149,14 @@ def test_a_prompt_s_cached_head_donates_and_the_whole_prompt_replaces_it() -> No
     assert len(index) == 2  # one record per chunk of the one prompt
     whole = index.find("t", "m", b, held_by(cache))
     assert whole is not None and whole.held == len(b)
+
+
+def test_past_max_chunks_the_contents_donated_longest_ago_are_forgotten() -> None:
+    cache, index = make_cache(), DonorIndex(BLOCK_SIZE, max_chunks=2)
+    a, b, c = chunk(1), chunk(2), chunk(3)
+    stored(cache, index, *prompt_of((A, a), (B, b)))
+    stored(cache, index, *prompt_of((C, c)))
+    assert len(index) == 2
+    assert index.find("t", "m", a, held_by(cache)) is None  # held, but forgotten
+    assert index.find("t", "m", b, held_by(cache)) is not None
+    assert index.invalidate([A]) == 0 and index.invalidate([C]) == 1

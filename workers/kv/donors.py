@@ -28,6 +28,9 @@ DonorKey = tuple[str, str, str]
 
 # Donors kept per chunk content: the newest few, so an eviction of one rarely leaves none.
 DEFAULT_PER_CHUNK = 3
+# Chunk contents indexed at most: records whose blocks left are dropped only when looked up,
+# so a long-lived worker forgets the contents donated longest ago past this many.
+DEFAULT_MAX_CHUNKS = 1 << 16
 
 
 def chunk_content_hash(token_ids: Sequence[int]) -> str:
@@ -76,11 +79,13 @@ class DonorIndex:
     they hold none of its chunk.
     """
 
-    def __init__(self, block_size: int, *, per_chunk: int = DEFAULT_PER_CHUNK) -> None:
-        if block_size < 1 or per_chunk < 1:
-            raise ValueError("block_size and per_chunk must be >= 1")
+    def __init__(self, block_size: int, *, per_chunk: int = DEFAULT_PER_CHUNK,
+                 max_chunks: int = DEFAULT_MAX_CHUNKS) -> None:
+        if block_size < 1 or per_chunk < 1 or max_chunks < 1:
+            raise ValueError("block_size, per_chunk and max_chunks must be >= 1")
         self.block_size = block_size
         self.per_chunk = per_chunk
+        self.max_chunks = max_chunks
         self._by_key: dict[DonorKey, list[Donor]] = {}
         self._by_ref: dict[ChunkKey, set[DonorKey]] = {}
 
@@ -100,8 +105,11 @@ class DonorIndex:
             if any(_extends(d, donor) for d in known):
                 continue
             kept = [d for d in known if not _extends(donor, d)]
+            self._by_key.pop(key, None)  # re-inserted last: the newest donation
             self._by_key[key] = [donor, *kept][: self.per_chunk]
             self._by_ref.setdefault(donor.ref, set()).add(key)
+        while len(self._by_key) > self.max_chunks:
+            self._forget(next(iter(self._by_key)))
         return len(pairs)
 
     def find(self, tenant: str, model: str, chunk: Sequence[int],
@@ -154,7 +162,15 @@ class DonorIndex:
         if donors:
             self._by_key[key] = donors
             return
-        self._by_key.pop(key, None)
+        self._forget(key)
+
+    def _forget(self, key: DonorKey) -> None:
+        for donor in self._by_key.pop(key, []):
+            keys = self._by_ref.get(donor.ref)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_ref[donor.ref]
 
 
 def _extends(a: Donor, b: Donor) -> bool:
