@@ -207,6 +207,12 @@ class WorkerSettings(BaseSettings):
         "attention), sink (each chunk's first tokens), sink+ one of the scores, or tail (the "
         "last chunk whole, then the others' first tokens).",
     )
+    chunk_blend_gate: bool = Field(
+        default=True,
+        description="With chunk reuse on, blend a prompt only where the worker's cost estimate "
+        "(learned from its own prefill and blend timings) says it beats computing it. Off: "
+        "every prompt with held chunk KV is blended (tests, calibration).",
+    )
     warm_set: Path | None = Field(
         default=None,
         description="JSON or JSONL file of prefixes (token_ids or prompt, tenant, chunk_refs, "

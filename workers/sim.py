@@ -1,12 +1,8 @@
-"""A worker on a simulated clock: the real `WorkerRuntime` over the torch engine or over a
-model-free engine (`CostEngine`: the same cache bookkeeping, TTFT from a fitted cost model).
+"""A worker on a simulated clock: the real `WorkerRuntime` over the torch engine or over the
+model-free engine (`workers.cost_engine.CostEngine`: the same cache bookkeeping, TTFT from a
+fitted cost model), charged simulated time for its warmups.
 
 The benchmarks and the tests share this harness; it depends on `workers/` and `schemas/`.
-`CostEngine` lets `replay --evaluate` run the benchmark's policies without a model: prefills
-and request caching admit entries to the same `PrefixCache`, lookups match the same block
-chains, and no prompt is computed. Its TTFT is a linear cost model (fixed cost + cost per
-prompt token not served from cache) fitted by least squares to a query log's own measured
-`ttft_ms`, `prompt_tokens`, `cached_tokens`.
 """
 
 from __future__ import annotations
@@ -14,18 +10,18 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from schemas import ChunkRef, QueryEvent, WarmupCommand, WorkerEvent
+from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from schemas.prefix import prefix_kv_bytes
 from workers.api import Limits
-from workers.engines.base import PrefixEngine, Request
-from workers.engines.protocol import Engine, GenerateRequest, GenerationResult, GenerationStep
+from workers.cost_engine import CostModel
+from workers.engines.protocol import Engine, GenerateRequest, GenerationResult
 from workers.kv.cache import ChunkKey, PrefixCache, WarmupRefused
 from workers.kv.chunk_kv import ChunkSpan
-from workers.kv.memory import MEMORY_THRESHOLD, Budget
+from workers.kv.memory import MEMORY_THRESHOLD
 from workers.metrics import WorkerMetrics
 from workers.runtime import WorkerRuntime
 from workers.synthesis import DEFAULT_PER_MINUTE, RateLimit, SynthesisLimits
@@ -36,6 +32,9 @@ class SimEngine(Engine, Protocol):
     if any, it can ask about (the torch engine, or the model-free `CostEngine`)."""
 
     def restorable(self, hashes: list[str], have: int) -> int: ...
+
+    def chunk_kv_available(self, prompt: Sequence[int], spans: Sequence[ChunkSpan], *,
+                           tenant: str, cached: int) -> tuple[int, int]: ...
 
 
 class _Events:
@@ -61,6 +60,8 @@ class SimAnswer:
     ttft_s: float
     restored: bool = False  # part of its prefix was read back from the disk tier
     queued_s: float = 0.0  # of `ttft_s`, the wait behind the worker's warmup prefills
+    # (chunk tokens past the exact prefix that stored prompts held, all of them) on arrival
+    chunk_kv: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ class SimWorker:
         self.jobs: deque[list[float]] = deque()  # [start, end] of each queued warmup
         self.busy_seconds = 0.0  # simulated seconds of warmup compute charged
         self.queued_seconds = 0.0  # simulated seconds requests waited behind it
+        self._chunk_kv = (0, 0)  # what the request being served found held (`SimAnswer`)
         self._drain()
 
     def _boot(self, engine: SimEngine) -> None:
@@ -175,12 +177,17 @@ class SimWorker:
         another policy's worker measured for this query (same prompt ids, same cached
         tokens) reuses that measurement: it runs once, as deployed, for its effect on this
         cache (not at all when it has none), and no trial runs. A worker that blends chunk
-        KV (`spans`: where the chunks stand) never shares measurements. A request that reads
-        blocks back from a disk tier runs once, as deployed, and shares nothing.
+        KV (`spans`: where the chunks stand) shares no measurement of a request some of whose
+        chunk KV is held. A request that reads blocks back from a disk tier runs once, as
+        deployed, and shares nothing.
         """
         keys = [(r.chunk_id, r.content_hash) for r in refs]
-        spans = tuple(spans) if self.chunk_reuse else ()
+        # Spans go with every request, as the RAG client sends them: the worker donates the
+        # chunks of what it stores whether it blends or not (`chunk_reuse` says that).
+        spans = tuple(spans)
         cached, restoring = self._expected(token_ids, tenant)
+        self._chunk_kv = self.engine.chunk_kv_available(token_ids, spans, tenant=tenant,
+                                                        cached=cached)
         if restoring:
             # A read from the disk tier moves the blocks onto the device, so a trial would
             # change what the next run finds: the request runs once, as deployed.
@@ -188,12 +195,13 @@ class SimWorker:
             result = self._deployed(token_ids, tenant, keys, None, spans)
             self.restore_runs += 1
             return self._served(result, result.ttft_s, restored=marks)
-        if self.chunk_reuse:
+        if self.chunk_reuse and self._chunk_kv[0]:
+            # It may blend (some chunk KV is held): another computation than any exact one.
             shared = None
             self.own_measurements += 1
         known = shared.get(cached) if shared is not None else None
         if shared is not None and known is not None:
-            result = self._deployed(token_ids, tenant, keys, known)
+            result = self._deployed(token_ids, tenant, keys, known, spans)
             if result.cached_tokens == cached:  # the prediction held: same computation
                 shared.reused += 1
                 return self._served(result, known.ttft_s)
@@ -233,6 +241,7 @@ class SimWorker:
         result = self.runtime.generate(
             token_ids, tenant=tenant, max_tokens=1, temperature=0.0,
             arrived=time.perf_counter(), emit=lambda step: True, chunk_refs=keys, chunks=spans,
+            chunk_reuse=self.chunk_reuse,
         )
         if result is None:
             raise RuntimeError("the runtime stopped a generation nobody cancelled")
@@ -269,9 +278,10 @@ class SimWorker:
         # The wait is this worker's own, never part of a measurement another lane reuses.
         wait = self._wait(result.ttft_s)
         if restored is None:
-            return SimAnswer(result, used, ttft_s + wait, queued_s=wait)
+            return SimAnswer(result, used, ttft_s + wait, queued_s=wait, chunk_kv=self._chunk_kv)
         # Blocks read back carry their chunk marks; the freshness check sees those too.
-        return SimAnswer(result, used | restored, ttft_s + wait, restored=True, queued_s=wait)
+        return SimAnswer(result, used | restored, ttft_s + wait, restored=True, queued_s=wait,
+                         chunk_kv=self._chunk_kv)
 
     def _tier_marks(self, token_ids: Sequence[int], tenant: str) -> frozenset[ChunkKey]:
         """The chunks the disk tier's blocks of this prompt pass through."""
@@ -289,7 +299,8 @@ class SimWorker:
         # a frequency-counting eviction (lfu-aged, gdsf) depended on which policies ran.
         self.cache.touching = False
         try:
-            request = GenerateRequest(token_ids, max_tokens=1, tenant=tenant, chunks=spans)
+            request = GenerateRequest(token_ids, max_tokens=1, tenant=tenant, chunks=spans,
+                                      chunk_reuse=self.chunk_reuse)
             for step in self.engine.generate(request):
                 if step.result is not None:
                     return step.result.ttft_s
@@ -370,103 +381,3 @@ class SimWorker:
                 self.refs[event.prefix_hash] = frozenset(
                     (r.chunk_id, r.content_hash) for r in event.chunk_refs
                 )
-
-
-def make_cache(budget: Budget, clock: Callable[[], float], block_size: int,
-               policy: str = "lru") -> PrefixCache:
-    """A prefix cache on the simulated clock, evicting by `policy` (the policy's worker:
-    `Policy.eviction`); entries live until evicted unless a TTL is given (request caching,
-    like vLLM's, has no TTL)."""
-    return PrefixCache(budget, policy=policy, clock=clock, default_ttl_s=None,
-                       block_size=block_size)
-
-
-# Fallback cost model: SmolLM2-135M, torch engine, 1 thread on a shared 2-core CPU, fitted
-# to the 504 rows of run B of `ragwarm bench strategies --quick` (docs/lab/benchmarks-notebook.md).
-DEFAULT_COST = (127.0, 3.14)  # (ms fixed, ms per uncached prompt token)
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """TTFT ≈ fixed_ms + per_token_ms × (prompt tokens − cached tokens)."""
-
-    fixed_ms: float
-    per_token_ms: float
-    fitted_on: int = 0  # measured queries behind the fit (0: the default figures)
-
-    def ttft_ms(self, prompt_tokens: int, cached_tokens: int) -> float:
-        return self.fixed_ms + self.per_token_ms * max(0, prompt_tokens - cached_tokens)
-
-
-def fit_cost(events: Iterable[QueryEvent]) -> CostModel:
-    """Least-squares line of measured TTFT against uncached prompt tokens; the default
-    figures when the log has fewer than two distinct uncached sizes."""
-    points = [(e.prompt_tokens - e.cached_tokens, e.ttft_ms) for e in events
-              if e.ttft_ms is not None and e.prompt_tokens > 0]
-    xs = [float(x) for x, _ in points]
-    if len(set(xs)) < 2:
-        return CostModel(*DEFAULT_COST)
-    n, mx = len(points), sum(xs) / len(points)
-    my = sum(float(y) for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (float(y) - my) for x, (_, y) in zip(xs, points, strict=True)) / sxx
-    slope = max(slope, 0.0)
-    return CostModel(max(my - slope * mx, 0.0), slope, n)
-
-
-class CostEngine(PrefixEngine[int]):
-    """An engine that holds only each entry's size and answers in estimated time."""
-
-    # No model: no device, no vocabulary beyond the one token it answers with, no context
-    # limit of its own (`Limits` bound the prompts, as for every engine).
-    device = "none (cost model)"
-    vocab_size = 1
-    max_model_len = 1 << 30
-
-    def __init__(self, cost: CostModel, cache: PrefixCache, *, model_id: str,
-                 kv_bytes_per_token: int) -> None:
-        self.cost = cost
-        self.cache = cache
-        self.model_id = model_id
-        self.block_size = cache.block_size
-        self.kv_bytes_per_token = kv_bytes_per_token
-        self.tokenizer = None
-        self._held: dict[str, int] = {}
-
-    def _held_bytes(self, held: int) -> int:
-        return held
-
-    def _prefix_kv(self, tokens: list[int], hashes: list[str], tenant: str) -> tuple[int, int]:
-        # Blocks are shared: whatever chain is cached is reused, whoever stored it.
-        _, matched = self.cache.peek(hashes)
-        nbytes = prefix_kv_bytes(len(tokens), self.kv_bytes_per_token, self.block_size)
-        return nbytes, len(tokens) - matched * self.block_size
-
-    def _generate(self, request: Request) -> Iterator[GenerationStep]:
-        start = time.perf_counter()
-        prompt = request.prompt
-        hashes = self.block_hashes(prompt, tenant=request.tenant)
-        entry, matched = self._lookup(hashes)
-        cached = min(matched * self.block_size, len(prompt) - 1)
-        stored = None
-        keep = request.keep
-        if keep is not None and hashes and matched < len(hashes):
-            n_tokens = len(hashes) * self.block_size
-            nbytes = prefix_kv_bytes(n_tokens, self.kv_bytes_per_token, self.block_size)
-            try:
-                admitted, evicted = self.cache.admit(
-                    tenant=request.tenant, hashes=hashes,
-                    nbytes=nbytes, chunk_refs=keep.chunk_refs,
-                    ttl_s=keep.ttl_s, kind="request",
-                )
-                stored = self._record(admitted, nbytes, evicted,
-                                      n_tokens - cached, start)
-            except WarmupRefused:
-                stored = None  # the answer matters more than caching its prompt
-        ttft = self.cost.ttft_ms(len(prompt), cached) / 1000.0
-        result = GenerationResult(
-            token_ids=(0,), text="", prompt_tokens=len(prompt), cached_tokens=cached,
-            prefix_hash=entry.prefix_hash if entry else None, ttft_s=ttft, total_s=ttft,
-            finish_reason="length", stored=stored,
-        )
-        yield GenerationStep(0, 0, "", result)

@@ -36,7 +36,7 @@ MAX_TOKENS = 4
 @pytest.fixture(scope="module")
 def engine(load_engine: Callable[..., TorchEngine]) -> Iterator[TorchEngine]:
     # Share 1: every moved token is recomputed, so the blend must equal the full prefill.
-    engine = load_engine(chunk_reuse=True, chunk_recompute_share=1.0)
+    engine = load_engine(chunk_reuse=True, chunk_recompute_share=1.0, chunk_blend_gate=False)
     yield engine
     engine.reset()
 

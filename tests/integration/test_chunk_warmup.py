@@ -44,7 +44,7 @@ def test_an_edit_to_a_hot_document_warms_its_new_chunk_and_drops_the_old_one(
     }).start()
     worker = worker_factory("w1", kafka_bootstrap=kafka_bootstrap, topic_prefix=namespace, env={
         "RAGWARM_WORKER_HEARTBEAT_S": "1", "RAGWARM_WORKER_CACHE_REQUESTS": "false",
-        "RAGWARM_WORKER_CHUNK_REUSE": "true",
+        "RAGWARM_WORKER_CHUNK_REUSE": "true", "RAGWARM_WORKER_CHUNK_BLEND_GATE": "false",
     })
     worker.start().wait_ready()
     try:

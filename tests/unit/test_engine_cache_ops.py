@@ -5,9 +5,9 @@ bookkeeping every engine shares)."""
 
 from __future__ import annotations
 
+from workers.cost_engine import CostEngine, CostModel
 from workers.kv.cache import PrefixCache
 from workers.kv.memory import Budget
-from workers.sim import CostEngine, CostModel
 
 REF = ("doc-1", "v1")
 

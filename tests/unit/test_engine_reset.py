@@ -3,8 +3,8 @@ which keeps the bookkeeping every engine shares)."""
 
 from __future__ import annotations
 
+from workers.cost_engine import CostEngine, CostModel, make_cache
 from workers.kv.memory import Budget
-from workers.sim import CostEngine, CostModel, make_cache
 
 
 def _engine() -> CostEngine:

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
+from workers.cost_engine import CostEngine, CostModel
 from workers.engines.protocol import GenerateRequest
 from workers.kv.cache import PrefixCache
 from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.memory import Budget
-from workers.sim import CostEngine, CostModel
 
 
 def test_bad_requests_fail_when_built() -> None:

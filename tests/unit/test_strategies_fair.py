@@ -15,8 +15,9 @@ from ragwarm.bench.strategies.policies import History, PolicyContext, Reactive, 
 from ragwarm.trace import Question, TraceEvent
 from schemas import WarmupCommand
 from streams.handle.ports import WarmPrefix
+from workers.cost_engine import CostEngine, CostModel, make_cache
 from workers.kv.memory import Budget
-from workers.sim import CostEngine, CostModel, SimWorker, make_cache
+from workers.sim import SimWorker
 
 BLOCK = 16
 T0 = datetime(2024, 1, 1, tzinfo=UTC)

@@ -122,6 +122,7 @@ def test_policy_names_and_the_error_listing_them():
         "event-rag",
         "hot-tokens",
         "hybrid",
+        "hybrid-noblend",
         "hybrid-chunks",
         "hybrid-blend",
         "tiered",
@@ -130,7 +131,10 @@ def test_policy_names_and_the_error_listing_them():
     ]
     assert policy_class("hybrid").name == "hybrid"
     blend = policy_class("hybrid-blend")
-    assert blend.chunk_reuse and not policy_class("hybrid").chunk_reuse
+    assert blend.chunk_reuse and blend.chunk_warmup
+    # The default blends (one switch); hybrid-noblend is it with blending off.
+    assert policy_class("hybrid").chunk_reuse and not policy_class("hybrid").chunk_warmup
+    assert not policy_class("hybrid-noblend").chunk_reuse
     chunks = policy_class("hybrid-chunks")
     assert chunks.chunk_warmup and not chunks.chunk_reuse  # exact reuse only: lossless
     with pytest.raises(ValueError, match="valid names: none, reactive, .*hybrid"):

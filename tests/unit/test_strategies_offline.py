@@ -9,7 +9,7 @@ import pytest
 from ragwarm.bench.strategies.offline import evaluate, summary
 from ragwarm.bench.strategies.settings import StrategySettings
 from schemas import ChunkRef, QueryEvent
-from workers.sim import CostModel, fit_cost
+from workers.cost_engine import CostModel, fit_cost
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 PER_TOKEN = 1000

@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 from ragwarm.bench.strategies.lanes import SimClock
+from workers.cost_engine import CostEngine, CostModel, make_cache
 from workers.kv.memory import Budget
-from workers.sim import (
-    CostEngine,
-    CostModel,
-    MeasurementMemo,
-    Measurements,
-    SimWorker,
-    make_cache,
-)
+from workers.sim import MeasurementMemo, Measurements, SimWorker
 
 PROMPT = list(range(100))  # 6 full blocks of 16 and 4 tokens
 
@@ -32,10 +26,12 @@ class CountingEngine(CostEngine):
             yield step
 
 
-def worker(clock: SimClock, name: str, *, caching: bool = True) -> SimWorker:
+def worker(clock: SimClock, name: str, *, caching: bool = True,
+           blending: bool = False) -> SimWorker:
     cache = make_cache(Budget(10**9, 1000, 10**9), clock, 16)
     engine = CountingEngine(CostModel(100.0, 1.0), cache, model_id="m", kv_bytes_per_token=1)
-    return SimWorker(engine, clock, worker_id=name, cache_requests=caching, ttft_runs=3)
+    return SimWorker(engine, clock, worker_id=name, cache_requests=caching, ttft_runs=3,
+                     chunk_reuse=blending)
 
 
 def test_same_cached_tokens_share_one_measurement_and_others_measure_their_own():
@@ -115,3 +111,23 @@ def test_run_wide_memo_reuses_an_earlier_query_of_the_same_computation():
     assert len(third) == 2 and third.reused == 3  # none twice, then warm's third ask
     other = list(range(1, 101))
     assert len(memo.for_query(other)) == 0  # another prompt measures its own
+
+
+def test_a_blending_worker_shares_only_where_no_chunk_kv_is_held():
+    from schemas import ChunkRef
+    from workers.kv.chunk_kv import ChunkSpan
+
+    clock = SimClock()
+    exact, blending = worker(clock, "a"), worker(clock, "b", blending=True)
+    ref = ChunkRef(chunk_id="d#0", content_hash="0" * 16)
+    spans = [ChunkSpan((ref.chunk_id, ref.content_hash), 20, 60)]
+    shared = Measurements()
+    exact.serve(PROMPT, "t", [ref], shared, spans)
+    nothing_held = blending.serve(PROMPT, "t", [ref], shared, spans)
+    assert nothing_held.chunk_kv == (0, 40) and shared.reused == 1  # the exact computation
+    # Its stored prompt donated the chunk: another prompt with it may blend, and measures.
+    other = [*range(200, 220), *PROMPT[20:60], *range(300, 340)]
+    moved = [ChunkSpan((ref.chunk_id, ref.content_hash), 20, 60)]
+    answer = blending.serve(other, "t", [ref], Measurements(), moved)
+    assert answer.chunk_kv[0] > 0 and answer.result.blended_tokens == answer.chunk_kv[0]
+    assert blending.own_measurements == 1

@@ -16,8 +16,9 @@ from ragwarm.bench.strategies.records import QueryRow
 from ragwarm.bench.strategies.restart import restart_figures, restart_markdown, restart_step
 from ragwarm.bench.strategies.seedtable import SEED_000, seed_markdown, seed_rows
 from ragwarm.trace import Question, TraceEvent
+from workers.cost_engine import CostEngine, CostModel, make_cache
 from workers.kv.memory import Budget
-from workers.sim import CostEngine, CostModel, SimWorker, make_cache
+from workers.sim import SimWorker
 
 Q = Question(qid="q1", question="how?")
 EDIT = TraceEvent(seq=1, timestamp=datetime(2026, 1, 1, tzinfo=UTC), op="upsert", doc_id="d")

@@ -21,7 +21,14 @@ from workers.engines.protocol import (
 )
 from workers.kv.blocks import block_hashes
 from workers.kv.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
-from workers.kv.chunk_kv import ChunkSpan, chunk_prefix, held_chunk_tokens
+from workers.kv.chunk_kv import (
+    ChunkSpan,
+    check_spans,
+    chunk_prefix,
+    held_chunk_tokens,
+    plan_pieces,
+)
+from workers.kv.donors import Donor, DonorIndex
 from workers.kv.entries import Kind
 
 
@@ -78,6 +85,9 @@ class PrefixEngine(ABC, Generic[H]):
     _held: dict[str, H]
     # A served model (vLLM, a remote server) is warmed by its server when it loads.
     boot_warmup_tokens: int = 0
+    # Chunks of the prompts this engine stored, for blending into others (`workers.kv.donors`);
+    # None where the engine holds no KV it could read chunks out of (a server's).
+    donors: DonorIndex | None = None
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of `text` as is: special tokens only where the text spells them."""
@@ -99,6 +109,8 @@ class PrefixEngine(ABC, Generic[H]):
     def reset(self) -> int:
         # A clean slate for a test or a benchmark step; `sync` so the KV goes with them.
         self.cache.clear()
+        if self.donors is not None:
+            self.donors.clear()
         return self.sync()
 
     def invalidate(
@@ -108,7 +120,12 @@ class PrefixEngine(ABC, Generic[H]):
         # Only `tenant`'s prefixes: another tenant's identical chunks are not what its edit
         # changed. Entries extending a stale prefix (reactive ones carry no chunk refs) are
         # stale too.
+        chunk_refs = list(chunk_refs)
         removed = self.cache.invalidate(chunk_refs, command_id=command_id, tenant=tenant)
+        if self.donors is not None:
+            # Its blocks may outlive the cut (another prompt holds the same leading blocks):
+            # a changed chunk is never blended again, whatever still holds its old KV.
+            self.donors.invalidate(chunk_refs, tenant=tenant)
         stale = {e.prefix_hash for e in removed} | ({prefix_hash} if prefix_hash else set())
         for key in sorted(stale):
             removed += self.cache.invalidate_prefix(key, command_id=command_id)
@@ -153,10 +170,16 @@ class PrefixEngine(ABC, Generic[H]):
         pin: bool = False,
         command_id: str | None = None,
         kind: Kind = "managed",
+        chunks: Sequence[ChunkSpan] = (),
     ) -> PrefillResult:
+        # `chunks`: where the chunks stand in the prompt, when the caller knows (then their
+        # KV is donated for blending, and invalidation cuts each at its first block).
+        check_spans(chunks, len(token_ids) + 1)
+        refs = list(chunk_refs)
         return self._prefill(
-            list(token_ids), {}, tenant=tenant, chunk_refs=chunk_refs, ttl_s=ttl_s, pin=pin,
-            command_id=command_id, kind=kind,
+            list(token_ids), tuple(chunks), tenant=tenant,
+            chunk_refs=[*refs, *(s.ref for s in chunks if s.ref not in refs)], ttl_s=ttl_s,
+            pin=pin, command_id=command_id, kind=kind,
         )
 
     def prefill_chunk(
@@ -176,13 +199,14 @@ class PrefixEngine(ABC, Generic[H]):
         tokens = chunk_prefix(opening, chunk)
         if held_chunk_tokens(len(opening), len(tokens) // self.block_size, self.block_size) < 1:
             return PrefillResult(None, 0, 0, 0, (), 0.0)  # no full block reaches the chunk
+        span = ChunkSpan(ref, len(opening), len(tokens))
         return self._prefill(
-            tokens, {ref: len(opening)}, tenant=tenant, chunk_refs=[ref], ttl_s=ttl_s,
+            tokens, (span,), tenant=tenant, chunk_refs=[ref], ttl_s=ttl_s,
             pin=pin, command_id=command_id, kind=kind,
         )
 
     def _prefill(
-        self, tokens: list[int], chunk_starts: dict[ChunkKey, int],
+        self, tokens: list[int], spans: tuple[ChunkSpan, ...],
         **options: Unpack[PrefillOptions],
     ) -> PrefillResult:
         start = time.perf_counter()
@@ -194,9 +218,48 @@ class PrefixEngine(ABC, Generic[H]):
         n_tokens = len(hashes) * self.block_size
         held, computed = self._prefix_kv(tokens[:n_tokens], hashes, tenant)
         entry, evicted = self.cache.admit(
-            hashes=hashes, nbytes=self._held_bytes(held), chunk_starts=chunk_starts, **options
+            hashes=hashes, nbytes=self._held_bytes(held),
+            chunk_starts={s.ref: s.start for s in spans}, **options
         )
-        return self._record(entry, held, evicted, computed, start)
+        result = self._record(entry, held, evicted, computed, start)
+        self._donate(tenant, tokens, spans, hashes)
+        return result
+
+    def chunk_donors(self, tenant: str, prompt: Sequence[int], spans: Sequence[ChunkSpan],
+                     cached: int) -> dict[ChunkKey, Donor]:
+        """Per chunk of `prompt` not within its first `cached` tokens, the stored prompt
+        holding most of its KV now (stale donors are dropped on the way)."""
+        if self.donors is None:
+            return {}
+        found = {}
+        for span in spans:
+            if span.end <= cached:
+                continue
+            chunk = prompt[span.start : span.end]
+            donor = self.donors.find(tenant, self.model_id, chunk, self._held_blocks)
+            if donor is not None:
+                found[span.ref] = donor
+        return found
+
+    def chunk_kv_available(self, prompt: Sequence[int], spans: Sequence[ChunkSpan], *,
+                           tenant: str, cached: int) -> tuple[int, int]:
+        """(tokens of `prompt`'s chunks past its first `cached` that stored prompts hold,
+        all its chunk tokens past them): how much of it chunk KV could serve."""
+        donors = self.chunk_donors(tenant, prompt, spans, cached)
+        plans = plan_pieces(spans, cached, {r: d.held for r, d in donors.items()})
+        total = sum(s.end - max(s.start, cached) for s in spans if s.end > cached)
+        return sum(p.count for p in plans), total
+
+    def _held_blocks(self, chain: tuple[str, ...]) -> int:
+        """Leading blocks of `chain` held here with their KV (a peek: touches nothing)."""
+        return self.cache.peek(chain)[1]
+
+    def _donate(self, tenant: str, prompt: Sequence[int], spans: Sequence[ChunkSpan],
+                hashes: Sequence[str]) -> None:
+        """Offer the chunks of a prompt held as `hashes` for blending elsewhere (not from a
+        timing trial, which leaves everything as it found it)."""
+        if self.donors is not None and spans and self.cache.touching:
+            self.donors.donate(tenant, self.model_id, prompt, spans, hashes)
 
     def generate(self, request: GenerateRequest) -> Iterator[GenerationStep]:
         keep = None

@@ -13,6 +13,7 @@ import torch.nn.functional as F  # noqa: N812
 from transformers import DynamicCache
 
 from workers.engines.rope import inv_freq, rotate_half, shift_keys
+from workers.kv.blend_cost import check_shares
 
 # Per layer (keys, values), each [1, kv_heads, tokens, head_dim].
 LayerKV = tuple[torch.Tensor, torch.Tensor]
@@ -88,8 +89,7 @@ class Selection:
 
     def kept(self, moved: int) -> dict[int, int]:
         """Moved tokens kept after each check layer (the last one keeps the share)."""
-        n = len(self.checks)
-        shares = [self.share * self.widen ** ((n - 1 - i) / max(1, n - 1)) for i in range(n)]
+        shares = check_shares(self.share, len(self.checks), self.widen)
         return {layer: min(moved, math.ceil(s * moved)) for layer, s in zip(
             self.checks, shares, strict=True)}
 

@@ -1,37 +1,30 @@
-"""Chunk KV for the torch engine: held chunks blended into a prompt after its exact prefix
-(`workers.engines.blend`). A chunk's KV is the stored prefix `opening + chunk`
-(`workers.kv.chunk_kv`), which the exact lookup already reuses where the chunk comes first."""
+"""Chunk KV for the torch engine: the KV of chunks held in other stored prompts (donors,
+`workers.kv.donors`) blended into a prompt after its exact prefix (`workers.engines.blend`),
+where the cost estimate says that beats computing it (`workers.kv.blend_cost`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import torch
-
 from workers.engines.base import Request
-from workers.engines.blend import (
-    KV,
-    BlendResult,
-    Piece,
-    Selection,
-    blend,
-    prefill,
-    require_llama_like,
-)
-from workers.engines.kv_blocks import BlockKV, join
+from workers.engines.blend import BlendResult, Piece, Selection, blend, require_llama_like
+from workers.engines.kv_blocks import KV, BlockKV, join
+from workers.kv.blend_cost import BlendCosts, blend_computed
 from workers.kv.cache import ChunkKey
-from workers.kv.chunk_kv import PiecePlan, chunk_prefix, held_chunk_tokens, plan_pieces
+from workers.kv.chunk_kv import ChunkSpan, PiecePlan, plan_pieces
+from workers.kv.donors import Donor
 
 
 class BlockHolder(Protocol):
     """What chunk blending needs of the engine that holds the block tensors."""
 
     model: Any
-    model_id: str
     block_size: int
 
-    def block_hashes(self, token_ids: Sequence[int], *, tenant: str) -> list[str]: ...
+    def chunk_donors(self, tenant: str, prompt: Sequence[int], spans: Sequence[ChunkSpan],
+                     cached: int) -> dict[ChunkKey, Donor]: ...
 
     def held_run(self, hashes: list[str], *, hit: bool) -> list[BlockKV]:
         """The leading blocks of `hashes` whose tensors are held (`hit`: count a use)."""
@@ -39,15 +32,20 @@ class BlockHolder(Protocol):
 
 
 class ChunkBlender:
-    """Blends held chunk KV (stored by `Engine.prefill_chunk`) into prompts.
+    """Blends the chunk KV other stored prompts hold into prompts, when it is cheaper.
 
-    `selection` None means chunk reuse is off: prompts are never blended (chunk KV can
-    still be computed and stored, so turning it on finds it warm).
+    `selection` None means chunk reuse is off: prompts are never blended (chunks are still
+    donated, so turning it on finds them warm). `costs` learns what a plain prefill and a
+    blend cost on this engine; a blend estimated slower than the cold prefill is not run.
     """
 
-    def __init__(self, engine: BlockHolder, selection: Selection | None) -> None:
+    def __init__(
+        self, engine: BlockHolder, selection: Selection | None, *, gate: bool = True
+    ) -> None:
         self._engine = engine
         self.selection = selection
+        self.gate = gate  # False: blend whatever the estimate says (tests, calibration)
+        self.costs = BlendCosts()
         if selection is not None:
             require_llama_like(engine.model)  # refused at start, not on the first request
 
@@ -55,68 +53,39 @@ class ChunkBlender:
         self, request: Request, exact: list[BlockKV], cached: int
     ) -> tuple[BlendResult, int] | None:
         """The prompt blended from its exact prefix (blocks `exact`, `cached` tokens) and the
-        held KV of the chunks after it; None when off, opted out, or nothing is held."""
-        spans = request.chunks
-        if self.selection is None or not request.chunk_reuse or not spans:
+        donated KV of the chunks after it; None when off, opted out, nothing is held, or
+        computing the prompt is estimated to be faster."""
+        spans, selection = request.chunks, self.selection
+        if selection is None or not request.chunk_reuse or not spans:
             return None
-        opening = request.prompt[: spans[0].start]
-        chains = self._held_chains(request, opening, cached)
-        n_exact = max(cached, len(opening))
-        size = self._engine.block_size
-        held = {ref: held_chunk_tokens(len(opening), len(chain), size)
-                for ref, chain in chains.items()}
-        plans = plan_pieces(spans, n_exact, held)
-        if not plans:
+        donors = self._engine.chunk_donors(request.tenant, request.prompt, spans, cached)
+        plans = plan_pieces(spans, cached, {ref: d.held for ref, d in donors.items()})
+        moved = sum(plan.count for plan in plans)
+        cold = len(request.prompt) - cached
+        computed = blend_computed(cold - moved, moved, selection.share)
+        if not plans or (self.gate and not self.costs.worth(cold, computed, moved)):
             return None
+        start = time.perf_counter()
+        pieces = [self._piece(plan, donors[plan.span.ref]) for plan in plans]
+        # The opening and the question are computed in the blend's own pass (one pass, not
+        # a separate prefill of an opening the exact prefix left out).
         exact_kv = _cut(join(exact), 0, cached) if cached else None
-        exact_kv, _ = self._opening_kv(opening, request.tenant, (exact_kv, cached))
-        pieces = [self._piece(plan, chains[plan.span.ref], len(opening)) for plan in plans]
-        result = blend(self._engine.model, request.prompt, exact_kv, pieces, self.selection)
-        return result, sum(plan.count for plan in plans)
+        result = blend(self._engine.model, request.prompt, exact_kv, pieces, selection)
+        self.costs.saw_blend(computed, moved, time.perf_counter() - start)
+        return result, moved
 
-    def _held_chains(
-        self, request: Request, opening: list[int], cached: int
-    ) -> dict[ChunkKey, list[BlockKV]]:
-        """Per chunk not covered by the exact prefix, the leading blocks of its KV held here
-        (a lookup: holding them for a prompt is a hit, and refreshes them for the policy)."""
-        e, chains = self._engine, {}
-        for span in request.chunks:
-            if span.end <= cached:
-                continue
-            tokens = chunk_prefix(opening, request.prompt[span.start : span.end])
-            hashes = e.block_hashes(tokens, tenant=request.tenant)
-            # Peek first: the opening's blocks alone are held for every prompt, and holding
-            # only them is no use of this chunk's KV.
-            n = len(e.held_run(hashes, hit=False))
-            if held_chunk_tokens(len(opening), n, e.block_size) > 0:
-                chains[span.ref] = e.held_run(hashes[:n], hit=True)
-        return chains
-
-    def _piece(self, plan: PiecePlan, blocks: list[BlockKV], n_opening: int) -> Piece:
-        """The planned part of a chunk's KV, cut out of its `opening + chunk` blocks."""
-        at = n_opening + plan.offset  # where the part starts in those blocks
-        first = at // self._engine.block_size
-        skip = at - first * self._engine.block_size
+    def _piece(self, plan: PiecePlan, donor: Donor) -> Piece:
+        """The planned part of a chunk's KV, cut out of its donor's blocks; a hit on them (it
+        refreshes them for the eviction policy)."""
+        size = self._engine.block_size
+        blocks = self._engine.held_run(list(donor.chain), hit=True)
+        at = donor.start + plan.offset  # where the part starts in the donor's prompt
+        first = at // size
+        skip = at - first * size
         kv = _cut(join(blocks[first:]), skip, skip + plan.count)
-        return Piece(start=plan.start, kv=kv, computed_at=at)
-
-    def _opening_kv(
-        self, opening: list[int], tenant: str, cached: tuple[KV | None, int]
-    ) -> tuple[KV | None, int]:
-        """KV of at least the whole opening: `cached` (KV of its first n tokens, or more)
-        extended by computing the rest; and how many tokens that computed."""
-        kv, n = cached
-        if n >= len(opening):
-            return kv, 0
-        rest, _ = prefill(self._engine.model, opening[n:], kv)
-        if kv is None:
-            return rest, len(opening) - n
-        with torch.inference_mode():
-            joined = tuple(
-                (torch.cat((k, rk), dim=-2), torch.cat((v, rv), dim=-2))
-                for (k, v), (rk, rv) in zip(kv, rest, strict=True)
-            )
-        return joined, len(opening) - n
+        # Computed after the donor's own tokens, not this prompt's: always moved (repaired
+        # by the recompute share), even where it stands at the same position.
+        return Piece(start=plan.start, kv=kv, computed_at=at, in_context=False)
 
 
 def _cut(kv: KV, start: int, stop: int) -> KV:

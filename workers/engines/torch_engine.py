@@ -30,6 +30,7 @@ from workers.kv.budgets import (
     quantization_method,
 )
 from workers.kv.cache import CacheEntry, PrefixCache, WarmupRefused
+from workers.kv.donors import DonorIndex
 from workers.kv.sizing import cache_for, kv_bytes_per_token
 from workers.kv.tier_journal import TierJournal
 from workers.settings import WorkerSettings
@@ -155,7 +156,10 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         if tier is not None:
             self.cache.tier = TierJournal()
         self._stop_ids = _eos_ids(model, tokenizer)
-        self.chunks = ChunkBlender(self, blend_selection(settings, model_id))
+        self.donors = DonorIndex(self.block_size)
+        self.chunks = ChunkBlender(
+            self, blend_selection(settings, model_id), gate=settings.chunk_blend_gate
+        )
 
     # -- tokens ----------------------------------------------------------------------
 
@@ -245,6 +249,9 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         _, matched = self._lookup(hashes) if hit else self.cache.peek(hashes)
         return self._chain(hashes[: self._stored_run(hashes[:matched])])
 
+    def _held_blocks(self, chain: tuple[str, ...]) -> int:
+        return len(self.held_run(list(chain), hit=False))
+
     def _chain(self, hashes: list[str]) -> list[BlockKV]:
         return [self._blocks[h] for h in hashes]
 
@@ -256,6 +263,9 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         start = time.perf_counter()
         hashes = self.block_hashes(prompt, tenant=tenant)
         entry, have = self._reusable(hashes, tenant)
+        # The cached head holds its chunks' KV too (a warmup's prefix, which came with no
+        # chunk positions): donated now that a request says where they stand.
+        self._donate(tenant, prompt, request.chunks, hashes[:have])
         # At least the last prompt token must run through the model to give logits.
         cached = min(have * self.block_size, len(prompt) - 1)
         past, logits, blended = self._prompt_kv(request, self._chain(hashes[:have]), cached)
@@ -278,7 +288,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
             final = stopped or index == request.max_tokens - 1
             if pending is not None and keep is not None and (index > 0 or final):
                 # Stored once the first token is out, so caching never delays it.
-                stored = self._keep_prompt(pending, hashes, tenant, keep, cached)
+                stored = self._keep_prompt(pending, hashes, request, cached)
                 pending = None
             if final:
                 result = GenerationResult(
@@ -322,24 +332,28 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         return (entry, have) if have else (None, 0)
 
     def _keep_prompt(
-        self, pending: Pending, hashes: list[str], tenant: str, keep: KeepPrompt, cached: int
+        self, pending: Pending, hashes: list[str], request: Request, cached: int
     ) -> PrefillResult | None:
         """Store the prompt's new full blocks from the request's own KV as request blocks
-        (evictable; warm prefixes stay as they are); None when refused."""
-        start = time.perf_counter()
+        (evictable; warm prefixes stay as they are) and donate its chunks; None when refused."""
+        start, keep = time.perf_counter(), cast(KeepPrompt, request.keep)
+        spans = request.chunks
         try:
             entry, evicted = self.cache.admit(
-                tenant=tenant,
+                tenant=request.tenant,
                 hashes=hashes,
                 nbytes=self._held_bytes(pending),
-                chunk_refs=keep.chunk_refs,
+                chunk_refs=[*keep.chunk_refs, *(s.ref for s in spans)],
                 ttl_s=keep.ttl_s,
                 kind="request",
+                chunk_starts={s.ref: s.start for s in spans},
             )
         except WarmupRefused:
             return None  # the answer matters more than caching its prompt
         computed = len(hashes) * self.block_size - cached
-        return self._record(entry, pending, evicted, computed, start)
+        stored = self._record(entry, pending, evicted, computed, start)
+        self._donate(request.tenant, request.prompt, spans, hashes)
+        return stored
 
     # -- model -----------------------------------------------------------------------
 
@@ -356,6 +370,8 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
                     input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1
                 )
             logits = out.logits[0, -1]
+        if len(tokens) >= self.block_size:  # a decode step's cost is mostly not per token
+            self.chunks.costs.saw_prefill(len(tokens), time.perf_counter() - began)
         self._saw_compute(len(tokens), began)
         return logits
 

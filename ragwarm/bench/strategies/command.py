@@ -194,9 +194,11 @@ def _plan(settings: Any, mode: str, queries: int | None, edits: int | None) -> d
 def _run(events: list, questions: list, settings: Any, names: list[str], plan: dict) -> Any:
     from ragwarm.bench.strategies.runner import open_rig, run_benchmark
     from ragwarm.models import ModelMissing
-    from workers.sim import DEFAULT_COST, CostModel
+    from ragwarm.settings import ModelSettings
+    from workers.cost_engine import DEFAULT_COST, CostModel, calibrated_moved_share
 
-    cost = CostModel(*DEFAULT_COST) if plan["model_free"] else None
+    moved = calibrated_moved_share(ModelSettings().llm_name)
+    cost = CostModel(*DEFAULT_COST, moved_share=moved) if plan["model_free"] else None
     with tempfile.TemporaryDirectory(prefix="ragwarm-strategies-") as tmp:
         try:
             rig = open_rig(settings, Path(tmp) / "store", plan["chunk_tokens"], cost)

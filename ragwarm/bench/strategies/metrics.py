@@ -14,6 +14,8 @@ JSON_KEYS = (
     "ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_cvar90_ms", "hit_rate",
     "post_edit_hit_rate", "post_edit_queries", "first_ask_queries", "first_ask_ttft_p50_ms",
     "first_ask_ttft_p90_ms", "stale_hits", "kv_memory_share", "warmup_seconds",
+    "first_ask_chunk_availability", "blended_queries", "blended_tokens",
+    "blended_first_token_agreement",
 )
 # Figures only some policies have (`Policy.figures`), in `--json` where they do.
 POLICY_JSON_KEYS = (
@@ -93,13 +95,19 @@ def first_ask_figures(rows: Sequence[Row]) -> dict[str, Any]:
     """First asks (the question's first time in the run: no exact prefix can be warm for
     it unless a warmup guessed it) and the quality of blended answers, whose first token is
     checked against the exact computation's."""
-    first = [r.ttft_ms for r in rows if not r.repeat]
+    first = [r for r in rows if not r.repeat]
     blended = [r for r in rows if r.blended_tokens]
+    chunk_tokens = sum(r.chunk_tokens for r in first)
     return {
         "first_ask_queries": len(first),
-        "first_ask_ttft_p50_ms": pct(first, 50),
-        "first_ask_ttft_p90_ms": pct(first, 90),
+        "first_ask_ttft_p50_ms": pct([r.ttft_ms for r in first], 50),
+        "first_ask_ttft_p90_ms": pct([r.ttft_ms for r in first], 90),
+        # Of first asks' chunk tokens past their exact prefix, the share some stored prompt
+        # held (chunk KV a blend could use, whether this policy blends or not).
+        "first_ask_chunk_availability": round(
+            sum(r.chunk_tokens_held for r in first) / chunk_tokens, 4) if chunk_tokens else None,
         "blended_queries": len(blended),
+        "blended_tokens": sum(r.blended_tokens for r in blended),
         "blended_first_token_agreement": share(
             bool(r.first_token_agrees) for r in blended if r.first_token_agrees is not None
         ),

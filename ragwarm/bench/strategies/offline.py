@@ -21,10 +21,10 @@ from ragwarm.bench.strategies.settings import StrategySettings
 from schemas import QueryEvent
 from schemas.prefix import warm_hit
 from streams.sim import SimRag
+from workers.cost_engine import CostEngine, CostModel, fit_cost, make_cache
 from workers.kv.blocks import BLOCK_SIZE
 from workers.kv.eviction import DEFAULT_POLICY
 from workers.kv.memory import DEFAULT_MAX_ENTRIES, Budget
-from workers.sim import CostEngine, CostModel, fit_cost, make_cache
 
 
 @dataclass

@@ -69,7 +69,8 @@ class Policy:
     # Whether its worker blends held chunk KV into prompts (RAGWARM_WORKER_CHUNK_REUSE).
     chunk_reuse: ClassVar[bool] = False
     # Whether its decisions read the model's output (sampled questions): such a policy, like
-    # one with a disk tier or chunk blending, cannot run on the model-free cost engine.
+    # one with a disk tier, cannot run on the model-free cost engine (which does blend: a
+    # blend's cost needs no tensors).
     needs_model: ClassVar[bool] = False
     # The eviction of the system it stands for: LRU for the systems the seeds compare with
     # (vLLM's automatic prefix caching evicts least recently used blocks); None: ragwarm's
@@ -229,6 +230,7 @@ POLICIES: dict[str, str] = {
     "event-rag": "ragwarm.bench.strategies.streams_policy:EventRag",
     "hot-tokens": "ragwarm.bench.strategies.streams_policy:HotTokens",
     "hybrid": "ragwarm.bench.strategies.streams_policy:Hybrid",
+    "hybrid-noblend": "ragwarm.bench.strategies.streams_policy:HybridNoBlend",
     "hybrid-chunks": "ragwarm.bench.strategies.blend_policy:HybridChunks",
     "hybrid-blend": "ragwarm.bench.strategies.blend_policy:HybridBlend",
     "tiered": "ragwarm.bench.strategies.tiered:TieredHybrid",
@@ -243,8 +245,8 @@ def policy_names() -> list[str]:
 
 def model_free(cls: type[Policy]) -> bool:
     """Whether `cls` runs on the model-free cost engine: its cache decisions need neither
-    tensors (disk tier, blended chunk KV) nor the model's text."""
-    return not (cls.disk_tier or cls.chunk_reuse or cls.needs_model)
+    tensors (disk tier) nor the model's text."""
+    return not (cls.disk_tier or cls.needs_model)
 
 
 def policy_class(name: str) -> type[Policy]:

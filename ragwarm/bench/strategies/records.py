@@ -35,6 +35,9 @@ class QueryRow:
     restored: bool = False  # some of its cached tokens were read back from the disk tier
     since_restart: int | None = None  # its policy's queries since the restart; None: before
     blended_tokens: int = 0  # prompt tokens placed from held chunk KV (chunk reuse)
+    # Chunk tokens past the exact prefix, and those of them stored prompts held on arrival.
+    chunk_tokens: int = 0
+    chunk_tokens_held: int = 0
     # Blended rows: whether the first token is the exact computation's; None otherwise.
     first_token_agrees: bool | None = None
     # The prefix asked (block-chain hash): a miss traces to the app's ops on it (run.json's

@@ -35,7 +35,9 @@ FIRST_ASK_COLUMNS = (
     ("first_ask_queries", "first asks", "{}"),
     ("first_ask_ttft_p50_ms", "first-ask TTFT p50 ms", "{:.0f}"),
     ("first_ask_ttft_p90_ms", "first-ask TTFT p90 ms", "{:.0f}"),
+    ("first_ask_chunk_availability", "first-ask chunk KV held", "{:.0%}"),
     ("blended_queries", "blended answers", "{}"),
+    ("blended_tokens", "blended tokens", "{}"),
     ("blended_token_share", "blended token share", "{:.0%}"),
     ("blended_first_token_agreement", "first token = exact", "{:.0%}"),
 )

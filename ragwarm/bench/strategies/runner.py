@@ -40,19 +40,13 @@ from schemas.prefix import (
     prefix_kv_bytes,
     warm_hit,
 )
+from workers.cost_engine import CostEngine, CostModel, make_cache
 from workers.engines.protocol import GenerateRequest
 from workers.engines.torch_engine import TorchEngine
 from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.memory import DEFAULT_MAX_ENTRIES, Budget
 from workers.settings import WorkerSettings
-from workers.sim import (
-    CostEngine,
-    CostModel,
-    MeasurementMemo,
-    Measurements,
-    SimAnswer,
-    make_cache,
-)
+from workers.sim import MeasurementMemo, Measurements, SimAnswer
 
 
 @dataclass
@@ -354,6 +348,7 @@ class Runner:
             mem_share=cache.bytes_used / total, pinned_share=cache.pinned_bytes / total,
             disk_share=None if tier is None else tier / total, restored=served.restored,
             since_restart=self.since_restart, blended_tokens=result.blended_tokens,
+            chunk_tokens_held=served.chunk_kv[0], chunk_tokens=served.chunk_kv[1],
             prefix_hash=q.chain.prefix_hash,
         )
 

@@ -127,15 +127,39 @@ class HotTokens(StreamsPolicy):
     hot: ClassVar[bool] = True
 
 
+def hybrid_blends() -> bool:
+    """Whether the product default (`hybrid`) blends chunk KV: the one switch for it.
+
+    On where a default worker blends: the stored calibration of the served model passes the
+    quality gate (`workers.calibration.default_blending`). Such a worker blends the chunks
+    other stored prompts hold into prompts no cached prefix covers, where its cost estimate
+    says that is faster (issue 38).
+    """
+    from ragwarm.settings import ModelSettings
+    from workers.calibration import default_blending
+
+    return default_blending(ModelSettings().llm_name)
+
+
 class Hybrid(StreamsPolicy):
     """`hybrid`: event-rag plus hot-tokens (the streams app with every input) on top of the
     worker's request caching (ragwarm's worker: SLRU where `reactive` has vLLM's LRU, so a
     prompt asked again outlives those asked once); a ready worker gets the hot set, then
     the tracked prefixes most used, expired or not (what `history` warms); an edit also
-    re-checks recently asked questions its chunks may now serve (`edit_watch`)."""
+    re-checks recently asked questions its chunks may now serve (`edit_watch`). Its worker
+    blends donated chunk KV where that is cheaper (`hybrid_blends`)."""
 
     name: ClassVar[str] = "hybrid"
     kb_events: ClassVar[bool] = True
     track_queries: ClassVar[bool] = True
     hot: ClassVar[bool] = True
     edit_watch: ClassVar[bool] = True
+    chunk_reuse: ClassVar[bool] = hybrid_blends()
+
+
+class HybridNoBlend(Hybrid):
+    """`hybrid-noblend`: `hybrid` with blending off (exact prefix reuse only), to read what
+    blending changes side by side."""
+
+    name: ClassVar[str] = "hybrid-noblend"
+    chunk_reuse: ClassVar[bool] = False

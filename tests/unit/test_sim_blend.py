@@ -1,0 +1,88 @@
+"""The model-free cost engine blends like the torch engine: the chunks of every prompt it
+stores are donated, a prompt never asked blends them where that is cheaper than computing
+it, and a changed chunk is never blended again."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from workers.cost_engine import CostEngine, CostModel
+from workers.engines.protocol import GenerateRequest
+from workers.kv.blocks import BLOCK_SIZE
+from workers.kv.cache import Budget, PrefixCache
+from workers.kv.chunk_kv import ChunkSpan
+
+OPENING = list(range(1000, 1020))
+REFS = [("d#0", "a"), ("d#1", "b"), ("d#2", "c")]
+CHUNKS = [[(i + 1) * 10_000 + t for t in range(5 * BLOCK_SIZE + 3)] for i in range(3)]
+
+
+COST = CostModel(100.0, 1.0)
+
+
+def make_engine(cost: CostModel = COST) -> CostEngine:
+    cache = PrefixCache(Budget(max_bytes=1 << 30, max_entries=1000, warm_bytes=1 << 29))
+    return CostEngine(cost, cache, model_id="m", kv_bytes_per_token=1)
+
+
+def prompt(order: list[int], question: int) -> tuple[list[int], list[ChunkSpan]]:
+    tokens, spans = list(OPENING), []
+    for i in order:
+        spans.append(ChunkSpan(REFS[i], len(tokens), len(tokens) + len(CHUNKS[i])))
+        tokens += CHUNKS[i]
+    return tokens + [90_000 + question] * 12, spans
+
+
+def ask(engine: CostEngine, order: list[int], question: int, *, keep: bool = False,
+        reuse: bool = True):
+    ids, spans = prompt(order, question)
+    steps = list(engine.generate(GenerateRequest(ids, max_tokens=1, tenant="t",
+                                                 cache_prompt=keep, chunks=spans,
+                                                 chunk_reuse=reuse)))
+    return steps[-1].result
+
+
+def test_a_question_never_asked_blends_the_chunks_other_prompts_computed() -> None:
+    engine = make_engine()
+    # Each chunk computed in another prompt (each first there, after the opening).
+    for q, i in enumerate(range(3)):
+        assert ask(engine, [i], q, keep=True).blended_tokens == 0
+    new = ask(engine, [2, 0, 1], 9)
+    # Chunk 2 opens the prompt as it opened its donor: the exact prefix covers its whole
+    # blocks; every chunk token after them (its tail, chunks 0 and 1) is blended.
+    assert new.cached_tokens == (len(OPENING) + len(CHUNKS[2])) // BLOCK_SIZE * BLOCK_SIZE
+    chunk_tokens = sum(map(len, CHUNKS))
+    held = chunk_tokens - (new.cached_tokens - len(OPENING))
+    assert new.blended_tokens == held
+    cold = ask(engine, [2, 0, 1], 9, reuse=False)
+    assert cold.blended_tokens == 0 and new.ttft_s < cold.ttft_s
+    assert engine.chunk_kv_available(*prompt([2, 0, 1], 9), tenant="t",
+                                     cached=new.cached_tokens) == (held, held)
+
+
+def test_a_changed_chunk_is_never_blended_again() -> None:
+    engine = make_engine()
+    ask(engine, [0, 1, 2], 0, keep=True)
+    before = ask(engine, [2, 1, 0], 1).blended_tokens
+    engine.invalidate([REFS[1]], tenant="t")
+    after = ask(engine, [2, 1, 0], 1)
+    assert 0 < after.blended_tokens < before
+    ids, spans = prompt([2, 1, 0], 1)
+    donors = engine.chunk_donors("t", ids, spans, 0)
+    assert REFS[1] not in donors and REFS[0] in donors
+
+
+def test_a_blend_estimated_slower_than_the_cold_prefill_is_not_run() -> None:
+    engine = make_engine(replace(CostModel(100.0, 1.0), moved_share=1.2))
+    ask(engine, [0, 1, 2], 0, keep=True)
+    result = ask(engine, [2, 1, 0], 1)
+    assert result.blended_tokens == 0
+    assert result.ttft_s == CostModel(100.0, 1.0).ttft_ms(result.prompt_tokens,
+                                                          result.cached_tokens) / 1000
+
+
+def test_a_blended_prompt_is_not_stored_under_its_exact_hashes() -> None:
+    engine = make_engine()
+    ask(engine, [0, 1, 2], 0, keep=True)
+    blended = ask(engine, [2, 1, 0], 1, keep=True)
+    assert blended.blended_tokens > 0 and blended.stored is None

@@ -1,0 +1,170 @@
+"""The model-free engine of the simulation harness (`workers.sim`): `CostEngine` keeps the
+same cache bookkeeping as the torch engine (prefills and request caching admit entries to the
+same `PrefixCache`, lookups match the same block chains, chunk KV is donated and blended by the
+same plans) and computes no prompt. Its TTFT is a linear cost model (fixed cost + cost per
+prompt token not served from cache) fitted by least squares to a query log's own measured
+`ttft_ms`, `prompt_tokens`, `cached_tokens` (`fit_cost`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from schemas import QueryEvent
+from schemas.prefix import prefix_kv_bytes
+from workers.engines.base import PrefixEngine, Request
+from workers.engines.protocol import GenerationResult, GenerationStep
+from workers.kv.blend_cost import moved_layer_share
+from workers.kv.cache import PrefixCache, WarmupRefused
+from workers.kv.chunk_kv import plan_pieces
+from workers.kv.donors import DonorIndex
+from workers.kv.memory import Budget
+
+
+def make_cache(budget: Budget, clock: Callable[[], float], block_size: int,
+               policy: str = "lru") -> PrefixCache:
+    """A prefix cache on the simulated clock, evicting by `policy` (the policy's worker:
+    `Policy.eviction`); entries live until evicted unless a TTL is given (request caching,
+    like vLLM's, has no TTL)."""
+    return PrefixCache(budget, policy=policy, clock=clock, default_ttl_s=None,
+                       block_size=block_size)
+
+
+# Fallback cost model: SmolLM2-135M, torch engine, 1 thread on a shared 2-core CPU, fitted
+# to the 504 rows of run B of `ragwarm bench strategies --quick` (docs/lab/benchmarks-notebook.md).
+DEFAULT_COST = (127.0, 3.14)  # (ms fixed, ms per uncached prompt token)
+
+
+# A moved token's cost in a blend, as a share of a computed token's: the layers the default
+# selection runs it through (hkvd checked at layers 1, 4, 10 keeping 2x, 1.41x, 1x the share
+# of 0.3, SmolLM2-135M's 30 layers: `moved_layer_share` = 0.378). It predicts a blend of
+# Argo CD's prompts (p50 582 tokens, ~87% moved) at 46% of the full prefill; `bench blend`
+# measured 40% (docs/lab/benchmarks-notebook.md, 2026-11-30), so it errs on the slow side.
+DEFAULT_MOVED_SHARE = moved_layer_share(0.3, (1, 4, 10), 2.0, 30)
+
+
+def calibrated_moved_share(model_id: str) -> float:
+    """A moved token's cost for `model_id`'s calibrated blend: the TTFT ratio its stored
+    calibration measured (blend over full prefill on prompts whose chunk tokens are nearly
+    all moved, at the share a default worker blends at), so the model-free bench charges a
+    blend what the worker's blend costs. DEFAULT_MOVED_SHARE where no calibration passes."""
+    from workers.calibration import load_calibration
+
+    calibration = load_calibration(model_id)
+    if calibration is None or not calibration.passed or calibration.ttft_ratio is None:
+        return DEFAULT_MOVED_SHARE
+    return calibration.ttft_ratio
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """TTFT ≈ fixed_ms + per_token_ms × (prompt tokens − cached tokens); a blend computes
+    the tokens no chunk KV covers and pays `moved_share` of a token for each moved one."""
+
+    fixed_ms: float
+    per_token_ms: float
+    fitted_on: int = 0  # measured queries behind the fit (0: the default figures)
+    moved_share: float = DEFAULT_MOVED_SHARE
+
+    def ttft_ms(self, prompt_tokens: int, cached_tokens: int) -> float:
+        return self.fixed_ms + self.per_token_ms * max(0, prompt_tokens - cached_tokens)
+
+    def blend_ttft_ms(self, prompt_tokens: int, cached_tokens: int, moved: int) -> float:
+        uncovered = max(0, prompt_tokens - cached_tokens - moved)
+        return self.fixed_ms + self.per_token_ms * (uncovered + self.moved_share * moved)
+
+
+def fit_cost(events: Iterable[QueryEvent]) -> CostModel:
+    """Least-squares line of measured TTFT against uncached prompt tokens; the default
+    figures when the log has fewer than two distinct uncached sizes."""
+    points = [(e.prompt_tokens - e.cached_tokens, e.ttft_ms) for e in events
+              if e.ttft_ms is not None and e.prompt_tokens > 0]
+    xs = [float(x) for x, _ in points]
+    if len(set(xs)) < 2:
+        return CostModel(*DEFAULT_COST)
+    n, mx = len(points), sum(xs) / len(points)
+    my = sum(float(y) for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (float(y) - my) for x, (_, y) in zip(xs, points, strict=True)) / sxx
+    slope = max(slope, 0.0)
+    return CostModel(max(my - slope * mx, 0.0), slope, n)
+
+
+class CostEngine(PrefixEngine[int]):
+    """An engine that holds only each entry's size and answers in estimated time."""
+
+    # No model: no device, no vocabulary beyond the one token it answers with, no context
+    # limit of its own (`Limits` bound the prompts, as for every engine).
+    device = "none (cost model)"
+    vocab_size = 1
+    max_model_len = 1 << 30
+
+    def __init__(self, cost: CostModel, cache: PrefixCache, *, model_id: str,
+                 kv_bytes_per_token: int) -> None:
+        self.cost = cost
+        self.cache = cache
+        self.model_id = model_id
+        self.block_size = cache.block_size
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.tokenizer = None
+        self._held: dict[str, int] = {}
+        # The same donation bookkeeping as the torch engine: a blend's cost needs no tensors.
+        self.donors = DonorIndex(self.block_size)
+
+    def _held_bytes(self, held: int) -> int:
+        return held
+
+    def _prefix_kv(self, tokens: list[int], hashes: list[str], tenant: str) -> tuple[int, int]:
+        # Blocks are shared: whatever chain is cached is reused, whoever stored it.
+        _, matched = self.cache.peek(hashes)
+        nbytes = prefix_kv_bytes(len(tokens), self.kv_bytes_per_token, self.block_size)
+        return nbytes, len(tokens) - matched * self.block_size
+
+    def _generate(self, request: Request) -> Iterator[GenerationStep]:
+        start = time.perf_counter()
+        prompt = request.prompt
+        hashes = self.block_hashes(prompt, tenant=request.tenant)
+        entry, matched = self._lookup(hashes)
+        cached = min(matched * self.block_size, len(prompt) - 1)
+        self._donate(request.tenant, prompt, request.chunks, hashes[:matched])  # as torch does
+        stored = None
+        keep = request.keep
+        ttft_ms, moved = self._ttft_ms(request, cached)
+        ttft = ttft_ms / 1000.0
+        if keep is not None and hashes and matched < len(hashes) and not moved:
+            n_tokens = len(hashes) * self.block_size
+            nbytes = prefix_kv_bytes(n_tokens, self.kv_bytes_per_token, self.block_size)
+            try:
+                spans = request.chunks
+                admitted, evicted = self.cache.admit(
+                    tenant=request.tenant, hashes=hashes,
+                    nbytes=nbytes, chunk_refs=[*keep.chunk_refs, *(s.ref for s in spans)],
+                    ttl_s=keep.ttl_s, kind="request",
+                    chunk_starts={s.ref: s.start for s in spans},
+                )
+                stored = self._record(admitted, nbytes, evicted,
+                                      n_tokens - cached, start)
+                self._donate(request.tenant, prompt, spans, hashes)
+            except WarmupRefused:
+                stored = None  # the answer matters more than caching its prompt
+        result = GenerationResult(
+            token_ids=(0,), text="", prompt_tokens=len(prompt), cached_tokens=cached,
+            prefix_hash=entry.prefix_hash if entry else None, ttft_s=ttft, total_s=ttft,
+            finish_reason="length", stored=stored, blended_tokens=moved,
+        )
+        yield GenerationStep(0, 0, "", result)
+
+    def _ttft_ms(self, request: Request, cached: int) -> tuple[float, int]:
+        """The request's TTFT and the tokens it blends: as the torch engine decides, a blend
+        only where it is estimated faster than the cold prefill (here the estimate is the
+        cost model itself, so it is exact)."""
+        cold = self.cost.ttft_ms(len(request.prompt), cached)
+        if not request.chunk_reuse or not request.chunks:
+            return cold, 0
+        donors = self.chunk_donors(request.tenant, request.prompt, request.chunks, cached)
+        plans = plan_pieces(request.chunks, cached, {r: d.held for r, d in donors.items()})
+        moved = sum(plan.count for plan in plans)
+        blended = self.cost.blend_ttft_ms(len(request.prompt), cached, moved)
+        return (blended, moved) if moved and blended < cold else (cold, 0)
