@@ -15,16 +15,18 @@ from typing import Any
 
 import click
 
+from ragwarm.settings import TRACE_DIR
 from ragwarm.trace import TraceError, read_events, read_questions
 
 _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
 @click.command()
-@click.option("--events", "events_path", required=True, type=_PATH,
-              help="Trace events JSONL (the trace format of the data README).")
-@click.option("--questions", "questions_path", required=True, type=_PATH,
-              help="Trace questions JSONL.")
+@click.option("--events", "events_path", default=TRACE_DIR / "events.jsonl", show_default=True,
+              type=_PATH, help="Trace events JSONL (the trace format of the data README; "
+              "`ragwarm trace from-git` builds one from your own documentation's history).")
+@click.option("--questions", "questions_path", default=None, type=_PATH,
+              help="Trace questions JSONL.  [default: questions.jsonl beside --events]")
 @click.option("--seed", type=int, default=None, help="Workload seed (RAGWARM_STRATEGIES_SEED).")
 @click.option("--quick", is_flag=True,
               help="A slice: 40 sampled questions, their documents (50 with distractors), "
@@ -61,7 +63,7 @@ _PATH = click.Path(exists=True, dir_okay=False, path_type=Path)
               help="The workload as drawn, without the post-edit scenario's moved asks "
               "(every edit followed by an ask it concerns); RAGWARM_STRATEGIES_POST_EDIT_ASKS.")
 def strategies(
-    events_path: Path, questions_path: Path, seed: int | None, quick: bool, standard: bool,
+    events_path: Path, questions_path: Path | None, seed: int | None, quick: bool, standard: bool,
     as_json: bool, out: Path, policies: str | None, queries: int | None, edits: int | None,
     restart_at: float | None, memory_share: float | None, model_free: bool, runs: int,
     drawn: bool,
@@ -80,6 +82,9 @@ def strategies(
         given["post_edit_asks"] = False
     settings = StrategySettings(**given)
     names = _names(policies, model_free)
+    questions_path = questions_path or events_path.with_name("questions.jsonl")
+    if not questions_path.is_file():
+        raise click.UsageError(f"no questions beside {events_path}: pass --questions FILE")
     try:
         events = list(read_events(events_path))
         questions = read_questions(questions_path)
