@@ -21,7 +21,7 @@ class QueryRow:
     burst: bool
     post_edit: bool  # first ask of the question since an edit to a document it depends on
     repeat: bool  # the question was asked before in this run (its first ask is a cold miss)
-    ttft_ms: float
+    ttft_ms: float  # measured (or estimated) compute, plus `queued_ms`
     prompt_tokens: int
     prefix_tokens: int
     cached_tokens: int
@@ -35,6 +35,7 @@ class QueryRow:
     restored: bool = False  # some of its cached tokens were read back from the disk tier
     since_restart: int | None = None  # its policy's queries since the restart; None: before
     blended_tokens: int = 0  # prompt tokens placed from held chunk KV (chunk reuse)
+    queued_ms: float = 0.0  # of `ttft_ms`, the wait behind the worker's warmup prefills
     # Chunk tokens past the exact prefix, and those of them stored prompts held on arrival.
     chunk_tokens: int = 0
     chunk_tokens_held: int = 0

@@ -348,6 +348,7 @@ class Runner:
             mem_share=cache.bytes_used / total, pinned_share=cache.pinned_bytes / total,
             disk_share=None if tier is None else tier / total, restored=served.restored,
             since_restart=self.since_restart, blended_tokens=result.blended_tokens,
+            queued_ms=served.queued_s * 1000,
             chunk_tokens_held=served.chunk_kv[0], chunk_tokens=served.chunk_kv[1],
             prefix_hash=q.chain.prefix_hash,
         )
