@@ -142,7 +142,19 @@ class PromptBuilder:
 
     def build_prefix(self, chunks: Sequence[ChunkLike]) -> list[int]:
         """The prefix token ids a worker prefills for this chunk set."""
-        return [t for part in self.prefix_parts(chunks) for t in self._encode(part)]
+        return self.prefix_with_spans(chunks)[0]
+
+    def prefix_with_spans(
+        self, chunks: Sequence[ChunkLike]
+    ) -> tuple[list[int], tuple[tuple[int, int], ...]]:
+        """`build_prefix(chunks)`, and token [start, end) of each chunk's block in it (in
+        canonical order): where a warm prefix's chunks stand, for the worker to donate."""
+        encoded = [self._encode(part) for part in self.prefix_parts(chunks)]
+        spans, start = [], len(encoded[0])
+        for ids in encoded[1:-1]:
+            spans.append((start, start + len(ids)))
+            start += len(ids)
+        return [t for ids in encoded for t in ids], tuple(spans)
 
     def question_ids(self, question: str) -> list[int]:
         """The tokens after the prefix for `question`: they depend on it alone."""
@@ -150,22 +162,16 @@ class PromptBuilder:
 
     def build(self, chunks: Sequence[ChunkLike], question: str) -> Prompt:
         """The full prompt; its first `prefix_len` ids equal `build_prefix(chunks)`."""
-        parts = self.prefix_parts(chunks)
-        encoded = [self._encode(part) for part in parts]
-        prefix = [t for ids in encoded for t in ids]
+        prefix, spans = self.prefix_with_spans(chunks)
         asked = question.strip() + self.layout.tail
-        prefix_text = "".join(parts)
-        spans, start = [], len(encoded[0])
-        for ids in encoded[1:-1]:
-            spans.append((start, start + len(ids)))
-            start += len(ids)
+        prefix_text = "".join(self.prefix_parts(chunks))
         return Prompt(
             token_ids=tuple(prefix + self.question_ids(question)),
             prefix_len=len(prefix),
             text=prefix_text + asked,
             prefix_text=prefix_text,
             chunk_refs=tuple(_ref(c) for c in canonical_order(chunks)),
-            chunk_spans=tuple(spans),
+            chunk_spans=spans,
         )
 
     def question_prompt(

@@ -12,13 +12,14 @@ import numpy as np
 from rag import replica
 from rag.embed import TextEmbedder
 from rag.index import Indexer, IndexResult
-from rag.prompt import PromptBuilder
+from rag.prompt import PromptBuilder, canonical_order
 from rag.retrieve import Retriever
 from rag.settings import QdrantSettings, RagSettings
 from rag.store import ChunkStore
 from ragwarm.settings import ModelSettings, qdrant_settings
 from schemas import ChunkRef, KbChange
 from schemas.chunks import Outgoing, ReplicaRecord
+from schemas.events import ChunkSpan
 from schemas.prefix import BLOCK_SIZE, PromptParams, prefix_chain
 from streams.decide.synthetic import SynthesisPrompt
 from streams.handle.ports import WarmPrefix
@@ -246,11 +247,14 @@ class RagService:
         return {(r.tenant, r.doc_id): r.version for r in self.store.doc_records()}
 
     def _prefix(self, chunks, tenant: str) -> WarmPrefix | None:
-        tokens = self.prompts.build_prefix(chunks)
+        tokens, places = self.prompts.prefix_with_spans(chunks)
         chain = prefix_chain(
             tokens, tenant=tenant, model=self.model_salt, block_size=self.block_size
         )
         if chain.prefix_hash is None:
             return None  # shorter than one block: nothing a worker could cache
         refs = [ChunkRef(chunk_id=c.chunk_id, content_hash=c.content_hash) for c in chunks]
-        return WarmPrefix(prefix_hash=chain.prefix_hash, token_ids=tokens, chunk_refs=refs)
+        spans = [ChunkSpan(chunk_id=c.chunk_id, content_hash=c.content_hash, start=a, end=b)
+                 for c, (a, b) in zip(canonical_order(chunks), places, strict=True)]
+        return WarmPrefix(prefix_hash=chain.prefix_hash, token_ids=tokens, chunk_refs=refs,
+                          chunk_spans=spans)

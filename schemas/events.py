@@ -260,8 +260,8 @@ MAX_TOP_K = 1000
 MAX_PRIMER_TOKENS = 64
 
 
-class WarmupCommand(WarmupCommandV3):
-    """An order from the streams app to one worker (or all, `worker_id=None`).
+class WarmupCommandV4(WarmupCommandV3):
+    """Version 4 of `WarmupCommand` (no chunk spans); still read, upgraded on decode.
 
     v4: op `synthesize`: sample `samples` likely questions about a document with the
     worker's own model (`token_ids`: the question prompt the app built from the chunks in
@@ -288,7 +288,7 @@ class WarmupCommand(WarmupCommandV3):
     primer_tokens: int = Field(default=0, ge=0, le=MAX_PRIMER_TOKENS)
 
     @model_validator(mode="after")
-    def _synthesis_fields(self) -> WarmupCommand:
+    def _synthesis_fields(self) -> WarmupCommandV4:
         if self.op != "synthesize":
             return self
         if not self.token_ids:
@@ -299,6 +299,49 @@ class WarmupCommand(WarmupCommandV3):
             raise ValueError("temperature: required for op 'synthesize'")
         if self.primer_tokens >= len(self.token_ids):
             raise ValueError("primer_tokens: must be fewer than the prompt's tokens")
+        return self
+
+
+class ChunkSpan(ChunkRef):
+    """Where one chunk's block stands in a prompt: tokens [start, end)."""
+
+    start: int = Field(ge=0, lt=MAX_TOKENS)
+    end: int = Field(gt=0, le=MAX_TOKENS)
+
+
+class WarmupCommand(WarmupCommandV4):
+    """An order from the streams app to one worker (or all, `worker_id=None`).
+
+    v5: `chunk_spans` on a `prefill`: where each of its chunks stands in `token_ids`, so
+    the worker offers their KV for blending into other prompts as soon as it stores the
+    prefix (without them a warm prefix donates only once a request that knows them hits
+    it). Optional; ordered, disjoint, inside the prompt, each naming one of `chunk_refs`.
+    """
+
+    VERSION: ClassVar[int] = 5
+
+    schema_version: Literal[5] = 5  # type: ignore[assignment]
+    chunk_spans: list[ChunkSpan] = Field(default_factory=list, max_length=256)
+
+    @model_validator(mode="after")
+    def _span_fields(self) -> WarmupCommand:
+        if not self.chunk_spans:
+            return self
+        if self.op != "prefill":
+            raise ValueError(f"chunk_spans: only op 'prefill' takes them, not '{self.op}'")
+        refs = {(r.chunk_id, r.content_hash) for r in self.chunk_refs}
+        end = 0
+        for span in self.chunk_spans:
+            if span.start >= span.end:
+                raise ValueError(f"chunk_spans: empty span {span.start}..{span.end}")
+            if span.start < end:
+                raise ValueError(f"chunk_spans: overlap or out of order at token {span.start}")
+            if (span.chunk_id, span.content_hash) not in refs:
+                raise ValueError(f"chunk_spans: {span.chunk_id!r} is not in chunk_refs")
+            end = span.end
+        if end > len(self.token_ids):
+            raise ValueError(f"chunk_spans: end {end} is past the prompt's {len(self.token_ids)} "
+                             "tokens")
         return self
 
 
@@ -490,6 +533,7 @@ LEGACY_TYPES: tuple[type[Event], ...] = (
     WarmupCommandV1,
     WarmupCommandV2,
     WarmupCommandV3,
+    WarmupCommandV4,
     WorkerEventV1,
     WorkerEventV2,
     WorkerEventV3,

@@ -69,6 +69,11 @@ def chunk_keys(refs: Iterable[ChunkRef]) -> list[ChunkKey]:
     return [(r.chunk_id, r.content_hash) for r in refs]
 
 
+def command_spans(cmd: WarmupCommand) -> tuple[ChunkSpan, ...]:
+    """A prefill command's chunk places as the engine takes them (the schema checked them)."""
+    return tuple(ChunkSpan((s.chunk_id, s.content_hash), s.start, s.end) for s in cmd.chunk_spans)
+
+
 class WorkerRuntime:
     """Serializes engine work (generation, prefill, commands) and reports every cache change.
 
@@ -122,14 +127,16 @@ class WorkerRuntime:
     # -- engine work -----------------------------------------------------------------
 
     def prefill(
-        self, token_ids: Sequence[int], *, source: str = "api", **options: Unpack[PrefillOptions]
+        self, token_ids: Sequence[int], *, source: str = "api", chunks: Sequence[ChunkSpan] = (),
+        **options: Unpack[PrefillOptions],
     ) -> PrefillResult:
-        """`Engine.prefill` under the lock; raises `WarmupRefused` when it cannot fit."""
+        """`Engine.prefill` under the lock; raises `WarmupRefused` when it cannot fit.
+        `chunks`: where the prompt's chunks stand, when known (their KV is then donated)."""
         try:
             with self.lock.background() as waited:
                 self.metrics.engine_wait.labels(work="warmup").observe(waited)
                 try:
-                    result = self.engine.prefill(token_ids, **options)
+                    result = self.engine.prefill(token_ids, chunks=chunks, **options)
                 finally:
                     self._refresh()
         finally:
@@ -241,6 +248,7 @@ class WorkerRuntime:
             cmd.token_ids,
             tenant=cmd.tenant,
             chunk_refs=chunk_keys(cmd.chunk_refs),
+            chunks=command_spans(cmd),
             ttl_s=cmd.ttl_s,
             pin=cmd.pin,
             command_id=cmd.command_id,

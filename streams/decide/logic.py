@@ -275,6 +275,7 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
         tenant=op.tenant,
         chunk_refs=op.chunk_refs,
         token_ids=op.token_ids,
+        chunk_spans=op.chunk_spans,
         expires_at=0.0,
         synthetic=op.synthetic,
     )
@@ -287,6 +288,8 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
             "hot": pin,
             "uses": base.uses + asked,
             "held_at": now if op.hold else None if asked else base.held_at,
+            # A state recorded before prefixes knew their chunks' places learns them here.
+            "chunk_spans": base.chunk_spans or op.chunk_spans,
         }
     )
     plan = PrefixPlan(state=new_state)
@@ -358,6 +361,7 @@ def _prefill(op: PrefixOp, state: PrefixState, worker: str, ttl_s: float, pin: b
         tenant=state.tenant,
         token_ids=state.token_ids,
         chunk_refs=state.chunk_refs,
+        chunk_spans=state.chunk_spans,
         ttl_s=ttl_s,
         pin=pin,
         reason=op.reason,

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import ChunkRef
+from schemas.events import ChunkSpan
 from schemas.topics import kb_key
 
 
@@ -39,6 +40,8 @@ class PrefixState(_Record):
     tenant: str
     chunk_refs: list[ChunkRef]
     token_ids: list[int]
+    # Where its chunks stand in `token_ids`, sent with every prefill (none in older records).
+    chunk_spans: list[ChunkSpan] = Field(default_factory=list)
     questions: list[str] = Field(default_factory=list)
     expires_at: float
     hot: bool = False
@@ -102,6 +105,7 @@ class PrefixOp(_Record):
     tenant: str = "default"
     chunk_refs: list[ChunkRef] = Field(default_factory=list)
     token_ids: list[int] = Field(default_factory=list)
+    chunk_spans: list[ChunkSpan] = Field(default_factory=list)
     question: str | None = None
     target_worker: str | None = None
     pin: bool = False

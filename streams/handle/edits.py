@@ -104,6 +104,7 @@ def _held_warm(prefix: WarmPrefix, change: KbChange, question: str, now: float) 
     return PrefixOp(
         op="warm", prefix_hash=prefix.prefix_hash, tenant=change.tenant,
         chunk_refs=list(prefix.chunk_refs), token_ids=prefix.token_ids, question=question,
+        chunk_spans=prefix.chunk_spans,
         hold=True, reason=f"{change.doc_id} v{change.version}: entered the top-3",
         origin_ts=now,
     )

@@ -46,6 +46,7 @@ def warm_op(
         tenant=tenant,
         chunk_refs=prefix.chunk_refs,
         token_ids=prefix.token_ids,
+        chunk_spans=prefix.chunk_spans,
         question=question,
         pin=pin,
         hold=hold,

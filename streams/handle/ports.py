@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from schemas import ChunkRef, KbChange
 from schemas.chunks import Outgoing, ReplicaRecord
+from schemas.events import ChunkSpan
 from schemas.prefix import PromptParams
 from streams.decide.synthetic import SynthesisPrompt
 
@@ -19,6 +20,9 @@ class WarmPrefix:
     prefix_hash: str
     token_ids: list[int]
     chunk_refs: list[ChunkRef]
+    # Where each chunk stands in `token_ids` (the prompt builder knows): the prefill
+    # carries them so the worker donates the chunks' KV on arrival. Empty: not known.
+    chunk_spans: list[ChunkSpan] = field(default_factory=list)
 
 
 class RagPort(Protocol):

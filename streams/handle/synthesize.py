@@ -125,7 +125,8 @@ async def on_synthesized(p: HandlerDeps, event: WorkerEvent) -> None:
         # chunks) but does not re-warm it; the worker's LRU may evict it first.
         await p.out.op(PrefixOp(
             op="warm_on", prefix_hash=prefix_hash, tenant=tenant, chunk_refs=prefix.chunk_refs,
-            token_ids=prefix.token_ids, target_worker=event.worker_id, synthetic=True,
+            token_ids=prefix.token_ids, chunk_spans=prefix.chunk_spans,
+            target_worker=event.worker_id, synthetic=True,
             reason="synthetic question",
         ))
         p.stats["synthetic_prefixes_warmed"] += 1

@@ -59,7 +59,8 @@ def worker(worker_factory: Callable[..., WorkerProc], kafka_bootstrap: str,
     proc.stop()
 
 
-def ask(worker: WorkerProc, tokenizer, chunk_ids: list[str], text: str) -> dict:
+def ask(worker: WorkerProc, tokenizer, chunk_ids: list[str], text: str,
+        tenant: str = TENANT) -> dict:
     """One completion of the canonical prompt of `chunk_ids` and a question; its usage."""
     def ids(s: str) -> list[int]:
         return list(tokenizer(s, add_special_tokens=False)["input_ids"])
@@ -71,7 +72,7 @@ def ask(worker: WorkerProc, tokenizer, chunk_ids: list[str], text: str) -> dict:
         prompt += tokens
     prompt += ids(question(text))
     response = worker.post("/v1/completions", {
-        "prompt": prompt, "max_tokens": 1, "temperature": 0, "tenant": TENANT,
+        "prompt": prompt, "max_tokens": 1, "temperature": 0, "tenant": tenant,
         "chunk_refs": [ref(c) for c in chunk_ids], "chunk_spans": spans,
     })
     assert response.status_code == 200, response.text
@@ -114,3 +115,52 @@ def test_a_first_ask_blends_chunks_other_prompts_computed_until_one_changes(
                         (["b#0", "c#0", "a#0"], "What does Argo CD compare?")):
         again = ask(worker, tokenizer, order, text)
         assert again["blended"] == again["chunks"]["a#0"] + again["chunks"]["c#0"], order
+
+
+def warm(kafka_producer: KafkaProducer, namespace: str, tokenizer, tenant: str,
+         chunk_ids: list[str], *, with_spans: bool) -> None:
+    """A warmup `prefill` on `warmup.commands` of the canonical prefix of `chunk_ids`, as the
+    streams app sends it: with where each chunk stands (v5) or, as before, without."""
+    def ids(s: str) -> list[int]:
+        return list(tokenizer(s, add_special_tokens=False)["input_ids"])
+
+    prefix, spans = ids(OPENING), []
+    for chunk_id in chunk_ids:
+        tokens = ids(TEXTS[chunk_id])
+        spans.append({**ref(chunk_id), "start": len(prefix), "end": len(prefix) + len(tokens)})
+        prefix += tokens
+    prefix += ids("<|im_end|>\n<|im_start|>user\n")
+    command = WarmupCommand(
+        command_id=f"c-{uuid.uuid4().hex[:8]}", op="prefill", tenant=tenant, token_ids=prefix,
+        chunk_refs=[ChunkRef(**ref(c)) for c in chunk_ids],
+        chunk_spans=spans if with_spans else [], pin=True, reason="test warmup",
+    )
+    kafka_producer.send(namespace + WARMUP_COMMANDS, key=b"1" * 32, value=encode(command))
+
+
+def held_in(worker: WorkerProc, tenant: str) -> int:
+    items = worker.get("/v1/cache").json()["items"]
+    return sum(item.get("tenant") == tenant for item in items)
+
+
+def test_a_first_ask_blends_chunks_only_warmups_computed_when_they_carried_their_places(
+    worker: WorkerProc, tokenizer, kafka_producer: KafkaProducer, namespace: str,
+) -> None:
+    # The same three warm prefixes (each chunk after a filler) in two tenants: with the
+    # chunks' places on the command, and without (a v4-style prefill). No request hits them.
+    pairs = (("x#0", "a#0"), ("y#0", "b#0"), ("z#0", "c#0"))
+    for tenant, with_spans in ((TENANT, True), (TENANT + "-nospans", False)):
+        for filler, chunk_id in pairs:
+            warm(kafka_producer, namespace, tokenizer, tenant, [filler, chunk_id],
+                 with_spans=with_spans)
+    kafka_producer.flush()
+    deadline = time.monotonic() + 120
+    while held_in(worker, TENANT) < 3 or held_in(worker, TENANT + "-nospans") < 3:
+        assert time.monotonic() < deadline, "the warmups never reached the worker"
+        time.sleep(0.5)
+
+    # Never asked, no cached prefix covers its chunks: only donated chunk KV can serve them.
+    order, text = ["c#0", "a#0", "b#0"], "How does Argo CD deploy?"
+    first = ask(worker, tokenizer, order, text, tenant=TENANT)
+    assert 0 < first["blended"] <= sum(first["chunks"].values())
+    assert ask(worker, tokenizer, order, text, tenant=TENANT + "-nospans")["blended"] == 0

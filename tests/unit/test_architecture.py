@@ -23,6 +23,11 @@ LONG_MODULES: dict[str, tuple[int, str]] = {
         "PrefixCache is one job (admit, look up, invalidate, evict over the block pool); its "
         "pure helpers already live in workers/kv/entries.py",
     ),
+    "schemas/events.py": (
+        560,
+        "the wire models, one per event type and version, each read by codec's one "
+        "registry; versions subclass each other, so a version's fields sit beside its base's",
+    ),
 }
 
 

@@ -111,7 +111,7 @@ def test_v2_command_reads_as_v3():
     old = WarmupCommandV2(command_id="c", op="prefill", token_ids=[1, 2])
     cmd = decode(encode(old), WarmupCommand)
     assert type(cmd) is WarmupCommand
-    assert cmd.schema_version == 4
+    assert cmd.schema_version == WarmupCommand.VERSION
     assert cmd.opening_ids == []
 
 

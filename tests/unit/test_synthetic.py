@@ -148,7 +148,7 @@ def test_clean_questions_drop_duplicates_and_unusable_ones():
 def test_synthesize_needs_a_prompt_samples_and_a_temperature():
     base = {"command_id": "c", "op": "synthesize", "token_ids": [1, 2], "samples": 2,
             "max_new_tokens": 8, "temperature": 1.3}
-    assert WarmupCommand(**base).schema_version == 4
+    assert WarmupCommand(**base).schema_version == WarmupCommand.VERSION
     for field, bad in (("token_ids", []), ("samples", 0), ("temperature", None),
                        ("primer_tokens", 2)):
         with pytest.raises(ValueError, match=field if field != "samples" else "samples"):

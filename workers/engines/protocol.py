@@ -160,11 +160,14 @@ class Engine(Protocol):
         pin: bool = False,
         command_id: str | None = None,
         kind: Kind = "managed",
+        chunks: Sequence[ChunkSpan] = (),
     ) -> PrefillResult:
         """Compute and store KV for the block-aligned prefix of `token_ids`.
 
         `kind="request"` stores it as request caching (evictable, no TTL) rather than
-        warmup. Raises `workers.kv.cache.WarmupRefused` when the prefix cannot fit the budget.
+        warmup. `chunks`: where the prompt's chunks stand, when the caller knows; their KV
+        is then offered for blending into other prompts at once. Raises
+        `workers.kv.cache.WarmupRefused` when the prefix cannot fit the budget.
         """
         ...
 

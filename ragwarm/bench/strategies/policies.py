@@ -39,7 +39,8 @@ class PolicyContext:
         return self.worker.apply(WarmupCommand(
             command_id=command_id(), op="prefill", worker_id=self.worker.worker_id,
             prefix_hash=prefix.prefix_hash, tenant=self.tenant, token_ids=prefix.token_ids,
-            chunk_refs=prefix.chunk_refs, ttl_s=ttl_s, pin=pin, reason=why,
+            chunk_refs=prefix.chunk_refs, chunk_spans=prefix.chunk_spans, ttl_s=ttl_s, pin=pin,
+            reason=why,
         ))
 
     def release(self, prefix_hash: str, why: str) -> str:
