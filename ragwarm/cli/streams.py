@@ -211,6 +211,10 @@ def streams(web_port: int | None, loglevel: str, insecure: bool) -> None:
     kafka = KafkaSettings()
     # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
     rag = loading_rag(ModelSettings())
+    # Loading starts first: importing torch is the longest part of a restart (issue 40). A
+    # model or index that will not open stops the app (SIGTERM: Faust leaves its group
+    # cleanly) and the command fails with the reason, as when it was loaded before Faust.
+    rag.start(on_failure=lambda exc: os.kill(os.getpid(), signal.SIGTERM))
     built = build_app(settings, kafka, rag)
     built.deps.loading = rag.loading
     rag.count_embedding(built.deps.stats)
@@ -220,9 +224,6 @@ def streams(web_port: int | None, loglevel: str, insecure: bool) -> None:
         f"streams: app {settings.app_id} on {kafka.servers}, "
         f"views at http://{settings.web_host}:{settings.web_port}/ragwarm/stats"
     )
-    # A model or index that will not open stops the app (SIGTERM: Faust leaves its group
-    # cleanly) and the command fails with the reason, as when it was loaded before Faust.
-    rag.start(on_failure=lambda exc: os.kill(os.getpid(), signal.SIGTERM))
     try:
         Worker(built.app, loglevel=loglevel,
                logging_config=faust_logging_config()).execute_from_commandline()
