@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -92,15 +92,21 @@ class RagService:
         models: ModelSettings,
         rag: RagSettings | None = None,
         qdrant: QdrantSettings | None = None,
+        on_part: Callable[[str], None] = lambda part: None,
     ) -> RagService:
+        """Load the tokenizer and the embedder, then open the store; `on_part` is told each
+        part before it loads (`ragwarm.rag_loading` reports it while the app starts)."""
         from ragwarm.models import llm_dir, load_embedder, load_tokenizer
 
         rag = rag or RagSettings()
+        on_part("tokenizer")
         tokenizer = load_tokenizer(llm_dir(models=models))
+        on_part("embedder")
         embedder = load_embedder(
             models, rag.embed_batch_size, rag.embed_precision, rag.embed_threads
         )
         qdrant = qdrant or qdrant_settings()
+        on_part("index")
         store = ChunkStore.open(qdrant, rag.collection, embedder.dim)
         return cls(
             store,
@@ -110,6 +116,13 @@ class RagService:
             models.llm_name,
             replicated=qdrant.local,
         )
+
+    @staticmethod
+    def params_of(models: ModelSettings, rag: RagSettings) -> PromptParams:
+        """`prompt_params` of the service `open` builds from these settings, without
+        loading anything (the app's health view answers with it while the models load)."""
+        return PromptParams.of(system_prompt=rag.system_prompt, top_k=rag.top_k,
+                               model=models.llm_name, block_size=BLOCK_SIZE)
 
     def close(self) -> None:
         self.store.close()

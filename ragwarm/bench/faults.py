@@ -412,10 +412,13 @@ ORDER = ("faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalida
               show_default=True,
               help="The query load's path: the gateway's (its own worker view and index "
               "replica) or RagClient's (retrieval and routing through the streams app).")
+@click.option("--worker-disk-tier", is_flag=True,
+              help="Run the workers with the disk KV tier (RAGWARM_WORKER_DISK_TIER), each "
+              "on its own folder: the killed worker restarts with what it held.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def faults(events: Path, questions: Path, kills: int, seed: int, docs: int, edits: int,
            hot: int, queries: int, query_gap_s: float, edit_gap_s: float, grace_s: float,
-           via: str, as_json: bool) -> None:
+           via: str, worker_disk_tier: bool, as_json: bool) -> None:
     """Replay edits under faults (kills, broker restart, store outage, moved host) and
     compare the end state with the trace's oracle. Defaults are a quick scale for a small
     machine: --docs 0 with --edits at least the trace's edit count replays all of it."""
@@ -434,7 +437,8 @@ def faults(events: Path, questions: Path, kills: int, seed: int, docs: int, edit
     if not sliced.edits:
         raise click.ClickException("the slice has no edits to replay; raise --docs or --edits")
     with tempfile.TemporaryDirectory(prefix="ragwarm-faults-") as tmp:
-        stack = FaultStack(own_broker(Path(tmp), say), Path(tmp), llm_dir(), say)
+        stack = FaultStack(own_broker(Path(tmp), say), Path(tmp), llm_dir(), say,
+                           disk_tier=worker_disk_tier)
         try:
             result = run(stack, sliced, o, say)
         finally:

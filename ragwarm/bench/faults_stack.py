@@ -46,8 +46,10 @@ class FaultStack:
     """The broker, the streams app (its disk under a "host" folder that a host move swaps
     for an empty one) and workers w1, w2."""
 
-    def __init__(self, broker: LocalKafka, workdir: Path, llm_path: Path, say: Say):
+    def __init__(self, broker: LocalKafka, workdir: Path, llm_path: Path, say: Say,
+                 disk_tier: bool = False):
         self.broker, self.workdir, self.say = broker, workdir, say
+        self.disk_tier = disk_tier
         self.kafka = broker.kafka
         base = {"RAGWARM_KAFKA_BOOTSTRAP": self.kafka.servers, "RAGWARM_KAFKA_TOPIC_PREFIX": ""}
         port = free_port()
@@ -73,6 +75,9 @@ class FaultStack:
         # No reactive caching of answered prompts: every entry a worker holds was sent by
         # the pipeline with its chunk refs, so a stale one is the pipeline's miss.
         env = base | {"RAGWARM_WORKER_HEARTBEAT_S": "1", "RAGWARM_WORKER_CACHE_REQUESTS": "false"}
+        if self.disk_tier:  # a restarted worker serves its tier at once (issue 40)
+            env |= {"RAGWARM_WORKER_DISK_TIER": "true",
+                    "RAGWARM_WORKER_DISK_TIER_PATH": str(self.workdir / "kv-tier" / worker_id)}
         return Proc(f"faults-{worker_id}", ["worker", "--worker-id", worker_id, "--port",
                                             str(port)],
                     self.workdir, f"http://127.0.0.1:{port}/health/ready", env)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +14,7 @@ from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings, keyring
 from streams.settings import StreamsSettings
 
 if TYPE_CHECKING:
+    from ragwarm.rag_loading import LoadingRag
     from streams.shell.replica import ChunkReplica
 
 log = logging.getLogger(__name__)
@@ -200,7 +203,6 @@ def streams(web_port: int | None, loglevel: str, insecure: bool) -> None:
     from faust.worker import Worker
 
     from ragwarm.logs import faust_logging_config
-    from ragwarm.rag_port import RagService
 
     settings = StreamsSettings()
     if web_port is not None:
@@ -208,8 +210,13 @@ def streams(web_port: int | None, loglevel: str, insecure: bool) -> None:
     check_security(settings, insecure)
     kafka = KafkaSettings()
     # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
-    rag = RagService.open(ModelSettings())
+    rag = loading_rag(ModelSettings())
+    # Loading starts first: importing torch is the longest part of a restart (issue 40). A
+    # model or index that will not open stops the app (SIGTERM: Faust leaves its group
+    # cleanly) and the command fails with the reason, as when it was loaded before Faust.
+    rag.start(on_failure=lambda exc: os.kill(os.getpid(), signal.SIGTERM))
     built = build_app(settings, kafka, rag)
+    built.deps.loading = rag.loading
     rag.count_embedding(built.deps.stats)
     wait_for_broker(kafka, settings.broker_wait_s)
     ensure_topics(built, kafka)
@@ -222,3 +229,24 @@ def streams(web_port: int | None, loglevel: str, insecure: bool) -> None:
                logging_config=faust_logging_config()).execute_from_commandline()
     finally:
         rag.close()
+        if rag.error is not None:
+            raise click.ClickException(f"streams: the RAG layer failed to load: {rag.error}")
+
+
+def loading_rag(models: ModelSettings) -> LoadingRag:
+    """The RAG layer, to load beside Faust's start (`ragwarm.rag_loading`). The model
+    directories are checked here, so a missing model fails at once with its hint."""
+    from rag.settings import RagSettings
+    from ragwarm.models import embed_model_dir, llm_dir
+    from ragwarm.rag_loading import LoadingRag
+    from ragwarm.rag_port import RagService
+    from ragwarm.settings import qdrant_settings
+
+    llm_dir(models=models)
+    embed_model_dir(models)
+    rag, qdrant = RagSettings(), qdrant_settings()
+    return LoadingRag(
+        lambda on_part: RagService.open(models, rag, qdrant, on_part),
+        RagService.params_of(models, rag),
+        replicated=qdrant.local,
+    )

@@ -157,6 +157,9 @@ class HandlerDeps:
     # The hot-tick timer and a worker's `ready` both re-plan the hot set; one at a time.
     hot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     readiness: Readiness = field(default_factory=Readiness)
+    # The part of the RAG layer still loading in the background (ragwarm.rag_loading), None
+    # once loaded: the ready probe waits for it too and names it.
+    loading: Callable[[], str | None] = field(default=lambda: None)
     # The partition of a table key among n (the producer's partitioner in the app).
     partition_of: Callable[[str, int], int] = field(default=lambda key, n: 0)
     # The index replica fed by rag.chunks (streams.shell.replica); None: nothing to publish.
