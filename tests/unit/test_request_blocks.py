@@ -84,6 +84,15 @@ def test_warm_entries_keep_their_rules_and_get_no_runs():
     assert managed.managed and len(cache) == 4  # a warmup stores one entry, as before
 
 
+def test_a_request_under_an_evictable_warm_entry_still_gets_its_runs():
+    cache, _ = block_cache(10)
+    cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=20, ttl_s=60.0)  # unpinned, TTL'd
+    cache.admit(tenant="t1", hashes=chain(1, 2, 3), nbytes=30, kind="request")
+    # The warm entry may be evicted: the request's head (1) is its own eviction unit.
+    assert sorted((e.n_blocks, e.managed) for e in cache.entries()) == [
+        (1, False), (2, True), (3, False)]
+
+
 def test_a_run_keeps_the_chunk_refs_that_start_in_it():
     cache, _ = block_cache(10)
     refs = {("c1", "h1"): 0, ("c2", "h2"): 32}  # c2 starts in the third block

@@ -11,7 +11,9 @@ How, over the entry model: a request's prompt is stored as one request entry per
 of its blocks (blocks are shared, so the runs cost no bytes beyond the prompt's own). An
 eviction then frees one block at a time, the prompt's last first; a hit touches every run
 along the match, its shortest last, so the head is the most recent. Warm entries (pinned or
-with a TTL) keep their own semantics: no runs are added under blocks a warm entry holds.
+with a TTL) keep their own semantics: a warmup stores one entry, and no runs are added under
+a pinned entry's blocks (they could not go); under an evictable warm entry's (a TTL'd or
+expired one, `history`'s fill) they are, so a request's head outlives that entry too.
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ class BlockRequestCache(PrefixCache):
             last = chain[k - 1]
             if last in self._entries or last not in self.pool:
                 continue  # a run already stored, or the prompt's entry lost it to eviction
-            if self._warm_holds(last):
-                break  # a warm entry holds this run and every shorter one: its rules apply
+            if self.pool[last].pins:
+                break  # a pinned entry holds this run and every shorter one: none could go
             starts = {r: s for r, s in entry.chunk_starts.items() if s < k * self.block_size}
             sizes = [self.pool[h].nbytes for h in chain[:k]]
             try:
@@ -92,12 +94,6 @@ class BlockRequestCache(PrefixCache):
                 break  # only the entry count can refuse (the blocks are held): keep the rest
             evicted += gone
         return evicted
-
-    def _warm_holds(self, block_hash: str) -> bool:
-        return any(
-            key in self._entries and self._entries[key].managed
-            for key in self.pool[block_hash].holders
-        )
 
     def _touch(self, entry: CacheEntry, t: float) -> None:
         entry.last_used = t
