@@ -21,15 +21,17 @@ from workers.kv.cache import PrefixCache, WarmupRefused
 from workers.kv.chunk_kv import plan_pieces
 from workers.kv.donors import DonorIndex
 from workers.kv.memory import Budget
+from workers.kv.request_blocks import make_prefix_cache
 
 
 def make_cache(budget: Budget, clock: Callable[[], float], block_size: int,
-               policy: str = "lru") -> PrefixCache:
+               policy: str = "lru", request_caching: str = "entry") -> PrefixCache:
     """A prefix cache on the simulated clock, evicting by `policy` (the policy's worker:
-    `Policy.eviction`); entries live until evicted unless a TTL is given (request caching,
-    like vLLM's, has no TTL)."""
-    return PrefixCache(budget, policy=policy, clock=clock, default_ttl_s=None,
-                       block_size=block_size)
+    `Policy.eviction`), request caching per `request_caching` ("block" or "entry", as
+    `RAGWARM_WORKER_REQUEST_CACHING`); entries live until evicted unless a TTL is given
+    (request caching, like vLLM's, has no TTL)."""
+    return make_prefix_cache(request_caching, budget, policy=policy, clock=clock,
+                             default_ttl_s=None, block_size=block_size)
 
 
 # Fallback cost model: SmolLM2-135M, torch engine, 1 thread on a shared 2-core CPU, fitted

@@ -14,6 +14,7 @@ from workers.engine_lock import DEFAULT_BACKGROUND_MAX_WAIT_S
 from workers.kv.blocks import BLOCK_SIZE
 from workers.kv.eviction import DEFAULT_POLICY, make_policy
 from workers.kv.memory import DEFAULT_MAX_ENTRIES, GiB
+from workers.kv.request_blocks import DEFAULT_REQUEST_CACHING
 from workers.synthesis import DEFAULT_PER_MINUTE
 
 # The names workers.engines.blend.SELECTORS accepts (kept here so settings import no torch).
@@ -58,6 +59,12 @@ class WorkerSettings(BaseSettings):
         default=DEFAULT_POLICY,
         description="Which unpinned prefix goes first: slru (those never hit again first, "
         "then least recently used), lru, lfu-aged or gdsf.",
+    )
+    request_caching: Literal["block", "entry"] = Field(
+        default=DEFAULT_REQUEST_CACHING,
+        description="How request caching (the prompts a worker keeps unpinned, without a TTL) "
+        "evicts: block (one block at a time, a prompt's last first; a hit touches every block "
+        "along the match, as vLLM's prefix caching) or entry (a prompt at once).",
     )
     ttl_s: float = Field(
         default=3600.0, gt=0, description="Lifetime of a cached prefix unless a command sets one."

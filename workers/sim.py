@@ -15,11 +15,10 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
-from schemas.prefix import prefix_kv_bytes
 from workers.api import Limits
 from workers.cost_engine import CostModel
 from workers.engines.protocol import Engine, GenerateRequest, GenerationResult
-from workers.kv.cache import ChunkKey, PrefixCache, WarmupRefused
+from workers.kv.cache import ChunkKey, PrefixCache
 from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.memory import MEMORY_THRESHOLD
 from workers.metrics import WorkerMetrics
@@ -113,12 +112,9 @@ class SimWorker:
         cache_requests: bool,
         ttft_runs: int = 1,
         chunk_reuse: bool = False,
-        block_level: bool = False,
     ) -> None:
         # Blending held chunk KV: its answers are another computation than any exact one.
         self.chunk_reuse = chunk_reuse
-        # Request caching per block (vLLM's prefix caching): see `_per_block`.
-        self.block_level = block_level
         self.ttft_runs = ttft_runs
         self.clock = clock
         self.worker_id = worker_id
@@ -247,29 +243,7 @@ class SimWorker:
             raise RuntimeError("the runtime stopped a generation nobody cancelled")
         if known is not None:
             self.reruns += 1
-        if self.block_level and self.runtime.cache_requests:
-            self._per_block(token_ids, tenant, result.cached_tokens // self.engine.block_size)
         return result
-
-    def _per_block(self, token_ids: Sequence[int], tenant: str, matched: int) -> None:
-        """After a request, every leading run of its blocks as its own request entry, so
-        that eviction takes one block at a time; recency as vLLM's free queue leaves it:
-        the blocks hit along the match touched, the prompt's first block the most recent
-        and its last the least (vLLM frees a request's blocks tail first)."""
-        cache, block = self.cache, self.engine.block_size
-        hashes = self.engine.block_hashes(token_ids, tenant=tenant)
-        for k in range(len(hashes), 0, -1):
-            head = hashes[:k]
-            if head[-1] not in cache.pool:
-                continue  # not stored (caching refused, or the request's last block)
-            if head[-1] in cache and k <= matched:
-                cache.lookup(head)
-            elif head[-1] not in cache:
-                nbytes = prefix_kv_bytes(k * block, self.engine.kv_bytes_per_token, block)
-                try:
-                    cache.admit(tenant=tenant, hashes=head, nbytes=nbytes, kind="request")
-                except WarmupRefused:
-                    return  # the blocks are held already: only the entry count can refuse
 
     def _served(self, result: GenerationResult, ttft_s: float, *,
                 restored: frozenset[ChunkKey] | None = None) -> SimAnswer:

@@ -25,15 +25,23 @@ T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 def worker(clock: SimClock, *, max_bytes: int = 10**9, block_level: bool = False,
            policy: str = "lru") -> SimWorker:
-    cache = make_cache(Budget(max_bytes, 1000, max_bytes), clock, BLOCK, policy)
+    cache = make_cache(Budget(max_bytes, 1000, max_bytes), clock, BLOCK, policy,
+                       "block" if block_level else "entry")
     engine = CostEngine(CostModel(100.0, 1.0), cache, model_id="m", kv_bytes_per_token=1)
-    return SimWorker(engine, clock, worker_id="w", cache_requests=True,
-                     block_level=block_level)
+    return SimWorker(engine, clock, worker_id="w", cache_requests=True)
 
 
 def prefill(w: SimWorker, tokens: list[int]) -> str:
     return w.apply(WarmupCommand(command_id="c", op="prefill", worker_id="w", prefix_hash="ab" * 8,
                                  tenant="t", token_ids=tokens, pin=False, reason="test"))
+
+
+def test_reactive_caches_per_block_and_the_streams_policies_as_ragwarms_worker_does():
+    assert Reactive.request_caching("entry") == "block"
+    assert policy_class("reactive-offload").request_caching("block") == "entry"
+    for name in ("scheduled", "history", "event-rag", "hybrid"):
+        assert policy_class(name).request_caching("block") == "block"
+        assert policy_class(name).request_caching("entry") == "entry"
 
 
 def test_every_policy_evicts_as_ragwarms_worker_unless_told_otherwise():

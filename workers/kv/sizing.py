@@ -7,6 +7,7 @@ from typing import Any
 
 from workers.kv.cache import PrefixCache
 from workers.kv.memory import LARGE_WARM_SHARE, Budget, plan_budget
+from workers.kv.request_blocks import make_prefix_cache
 from workers.settings import WorkerSettings
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -50,7 +51,8 @@ def cache_for(
         budget = Budget(cap, settings.max_entries, int(cap * LARGE_WARM_SHARE))
     else:
         budget = plan_budget(total_memory, cap, max_entries=settings.max_entries)
-    return PrefixCache(
+    return make_prefix_cache(
+        settings.request_caching,
         budget,
         policy=settings.eviction_policy,
         default_ttl_s=settings.ttl_s,

@@ -45,7 +45,7 @@ def open_lane(cls: type[Policy], engine: Any, clock: SimClock, rag: SimRag,
     the policy keeps it) on `engine`: the torch engine or the model-free cost engine."""
     worker = SimWorker(engine, clock, worker_id=f"sim-{cls.name}",
                        cache_requests=cls.cache_requests, ttft_runs=ttft_runs,
-                       chunk_reuse=cls.chunk_reuse, block_level=cls.block_level)
+                       chunk_reuse=cls.chunk_reuse)
     return Lane(cls(PolicyContext(worker, rag, settings, clock, past)), worker)
 
 

@@ -25,6 +25,7 @@ from workers.cost_engine import CostEngine, CostModel, fit_cost, make_cache
 from workers.kv.blocks import BLOCK_SIZE
 from workers.kv.eviction import DEFAULT_POLICY
 from workers.kv.memory import DEFAULT_MAX_ENTRIES, Budget
+from workers.kv.request_blocks import DEFAULT_REQUEST_CACHING
 
 
 @dataclass
@@ -45,10 +46,12 @@ def evaluate(
     cost: CostModel | None = None,
     block_size: int = BLOCK_SIZE,
     eviction: str = DEFAULT_POLICY,
+    request_caching: str = DEFAULT_REQUEST_CACHING,
 ) -> tuple[list[Outcome], CostModel, Lane]:
     """Replay `events` (in timestamp order) against `policy` with a KV budget of `kv_bytes`;
     `eviction` is ragwarm's worker's: every policy's, or with `settings.same_eviction` off
-    only the streams app's policies' (the others evict LRU, as vLLM).
+    only the streams app's policies' (the others evict LRU, as vLLM); `request_caching` is
+    its request caching's ("block" or "entry"), for the policies that run ragwarm's worker.
     Raises ValueError naming the valid policies for an unknown one."""
     cls = policy_class(policy)
     if cls.disk_tier:
@@ -60,7 +63,8 @@ def evaluate(
     clock = SimClock()
     budget = Budget(kv_bytes, DEFAULT_MAX_ENTRIES, kv_bytes)
     cache = make_cache(budget, clock, block_size,
-                       cls.eviction_on(eviction, same=settings.same_eviction))
+                       cls.eviction_on(eviction, same=settings.same_eviction),
+                       cls.request_caching(request_caching))
     engine = CostEngine(cost, cache, model_id="offline",
                         kv_bytes_per_token=settings.streams.kv_bytes_per_token)
     rag = LogRag(ordered, tenant=settings.tenant, block_size=block_size, model=engine.model_id,

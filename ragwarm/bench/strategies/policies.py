@@ -80,8 +80,17 @@ class Policy:
     eviction: ClassVar[str | None] = "lru"
     # Request caching per block, as vLLM's prefix caching: each block of a prompt is its own
     # eviction unit, a hit touches every block along the match, and a prompt's tail blocks
-    # go before its head (`SimWorker.block_level`).
-    block_level: ClassVar[bool] = False
+    # go before its head (`workers.kv.request_blocks`). None: ragwarm's worker's setting
+    # (`RAGWARM_WORKER_REQUEST_CACHING`), as the streams app's policies run.
+    block_level: ClassVar[bool | None] = None
+
+    @classmethod
+    def request_caching(cls, worker_caching: str) -> str:
+        """How its worker's request caching evicts ("block" or "entry"), where ragwarm's
+        worker's does by `worker_caching`."""
+        if cls.block_level is None:
+            return worker_caching
+        return "block" if cls.block_level else "entry"
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx

@@ -194,8 +194,9 @@ class Runner:
         base, tier, cls = self.rig.base, None, policy_class(name)
         eviction = cls.eviction_on(self.rig.worker_settings.eviction_policy,
                                    same=self.settings.same_eviction)
-        cache = make_cache(self.budget, self.clock, self.rig.worker_settings.block_size,
-                           eviction)
+        worker = self.rig.worker_settings
+        cache = make_cache(self.budget, self.clock, worker.block_size, eviction,
+                           cls.request_caching(worker.request_caching))
         if self.rig.cost is not None:
             return CostEngine(self.rig.cost, cache, model_id=base.model_id,
                               kv_bytes_per_token=base.kv_bytes_per_token)
