@@ -76,6 +76,9 @@ class _Recorder:
         self.selection = blender.selection
         self.logits: torch.Tensor | None = None
 
+    def __getattr__(self, name: str) -> Any:  # the rest (its cost estimate) is the blender's
+        return getattr(self.blender, name)
+
     def blend(self, request: Any, exact: Any, cached: int) -> Any:
         out = self.blender.blend(request, exact, cached)
         self.logits = None if out is None else out[0].logits
@@ -219,7 +222,8 @@ def calibrate(engine: TorchEngine, cases: Sequence[Case], shares: Sequence[float
     from workers.engines.chunk_reuse import ChunkBlender
 
     models = load_models(engine)
-    blenders = {s: _Recorder(ChunkBlender(engine, Selection(method=method, share=s)))
+    # gate=False: every share is measured, never skipped by the worker's cost estimate.
+    blenders = {s: _Recorder(ChunkBlender(engine, Selection(method=method, share=s), gate=False))
                 for s in shares}
     tally = Tally(shares={s: [] for s in shares})
     for i, case in enumerate(cases, 1):
