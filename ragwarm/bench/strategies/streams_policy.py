@@ -143,8 +143,8 @@ def hybrid_blends() -> bool:
 
 class Hybrid(StreamsPolicy):
     """`hybrid`: event-rag plus hot-tokens (the streams app with every input) on top of the
-    worker's request caching (ragwarm's worker: SLRU where `reactive` has vLLM's LRU, so a
-    prompt asked again outlives those asked once); a ready worker gets the hot set, then
+    worker's request caching (SLRU, so a prompt asked again outlives those asked once; the
+    fair bench gives every policy the same eviction); a ready worker gets the hot set, then
     the tracked prefixes most used, expired or not (what `history` warms); an edit also
     re-checks recently asked questions its chunks may now serve (`edit_watch`). Its worker
     blends donated chunk KV where that is cheaper (`hybrid_blends`)."""
