@@ -73,7 +73,9 @@ def test_a_small_fault_run_loses_nothing(tmp_path):
     assert result["transient_dead_letters"] == 0
     assert result["worker_rewarm_s"] is not None and result["worker_rewarm_s"] > 0
     assert result["queries"] >= 1 and result["streams_recovery_s_max"] > 0
-    assert "recovering tables" in result["streams_recovery_phases_s_p50"]
+    # The ready probe's reasons name every part still pending ("recovering tables; loading
+    # the tokenizer" while the models load beside Faust): table recovery is one of them.
+    assert any("recovering tables" in phase for phase in result["streams_recovery_phases_s_p50"])
     # One per fault injected (the host move is the streams kill), with what it answered.
     assert sorted(o["kind"] for o in result["outages"]) == [
         "broker_restarts", "host_moves", "store_outages", "worker_kills"]
