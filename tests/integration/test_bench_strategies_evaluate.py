@@ -68,7 +68,11 @@ def test_reactive_and_event_rag_on_a_logged_stream(kafka_bootstrap: str, queries
     event_rag = json.loads(_evaluate(kafka_bootstrap, queries, "--from", "beginning",
                                      "--evaluate", "event-rag", "--json").stdout)
     assert event_rag["hit_rate"] == 1.0
-    assert event_rag["est_ttft_p99_ms"] < got["est_ttft_p99_ms"]
+    assert event_rag["cached_token_share"] > got["cached_token_share"]
+    # A log holds no KB events: the change is seen from the ask that reveals it, so its
+    # re-warm starts then and, as warmups now cost the worker's time, that ask waits for it
+    # (as long as reactive's miss). The tail can tie; it is never worse.
+    assert event_rag["est_ttft_p99_ms"] <= got["est_ttft_p99_ms"]
     assert event_rag["est_ttft_p90_ms"] is not None
 
 
