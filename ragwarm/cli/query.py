@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import Callable
 
 import click
 
@@ -43,10 +46,17 @@ def query(question: str, tenant: str | None, max_tokens: int | None, as_json: bo
     quiet_http_logs()
     if not question.strip():
         raise click.UsageError("QUESTION is empty")
+    from ragwarm.client.wire import StreamsUnavailable
+
     on_token = None if as_json else (lambda text: click.echo(text, nl=False))
     try:
-        with RagClient.open() as client:
-            answer = client.query(question, tenant, max_tokens, on_token)
+        try:
+            with RagClient.open() as client:
+                answer = client.query(question, tenant, max_tokens, on_token)
+        except StreamsUnavailable as exc:
+            click.echo(f"{exc}\nAnswering without it: reading rag.chunks and worker.events "
+                       "in this process, as the gateway does (slower to start).", err=True)
+            answer = asyncio.run(answer_alone(question, tenant, max_tokens, on_token))
     except (ClientError, ModelMissing, KafkaUnreachable) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -55,3 +65,33 @@ def query(question: str, tenant: str | None, max_tokens: int | None, as_json: bo
     click.echo("\n")
     for line in summary_lines(answer):
         click.echo(line)
+
+
+async def answer_alone(question: str, tenant: str | None, max_tokens: int | None,
+                       on_token: Callable[[str], None] | None,
+                       catch_up_s: float = 300.0) -> Answer:
+    """One answer while the streams app is down: the gateway's own path in this process (a
+    replica of the index from rag.chunks, unless a Qdrant server is set, and a view of the
+    workers from worker.events), read up to the topics' ends before the question is asked."""
+    from ragwarm.client.independent import open_gateway_client
+    from ragwarm.client.settings import ClientSettings
+    from ragwarm.gateway.app import own_path
+    from ragwarm.gateway.settings import GatewaySettings
+    from ragwarm.settings import ModelSettings
+
+    async def echo(text: str) -> None:
+        if on_token is not None:
+            on_token(text)
+
+    client = await open_gateway_client(own_path(GatewaySettings()), ClientSettings(),
+                                       ModelSettings())
+    async with client:
+        deadline = time.monotonic() + catch_up_s
+        for feed in client.feeds:
+            while not feed.caught_up.is_set():
+                if time.monotonic() > deadline:
+                    raise click.ClickException(
+                        f"{feed.topic} not read to its end within {catch_up_s:.0f} s "
+                        f"({feed.records} records so far); is Kafka up?")
+                await asyncio.sleep(0.2)
+        return await client.query(question, tenant, max_tokens, echo)

@@ -84,9 +84,12 @@ class AsyncRagClient(ClientCore[httpx.AsyncClient]):
     async def open(cls, settings: ClientSettings | None = None,
                    kafka: KafkaSettings | None = None,
                    models: ModelSettings | None = None,
-                   rag: RagSettings | None = None) -> AsyncRagClient:
+                   rag: RagSettings | None = None, *,
+                   streams_optional: bool = False) -> AsyncRagClient:
         """A client with its tokenizer, warmed pools and (unless disabled) its Kafka producer;
-        PromptMismatch when the streams app builds canonical prompts otherwise."""
+        PromptMismatch when the streams app builds canonical prompts otherwise.
+        `streams_optional`: open even while the app does not answer (a client that routes
+        and retrieves by its own view, the gateway's); the check then waits for it."""
         from ragwarm.models import llm_dir, load_tokenizer
 
         config = ClientConfig.resolve(settings, kafka, models, rag)
@@ -94,7 +97,15 @@ class AsyncRagClient(ClientCore[httpx.AsyncClient]):
         async with AsyncExitStack() as undo:
             streams = make_async_pool(config.settings, url, headers=config.headers)
             undo.push_async_callback(streams.aclose)
-            check_prompt(await check_streams(streams, url), config.params, url)
+            down: StreamsUnavailable | None = None
+            try:
+                health = await check_streams(streams, url)
+            except StreamsUnavailable as exc:
+                if not streams_optional:
+                    raise
+                down = exc
+            else:  # fail fast, before the slow tokenizer load, when the stack differs
+                check_prompt(health, config.params, url)
             tokenizer = await asyncio.to_thread(load_tokenizer, llm_dir(models=config.models))
             retrieval = emitter = None
             if config.retrieval == "qdrant":
@@ -106,7 +117,10 @@ class AsyncRagClient(ClientCore[httpx.AsyncClient]):
                 undo.callback(emitter.close)
             client = cls(config, PromptBuilder(tokenizer, config.system_prompt), streams,
                          retrieval, emitter)
-            await client.warm_pools()
+            if down is not None:
+                client.opened_without_streams(down)
+            else:
+                await client.warm_pools()
             undo.pop_all()
         return client
 
@@ -213,6 +227,8 @@ class AsyncRagClient(ClientCore[httpx.AsyncClient]):
 
     async def _streams_call(self, method: str, path: str,
                             body: dict | None = None) -> httpx.Response:
+        if self.contract_pending:  # opened while the app was down: check it first
+            self.contract_checked(await check_streams(self.streams, self.settings.streams_url))
         try:
             return await self.streams.request(method, path, json=body)
         except httpx.HTTPError as exc:

@@ -18,6 +18,7 @@ import httpx
 from rag.prompt import Prompt, PromptBuilder
 from rag.settings import QdrantSettings, RagSettings
 from ragwarm.client import fallback
+from ragwarm.client.contract import check_prompt
 from ragwarm.client.emitter import QueryEmitter
 from ragwarm.client.retrieval import RetrievalBackend
 from ragwarm.client.settings import ClientSettings
@@ -324,6 +325,9 @@ class ClientCore(Generic[P]):
         self.emitter = emitter  # None: answered queries are not published
         self.table = fallback.WorkerTable()  # workers last learned, routed by if the app is down
         self.in_flight = fallback.InFlight()  # this client's open requests: the load it sees
+        # Opened while the streams app was down (`open(streams_optional=True)`): its prompt
+        # parameters are checked before the first request it is sent, not at open.
+        self.contract_pending = False
 
     @property
     def top_k(self) -> int:
@@ -344,6 +348,18 @@ class ClientCore(Generic[P]):
         """Route by these workers while the streams app is down; their ids."""
         self.table.learn(workers, time.monotonic())
         return [w.worker_id for w in workers]
+
+    def opened_without_streams(self, exc: StreamsUnavailable) -> None:
+        """Serve without the streams app for now; check its prompt contract on first contact."""
+        log.warning("opened without the streams app (%s): routing by this client's own view "
+                    "or by load, and its prompt parameters are checked once it answers", exc)
+        self.contract_pending = True
+
+    def contract_checked(self, health: dict) -> None:
+        """The deferred check of `open`: PromptMismatch, naming the setting, if the app that
+        now answers builds prompts otherwise (its routes would never match a held prefix)."""
+        check_prompt(health, self.config.params, self.settings.streams_url)
+        self.contract_pending = False
 
     def routed(self, body: Mapping[str, Any]) -> Route:
         """The streams app's route answer, its ready workers learned."""

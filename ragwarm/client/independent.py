@@ -228,7 +228,10 @@ async def open_gateway_client(path: OwnPath, client_settings: ClientSettings,
                     "streams app; install 'ragwarm[streams]' to retrieve without it", lacking)
         plan = RetrievalPlan(plan.client)
     client_settings = client_settings.model_copy(update={"retrieval": plan.client})
-    client = await GatewayClient.open(client_settings, kafka, models)
+    # With its own view and its own index, the gateway serves before the streams app is up
+    # (or while it restarts): the prompt contract is checked when the app first answers.
+    alone = path.view is not None and (plan.replica or plan.client == "qdrant")
+    client = await GatewayClient.open(client_settings, kafka, models, streams_optional=alone)
     assert isinstance(client, GatewayClient)  # `open` builds `cls`; typed as its base
     view, replica, feeds = None, None, []
     try:

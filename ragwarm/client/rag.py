@@ -84,11 +84,14 @@ class RagClient(ClientCore[httpx.Client]):
 
     @classmethod
     def open(cls, settings: ClientSettings | None = None, kafka: KafkaSettings | None = None,
-             models: ModelSettings | None = None, rag: RagSettings | None = None) -> RagClient:
+             models: ModelSettings | None = None, rag: RagSettings | None = None, *,
+             streams_optional: bool = False) -> RagClient:
         """A client with its tokenizer, warmed pools and (unless disabled) its Kafka producer.
 
         Raises PromptMismatch, naming the setting, when the streams app builds canonical
         prompts with other parameters (top-k, system prompt, model, block size).
+        `streams_optional`: open even while the app does not answer (a client that routes
+        and retrieves by its own view); the check then waits for it.
         """
         from ragwarm.models import llm_dir, load_tokenizer
 
@@ -98,7 +101,15 @@ class RagClient(ClientCore[httpx.Client]):
             streams = make_pool(config.settings, url, headers=config.headers)
             undo.callback(streams.close)
             # Fail fast, before the slow tokenizer load, when the stack is not up or differs.
-            check_prompt(check_streams(streams, url), config.params, url)
+            down: StreamsUnavailable | None = None
+            try:
+                health = check_streams(streams, url)
+            except StreamsUnavailable as exc:
+                if not streams_optional:
+                    raise
+                down = exc
+            else:  # fail fast, before the slow tokenizer load, when the stack differs
+                check_prompt(health, config.params, url)
             prompts = PromptBuilder(load_tokenizer(llm_dir(models=config.models)),
                                     config.system_prompt)
             retrieval = emitter = None
@@ -109,7 +120,10 @@ class RagClient(ClientCore[httpx.Client]):
                 emitter = QueryEmitter.open(config.kafka)
                 undo.callback(emitter.close)
             client = cls(config, prompts, streams, retrieval, emitter)
-            client.warm_pools()
+            if down is not None:
+                client.opened_without_streams(down)
+            else:
+                client.warm_pools()
             undo.pop_all()
         return client
 
@@ -222,6 +236,8 @@ class RagClient(ClientCore[httpx.Client]):
         return result
 
     def _streams_call(self, method: str, path: str, body: dict | None = None) -> httpx.Response:
+        if self.contract_pending:  # opened while the app was down: check it first
+            self.contract_checked(check_streams(self.streams, self.settings.streams_url))
         try:
             return self.streams.request(method, path, json=body)
         except httpx.HTTPError as exc:

@@ -5,6 +5,9 @@ computed before still reports cached tokens."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -23,12 +26,17 @@ KEY = "sk-ragwarm-test"
 OTHER = "How do I disable the admin user?"
 
 
+def own_path_env(app, bootstrap: str, namespace: str) -> dict[str, str]:
+    return {"RAGWARM_CLIENT_STREAMS_URL": app.url, "RAGWARM_KAFKA_BOOTSTRAP": bootstrap,
+            "RAGWARM_KAFKA_TOPIC_PREFIX": namespace,
+            "RAGWARM_GATEWAY_RETRIEVAL": "replica", "RAGWARM_CLIENT_MAX_TOKENS": "4"}
+
+
 def start_gateway(workdir, app, bootstrap: str, namespace: str) -> Proc:
     port = free_port()
-    env = {"RAGWARM_CLIENT_STREAMS_URL": app.url, "RAGWARM_KAFKA_BOOTSTRAP": bootstrap,
-           "RAGWARM_KAFKA_TOPIC_PREFIX": namespace,
-           "RAGWARM_GATEWAY_KEYS": json.dumps({"default": KEY}),
-           "RAGWARM_GATEWAY_RETRIEVAL": "replica", "RAGWARM_CLIENT_MAX_TOKENS": "4"}
+    env = own_path_env(app, bootstrap, namespace) | {
+        "RAGWARM_GATEWAY_KEYS": json.dumps({"default": KEY})}
+    workdir.mkdir(exist_ok=True)
     proc = Proc("gateway", ["gateway", "--port", str(port)], workdir,
                 f"http://127.0.0.1:{port}/health/ready", env)
     proc.start()
@@ -94,3 +102,23 @@ def test_the_gateway_answers_warm_after_the_streams_app_stops(
         assert other.json()["ragwarm"]["doc_ids"] and other.json()["usage"]["completion_tokens"]
     finally:
         gateway.stop()
+
+    # Opened while the app is down: a gateway started now, and a `ragwarm query` process.
+    late = start_gateway(tmp_path / "late", app, kafka_bootstrap, namespace)
+    late_url = late.health_url.removesuffix("/health/ready")
+    try:
+        wait_for(lambda: ask(late_url, model, QUESTION).status_code == 200, 300,
+                 "the late gateway's replica")
+        body = ask(late_url, model, QUESTION).json()
+        assert body["ragwarm"]["routing"] == EVENTS and body["ragwarm"]["worker_id"] == "gd1"
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= cached
+    finally:
+        late.stop()
+    env = os.environ | own_path_env(app, kafka_bootstrap, namespace)
+    done = subprocess.run([sys.executable, "-m", "ragwarm", "query", QUESTION, "--json"],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Answering without it" in done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (answer["routing"], answer["worker_id"]) == (EVENTS, "gd1")
+    assert answer["cached_tokens"] >= cached

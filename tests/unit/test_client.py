@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rag.prompt import PromptBuilder
+from ragwarm.client.contract import PromptMismatch
 from ragwarm.client.core import ClientConfig
 from ragwarm.client.rag import RagClient, query_event
 from ragwarm.client.settings import ClientSettings
@@ -20,6 +21,7 @@ from ragwarm.client.wire import (
     RequestRejected,
     Route,
     StreamResult,
+    StreamsUnavailable,
     WorkerFailed,
     WorkerRef,
     candidates,
@@ -29,6 +31,7 @@ from ragwarm.client.wire import (
 )
 from schemas import QueryEvent, decode, encode
 from schemas.prefix import PromptChain, block_hashes
+from streams.shell.views.health import health_body as streams_health_body
 from tests.unit.conftest import WordTokenizer
 
 HASH = "ab" * 32
@@ -342,3 +345,38 @@ def test_query_event_of_a_prompt_shorter_than_a_block_has_no_prefix_hash():
     )
     answer = client.ask(short)
     assert query_event(short, answer).prefix_hash is None
+
+
+class ContractCluster(FakeCluster):
+    """A FakeCluster whose health view publishes `params`, counting the times it is asked."""
+
+    def __init__(self):
+        super().__init__("w1", {"w1": "ok"})
+        self.params, self.health_asked = None, 0
+
+    def streams(self, path: str, request: httpx.Request) -> httpx.Response:
+        if path == "/ragwarm/health":
+            self.health_asked += 1
+            return httpx.Response(200, json=streams_health_body("app", self.params))
+        return super().streams(path, request)
+
+
+def test_a_client_opened_without_the_app_checks_its_prompt_contract_once_it_answers():
+    cluster = ContractCluster()
+    client, _ = make_client(cluster)
+    cluster.params = client.config.params
+    client.opened_without_streams(StreamsUnavailable("down"))
+    assert client.contract_pending
+    client.query("How do I sync?")
+    client.query("How do I sync?")
+    assert not client.contract_pending and cluster.health_asked == 1
+
+
+def test_an_app_that_builds_prompts_otherwise_is_refused_when_it_first_answers():
+    cluster = ContractCluster()
+    client, emitter = make_client(cluster)
+    cluster.params = client.config.params.model_copy(update={"top_k": client.config.top_k + 1})
+    client.opened_without_streams(StreamsUnavailable("down"))
+    with pytest.raises(PromptMismatch, match="RAGWARM_RAG_TOP_K"):
+        client.query("How do I sync?")
+    assert client.contract_pending and emitter.events == []
