@@ -14,6 +14,7 @@ BENCHES: dict[str, str] = {
     "blend": "ragwarm.bench.blend_cli:blend",
     "faults": "ragwarm.bench.faults:faults",
     "contention": "ragwarm.bench.contention:contention",
+    "kv-precision": "ragwarm.bench.kv_precision:kv_precision",
 }
 
 
