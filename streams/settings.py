@@ -50,7 +50,8 @@ class StreamsSettings(BaseSettings):
         "this long, not every tick (its tenant's index may have been empty).",
     )
     kv_bytes_per_token: int = Field(
-        default=46_080, description="KV bytes per token until workers report (SmolLM2, fp32)."
+        default=23_040,
+        description="KV bytes per token until workers report (SmolLM2, KV stored in fp16).",
     )
     track_queries: bool = Field(
         default=True,

@@ -39,7 +39,13 @@ class WorkerSettings(BaseSettings):
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
-        description="Weights and KV precision; `auto` is float32 on CPU, bf16 on CUDA.",
+        description="Weights and computation precision; `auto` is float32 on CPU, bf16 on CUDA.",
+    )
+    kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="Precision cached KV is stored in (computation keeps `dtype`); `auto` is "
+        "float16 where the model computes in float32 (`bench kv-precision`: the same answers "
+        "in half the bytes, so every budget holds twice the prompts), else the model's dtype.",
     )
     threads: int | None = Field(
         default=None, ge=1, description="torch CPU threads; all cores when unset."

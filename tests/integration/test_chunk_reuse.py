@@ -106,11 +106,15 @@ def test_stored_chunk_kv_is_the_chunk_computed_after_the_opening(engine: TorchEn
     expected, _ = prefill(engine.model, parts[2], opening_kv)
     assert kv is not None
     n, o = stored.n_tokens, len(parts[0])
+
+    # Blocks are stored in the engine's KV precision (fp16 under this fp32 model): within
+    # its rounding, and the chunk may be computed over the opening's rounded KV.
+    tol = {"rtol": 2e-3, "atol": 2e-3}
     for (k, v), (ok, ov), (ek, ev) in zip(kv, opening_kv, expected, strict=True):
-        assert torch.allclose(k[..., :o, :], ok, atol=1e-4)
-        assert torch.allclose(v[..., :o, :], ov, atol=1e-4)
-        assert torch.allclose(k[..., o:n, :], ek[..., : n - o, :], atol=1e-4)
-        assert torch.allclose(v[..., o:n, :], ev[..., : n - o, :], atol=1e-4)
+        torch.testing.assert_close(k[..., :o, :], ok, **tol)
+        torch.testing.assert_close(v[..., :o, :], ov, **tol)
+        torch.testing.assert_close(k[..., o:n, :], ek[..., : n - o, :], **tol)
+        torch.testing.assert_close(v[..., o:n, :], ev[..., : n - o, :], **tol)
     again = engine.prefill_chunk(parts[0], parts[2], tenant="t", ref=REFS[1])
     assert again.computed_tokens == 0  # already held: a refresh
 

@@ -69,7 +69,8 @@ class ChunkBlender:
         pieces = [self._piece(plan, donors[plan.span.ref]) for plan in plans]
         # The opening and the question are computed in the blend's own pass (one pass, not
         # a separate prefill of an opening the exact prefix left out).
-        exact_kv = _cut(join(exact), 0, cached) if cached else None
+        dtype = self._engine.model.dtype  # blocks may be stored in another precision
+        exact_kv = _cut(join(exact, dtype), 0, cached) if cached else None
         result = blend(self._engine.model, request.prompt, exact_kv, pieces, selection)
         self.costs.saw_blend(computed, moved, time.perf_counter() - start)
         return result, moved
@@ -82,7 +83,7 @@ class ChunkBlender:
         at = donor.start + plan.offset  # where the part starts in the donor's prompt
         first = at // size
         skip = at - first * size
-        kv = _cut(join(blocks[first:]), skip, skip + plan.count)
+        kv = _cut(join(blocks[first:], self._engine.model.dtype), skip, skip + plan.count)
         # Computed after the donor's own tokens, not this prompt's: always moved (repaired
         # by the recompute share), even where it stands at the same position.
         return Piece(start=plan.start, kv=kv, computed_at=at, in_context=False)

@@ -25,6 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from workers.engines.kv_blocks import resolve_kv_dtype
 from workers.kv.sizing import kv_dims
 from workers.kv.tier_index import RestoreCosts, TierBlock, TierIndex
 from workers.kv.tier_journal import TierOps
@@ -252,7 +253,7 @@ def open_tier(model: Any, settings: WorkerSettings, default_path: Path | None) -
     if root is None:
         raise ValueError("the disk tier needs a directory: set RAGWARM_WORKER_DISK_TIER_PATH")
     layers, kv_heads, head_dim = kv_dims(model.config)
-    dtype = str(model.dtype).removeprefix("torch.")
+    dtype = str(resolve_kv_dtype(settings.kv_dtype, model.dtype)).removeprefix("torch.")
     layout = Layout(dtype, (2 * layers, kv_heads, settings.block_size, head_dim))
     device = str(next(model.parameters()).device)
     tier = DiskTier(root, settings.disk_tier_bytes, layout, device)

@@ -22,6 +22,14 @@ from transformers.cache_utils import DynamicLayer
 KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
 
+def resolve_kv_dtype(name: str, compute: torch.dtype) -> torch.dtype:
+    """The precision blocks are stored in: `auto` is float16 under a float32 model (its KV
+    rounds to the same answers: docs/results.md, `bench kv-precision`), else the model's."""
+    if name == "auto":
+        return torch.float16 if compute == torch.float32 else compute
+    return getattr(torch, name)  # type: ignore[no-any-return]
+
+
 @dataclass(frozen=True)
 class BlockKV:
     """One block's KV: per-layer views (each [1, kv_heads, block, head_dim]) of one tensor."""
@@ -32,13 +40,18 @@ class BlockKV:
     data: torch.Tensor  # [2 * layers, kv_heads, block, head_dim]: keys and values interleaved
 
 
-def cut_blocks(kv: KV, first: int, count: int, block_size: int) -> list[BlockKV]:
-    """Blocks `first .. first+count-1` of `kv`, copied out so they outlive the request."""
+def cut_blocks(
+    kv: KV, first: int, count: int, block_size: int, dtype: torch.dtype | None = None
+) -> list[BlockKV]:
+    """Blocks `first .. first+count-1` of `kv`, copied out so they outlive the request, in
+    `dtype` (the store's precision; None: as computed)."""
     start, stop = first * block_size, (first + count) * block_size
     with torch.inference_mode():
         # One stack over every layer's keys and values, then one copy per block.
         seg = torch.stack([t[0, :, start:stop, :] for pair in kv for t in pair])
         seg = seg.unflatten(2, (count, block_size))  # [2 * layers, heads, count, block, dim]
+        if dtype is not None and dtype != seg.dtype:
+            seg = seg.to(dtype)  # one rounding copy for all blocks; the clones below are its
         return [as_block(seg[:, :, i].clone()) for i in range(count)]
 
 
@@ -73,8 +86,11 @@ class ChainLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def chain_cache(config: Any, blocks: Sequence[BlockKV], n_tokens: int) -> DynamicCache:
-    """A fresh request cache whose past is the first `n_tokens` of `blocks`."""
+def chain_cache(
+    config: Any, blocks: Sequence[BlockKV], n_tokens: int, dtype: torch.dtype | None = None
+) -> DynamicCache:
+    """A fresh request cache whose past is the first `n_tokens` of `blocks`, in `dtype` (the
+    model's, where blocks are stored in another precision)."""
     past = DynamicCache(config=config)
     if not blocks or n_tokens == 0:
         return past
@@ -82,19 +98,20 @@ def chain_cache(config: Any, blocks: Sequence[BlockKV], n_tokens: int) -> Dynami
     used = blocks[: -(-n_tokens // block_size)]
     with torch.inference_mode():
         joined = torch.cat([b.data for b in used], dim=-2)[..., :n_tokens, :]
+        if dtype is not None and dtype != joined.dtype:
+            joined = joined.to(dtype)
     for i in range(len(past.layers)):
         keys, values = joined[2 * i].unsqueeze(0), joined[2 * i + 1].unsqueeze(0)
         past.layers[i] = ChainLayer([keys], [values], n_tokens)
     return past
 
 
-def join(blocks: Sequence[BlockKV]) -> KV:
-    """The blocks' KV as one contiguous tensor per layer (a copy; for tests and benchmarks)."""
+def join(blocks: Sequence[BlockKV], dtype: torch.dtype | None = None) -> KV:
+    """The blocks' KV as one contiguous tensor per layer (a copy), in `dtype` (None: as
+    stored)."""
     with torch.inference_mode():
-        return tuple(
-            (
-                torch.cat([b.keys[i] for b in blocks], dim=-2),
-                torch.cat([b.values[i] for b in blocks], dim=-2),
-            )
-            for i in range(len(blocks[0].keys))
-        )
+        data = torch.cat([b.data for b in blocks], dim=-2)
+        if dtype is not None and dtype != data.dtype:
+            data = data.to(dtype)
+        views = data.unsqueeze(1).unbind(0)
+        return tuple(zip(views[0::2], views[1::2], strict=True))

@@ -19,7 +19,14 @@ from workers.engines.base import PrefixEngine, Request
 from workers.engines.blend import Selection, as_cache
 from workers.engines.chunk_reuse import ChunkBlender
 from workers.engines.disk_tier import DiskTier, open_tier
-from workers.engines.kv_blocks import KV, BlockKV, chain_cache, cut_blocks, join
+from workers.engines.kv_blocks import (
+    KV,
+    BlockKV,
+    chain_cache,
+    cut_blocks,
+    join,
+    resolve_kv_dtype,
+)
 from workers.engines.protocol import GenerationResult, GenerationStep, KeepPrompt, PrefillResult
 from workers.engines.tiered import Tiered
 from workers.kv.budgets import (
@@ -128,6 +135,8 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         tier: DiskTier | None = None,
     ) -> None:
         self.model = model.eval()
+        # Blocks are stored in `kv_dtype` and computed on in the model's dtype.
+        self.kv_dtype = resolve_kv_dtype(settings.kv_dtype, model.dtype)
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.device = str(next(model.parameters()).device)
@@ -177,7 +186,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.model.config, self.model.dtype.itemsize)
+        return kv_bytes_per_token(self.model.config, self.kv_dtype.itemsize)
 
     # -- cache -----------------------------------------------------------------------
 
@@ -196,7 +205,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
     def stored_kv(self, prefix_hash: str) -> KV | None:
         """A copy of a cached prefix's KV, joined from its blocks (for tests and benchmarks)."""
         blocks = self.stored_blocks(prefix_hash)
-        return None if blocks is None else join(blocks)
+        return None if blocks is None else join(blocks, self.model.dtype)
 
     def sync(self) -> int:
         """Drop the tensors of blocks the cache freed (spilling the evicted ones to the disk
@@ -221,7 +230,9 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         if have == len(hashes):
             return Pending(None, have, have), 0
         base = have * self.block_size
-        past = chain_cache(self.model.config, self._chain(hashes[:have]), base)
+        past = chain_cache(
+            self.model.config, self._chain(hashes[:have]), base, self.model.dtype
+        )
         self._forward(tokens[base:], past)
         return Pending(_freeze(past), have, len(hashes)), len(tokens) - base
 
@@ -234,7 +245,9 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         if not missing or held.kv is None:
             return
         first = missing[0]
-        blocks = cut_blocks(held.kv, first, len(chain) - first, self.block_size)
+        blocks = cut_blocks(
+            held.kv, first, len(chain) - first, self.block_size, self.kv_dtype
+        )
         for h, block in zip(chain[first:], blocks, strict=True):
             self._blocks.setdefault(h, block)
 
@@ -317,7 +330,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         if blended is not None:
             result, n_blended = blended
             return as_cache(self.model, result.kv), result.logits, n_blended
-        past = chain_cache(self.model.config, exact, cached)
+        past = chain_cache(self.model.config, exact, cached, self.model.dtype)
         return past, self._forward(request.prompt[cached:], past), 0
 
     def _reusable(self, hashes: list[str], tenant: str) -> tuple[CacheEntry | None, int]:
