@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from schemas.prefix import prefix_kv_bytes
 from streams.decide.records import PrefixState
 
 # --- Hot set (keyed by tenant) ---------------------------------------------------------------
@@ -32,8 +33,8 @@ def plan_hot_set(
     """
     hot, used = [], 0
     for cand in ranked:
-        need = cand.tokens * bytes_per_token
-        if cand.count < min_count or used + need > budget_bytes:
+        need = prefix_kv_bytes(cand.tokens, bytes_per_token)  # whole blocks, as stored
+        if cand.count < min_count or not 0 < need <= budget_bytes - used:  # 0: under a block
             continue
         hot.append(cand.prefix_hash)
         used += need
@@ -70,8 +71,8 @@ def plan_rewarm(
     live.sort(key=lambda hs: (-(counts.get(hs[0], 0.0) + hs[1].uses), -hs[1].updated_at, hs[0]))
     chosen, used = [], 0
     for prefix_hash, state in live:
-        need = len(state.token_ids) * bytes_per_token
-        if used + need > budget_bytes:
+        need = prefix_kv_bytes(len(state.token_ids), bytes_per_token)
+        if not 0 < need <= budget_bytes - used:  # 0: under one block, nothing to warm
             continue
         chosen.append(prefix_hash)
         used += need

@@ -57,7 +57,7 @@ def tracked(p: handlers.HandlerDeps, n: int) -> list[str]:
     hashes = [f"{i:064x}" for i in range(1, n + 1)]
     for uses, prefix_hash in enumerate(hashes):
         state = PrefixState(
-            tenant="default", chunk_refs=REFS, token_ids=[1] * 10, expires_at=1e9, uses=uses
+            tenant="default", chunk_refs=REFS, token_ids=[1] * 16, expires_at=1e9, uses=uses
         )
         p.tables.prefixes[prefix_hash] = state.model_dump(mode="json")
     return hashes[::-1]  # most used first
@@ -65,24 +65,24 @@ def tracked(p: handlers.HandlerDeps, n: int) -> list[str]:
 
 def heartbeat(used: int) -> WorkerEvent:
     return WorkerEvent(worker_id="w2", kind="heartbeat", mem_used_bytes=used,
-                       mem_total_bytes=1200)
+                       mem_total_bytes=1920)
 
 
 def test_a_ready_worker_is_warmed_in_three_steps_one_per_heartbeat() -> None:
     p, out = pipeline(Port({}), hot_tokens=False, kv_bytes_per_token=10)
-    ranked = tracked(p, 12)  # 100 bytes each, 1,200 bytes of room
+    ranked = tracked(p, 12)  # 160 bytes each (one block), 1,920 bytes of room
     run_sync(handlers.on_worker_event(p, WorkerEvent(worker_id="w2", kind="ready",
-                                                     mem_total_bytes=1200)))
+                                                     mem_total_bytes=1920)))
     steps = [sorted(o.prefix_hash for o in out.ops)]
-    for used in (200, 600):
+    for used in (320, 960):
         out.ops.clear()
         run_sync(handlers.on_worker_event(p, heartbeat(used)))
         steps.append(sorted(o.prefix_hash for o in out.ops))
-    # 1/6, 2/6 and 3/6 of 1,200 bytes: 2, 4 and 6 prefixes, most used first.
+    # 1/6, 2/6 and 3/6 of 1,920 bytes: 2, 4 and 6 prefixes, most used first.
     assert steps == [sorted(ranked[:2]), sorted(ranked[2:6]), sorted(ranked[6:])]
     assert p.stats["warm_steps"] == 2
     out.ops.clear()
-    run_sync(handlers.on_worker_event(p, heartbeat(1200)))  # done: nothing more
+    run_sync(handlers.on_worker_event(p, heartbeat(1920)))  # done: nothing more
     assert out.ops == [] and p.stats["warm_steps_stopped"] == 0
 
 
@@ -90,10 +90,10 @@ def test_no_further_step_above_the_memory_threshold() -> None:
     p, out = pipeline(Port({}), hot_tokens=False, kv_bytes_per_token=10)
     tracked(p, 12)
     run_sync(handlers.on_worker_event(p, WorkerEvent(worker_id="w2", kind="ready",
-                                                     mem_total_bytes=1200)))
+                                                     mem_total_bytes=1920)))
     out.ops.clear()
-    run_sync(handlers.on_worker_event(p, heartbeat(900)))  # 75% used: over 0.7
-    run_sync(handlers.on_worker_event(p, heartbeat(100)))  # the rest is not sent later
+    run_sync(handlers.on_worker_event(p, heartbeat(1440)))  # 75% used: over 0.7
+    run_sync(handlers.on_worker_event(p, heartbeat(160)))  # the rest is not sent later
     assert out.ops == [] and p.stats["warm_steps_stopped"] == 1
 
 
@@ -102,6 +102,6 @@ def test_a_restart_starts_the_steps_again() -> None:
     ranked = tracked(p, 12)
     for epoch in (1, 2):
         out.ops.clear()
-        ready = WorkerEvent(worker_id="w2", kind="ready", epoch=epoch, mem_total_bytes=1200)
+        ready = WorkerEvent(worker_id="w2", kind="ready", epoch=epoch, mem_total_bytes=1920)
         run_sync(handlers.on_worker_event(p, ready))
         assert sorted(o.prefix_hash for o in out.ops) == sorted(ranked[:2])

@@ -15,7 +15,7 @@ HASHES = [f"{i:064x}" for i in range(1, 13)]
 def tracked(p: h.HandlerDeps) -> None:
     for n, prefix_hash in enumerate(HASHES):
         state = PrefixState(
-            tenant="default", chunk_refs=REFS, token_ids=[1] * 10, expires_at=1e9, uses=n
+            tenant="default", chunk_refs=REFS, token_ids=[1] * 20, expires_at=1e9, uses=n
         )
         p.tables.prefixes[prefix_hash] = state.model_dump(mode="json")
 
@@ -33,9 +33,10 @@ def test_each_partition_warms_only_its_own_prefixes_within_its_share() -> None:
         warmed += [o.prefix_hash for o in out.ops]
     assert sorted(warmed) == sorted(HASHES)  # every partition's together: all of them
     out.ops.clear()
-    small = ReadyRewarm(worker_id="w2", budget_bytes=80, partition=0, partitions=4)
+    small = ReadyRewarm(worker_id="w2", budget_bytes=160, partition=0, partitions=4)
     run_sync(h.on_ready_rewarm(p, small))
-    assert len(out.ops) <= 2  # a quarter of 80 bytes: two prefixes of 10 tokens
+    # A quarter of 160 bytes: two prefixes of 20 tokens, each stored as one 16-token block.
+    assert len(out.ops) <= 2
 
 
 def test_the_ready_event_asks_every_partition_once() -> None:

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import ChunkRef, KbChange, WorkerEvent
+from schemas.prefix import aligned_tokens
 from streams.decide.hot import SpaceSaving
 from streams.decide.logic import (
     HotCandidate,
@@ -365,8 +366,8 @@ class TestHotSet:
     def test_hot_set_never_exceeds_budget(self, items, budget):
         ranked = [HotCandidate(f"{i:032x}", c, t) for i, (c, t) in enumerate(items)]
         hot, _ = plan_hot_set(ranked, budget, 1, [])
-        size = {c.prefix_hash: c.tokens for c in ranked}
-        assert sum(size[h] for h in hot) <= budget
+        size = {c.prefix_hash: aligned_tokens(c.tokens) for c in ranked}  # what a worker stores
+        assert sum(size[h] for h in hot) <= budget and all(size[h] > 0 for h in hot)
 
 
 class TestHeavyHitters:
