@@ -407,3 +407,17 @@ def test_entry_is_a_cache_entry() -> None:
     cache, _ = make_cache()
     entry, _ = cache.admit(tenant="t1", hashes=chain(1), nbytes=10)
     assert isinstance(entry, CacheEntry) and not entry.expired(entry.created_at)
+
+
+def test_a_request_over_a_warm_entry_marks_a_shared_ref_from_its_earlier_start() -> None:
+    # Found by the block-store state machine: two documents hold the same chunk text, the
+    # warm prefix saw the ref at block 1, the request over it at block 0; invalidating the
+    # ref must cut from block 0.
+    cache, _ = make_cache()
+    ref = ("d#1", "h0")
+    cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=20, chunk_refs={ref},
+                chunk_starts={ref: BLOCK_SIZE})
+    cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=20, chunk_refs={ref},
+                chunk_starts={ref: 0}, kind="request")
+    cache.invalidate([ref])
+    assert cache.lookup(chain(1, 2)) == (None, 0)

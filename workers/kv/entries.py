@@ -125,8 +125,12 @@ def build_entry(
     if asked.kind == "request":
         expires_at = old.expires_at if old is not None and was_managed else None
         if old is not None and was_managed:
-            # What the request says it was built from still counts for invalidation.
-            refs, starts = old.chunk_refs | refs, {**starts, **old.chunk_starts}
+            # What the request says it was built from still counts for invalidation; a
+            # ref both name starts at the earlier block (so invalidation cuts from there).
+            merged = {**starts, **old.chunk_starts}
+            for ref, start in starts.items():
+                merged[ref] = min(start, merged[ref])
+            refs, starts = old.chunk_refs | refs, merged
     else:
         ttl = asked.ttl_s if asked.ttl_s is not None else default_ttl_s
         expires_at = None if ttl is None else t + ttl
