@@ -134,6 +134,14 @@ class WorkerSettings(BaseSettings):
     disk_tier_bytes: int = Field(
         default=16 * GiB, ge=0, description="Cap on the bytes of KV the disk tier holds."
     )
+    host_tier_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="Bytes of host memory for a KV tier below the device budget (torch "
+        "engine): evicted blocks spill there and hits read them back when that beats "
+        "recomputing (`ragwarm bench engine --tier host` reports its restore_ms). 0: none. "
+        "One tier at a time: with RAGWARM_WORKER_DISK_TIER on, the disk tier is used instead.",
+    )
 
     # -- service: HTTP API, commands and events (workers/service.py, ragwarm/cli/worker.py)
     worker_id: str = Field(

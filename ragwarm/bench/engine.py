@@ -1,5 +1,5 @@
 """`ragwarm bench engine`: cold vs warm-prefix time to first token, the compute floor, and
-the prefix restored from the disk KV tier."""
+the prefix restored from a KV tier (disk, or host memory)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class Row:
     cold_min_ms: float
     warm_min_ms: float
     floor_min_ms: float
-    # The prefix read back from the disk tier into device memory, then the suffix forward.
+    # The prefix read back from the tier into device memory, then the suffix forward.
     restore_ms: float
     restore_min_ms: float
     restored_tokens: int
@@ -138,9 +138,9 @@ def measure(engine: Any, prefix: list[int], suffix: list[int], runs: int) -> Row
 
 
 def restore_first_token(engine: Any, prompt: list[int]) -> tuple[float, int]:
-    """Seconds to the first token with the prefix on the disk tier only, and the prompt
+    """Seconds to the first token with the prefix on the engine's tier only, and the prompt
     tokens the answer reports cached."""
-    # Off the device, still on disk: an explicit clear neither spills nor cuts.
+    # Off the device, still in the tier: an explicit clear neither spills nor cuts.
     engine.reset()
     engine.tier.costs = RestoreCosts()  # measure the restore even where it would lose
     start = time.perf_counter()
@@ -198,6 +198,10 @@ def print_table(report: dict[str, Any]) -> None:
 @click.option("--suffix", "suffix_len", default=32, show_default=True, help="Question tokens.")
 @click.option("--threads", type=int, default=None, help="torch threads (default: settings).")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default=None)
+@click.option(
+    "--tier", type=click.Choice(["disk", "host"]), default="disk", show_default=True,
+    help="The KV tier restore_ms reads the prefix back from.",
+)
 def engine(
     runs: int,
     as_json: bool,
@@ -206,20 +210,26 @@ def engine(
     suffix_len: int,
     threads: int | None,
     device: str | None,
+    tier: str,
 ) -> None:
     """Median TTFT cold, warm (prefix prefilled, through the engine), the raw floor, and
-    restored from the disk tier (a temporary directory; the OS page cache may hold it)."""
+    restored from a KV tier: the disk tier (a temporary directory; the OS page cache may hold
+    it) or, with `--tier host`, host memory."""
     from ragwarm.models import llm_dir
     from workers.engines.torch_engine import load_torch_engine
     from workers.settings import WorkerSettings
 
     overrides = {k: v for k, v in {"threads": threads, "device": device}.items() if v}
     with tempfile.TemporaryDirectory(prefix="ragwarm-tier-") as tier_dir:
-        settings = WorkerSettings(
-            **overrides, disk_tier=True, disk_tier_path=Path(tier_dir)  # type: ignore[arg-type]
+        place = (
+            {"disk_tier": True, "disk_tier_path": Path(tier_dir)}
+            if tier == "disk"
+            else {"host_tier_bytes": 16 * 2**30}
         )
+        settings = WorkerSettings(**overrides, **place)  # type: ignore[arg-type]
         eng = load_torch_engine(llm_dir(), settings)
         report = _run(eng, runs, events, sizes, suffix_len)
+        report["tier"] = tier
     if as_json:
         click.echo(json.dumps(report))
     else:

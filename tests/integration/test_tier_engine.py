@@ -71,6 +71,30 @@ def test_an_evicted_prefix_spills_to_disk_and_comes_back_bit_for_bit(
     assert _answer(cold, ids + question, "a")[0] == tokens
 
 
+def test_an_evicted_prefix_spills_to_host_memory_and_comes_back_bit_for_bit(
+    model_path: Path
+) -> None:
+    settings = WorkerSettings(device="cpu", threads=1, host_tier_bytes=64 * 2**20)
+    probe = load_torch_engine(model_path, settings)
+    assert probe.tier is not None and probe.tier.kind == "host"
+    ids = probe.tokenize(TEXT)[:96]  # 6 blocks
+    room = 8 * probe.block_bytes  # one prefix fits, two do not
+    engine = load_torch_engine(
+        model_path, settings, cache=PrefixCache(Budget(room, 10, room), block_size=16)
+    )
+    first = engine.prefill(ids, tenant="a", kind="request")
+    kept = [b.data.clone() for b in engine.stored_blocks(first.prefix_hash) or []]
+    engine.prefill(ids, tenant="b", kind="request")  # evicts tenant a's prefix for room
+    assert first.prefix_hash not in engine.cache and len(engine.tier.index) == 6
+    question = engine.tokenize(" Which state does it keep?")
+    tokens, cached = _answer(engine, ids + question, "a")
+    assert cached == 96  # read back from host memory, not recomputed
+    back = engine.stored_blocks(first.prefix_hash)
+    assert back is not None
+    assert all(torch.equal(x.data, y) for x, y in zip(back, kept, strict=True))
+    assert _answer(probe, ids + question, "a")[0] == tokens  # as a cold engine answers
+
+
 def test_a_tier_directory_is_rebuilt_from_its_headers_and_strangers_are_dropped(
     tmp_path: Path,
 ) -> None:

@@ -17,7 +17,6 @@ import os
 import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +24,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from workers.engines.host_tier import HostTier
 from workers.engines.kv_blocks import resolve_kv_dtype
+from workers.engines.kv_tier import KVTier, Layout
 from workers.kv.sizing import kv_dims
-from workers.kv.tier_index import RestoreCosts, TierBlock, TierIndex
-from workers.kv.tier_journal import TierOps
+from workers.kv.tier_index import TierBlock
 from workers.settings import WorkerSettings
+
+__all__ = ["DiskTier", "HostTier", "KVTier", "Layout", "open_tier", "owned"]
 
 log = logging.getLogger(__name__)
 
@@ -49,25 +51,6 @@ def owned(path: Path, root: Path) -> bool:
         return False
     match = _BLOCK_NAME.fullmatch(path.name) or _TEMP_NAME.fullmatch(path.name)
     return match is not None and match.group(1)[:2] == path.parent.name
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What every block of this engine looks like; files of another layout are not ours."""
-
-    dtype: str  # torch dtype name, e.g. "float32"
-    shape: tuple[int, ...]
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
-
-    @property
-    def nbytes(self) -> int:
-        n = torch.tensor([], dtype=self.torch_dtype).element_size()
-        for d in self.shape:
-            n *= d
-        return n
 
 
 def encode_header(block: TierBlock, layout: Layout) -> str:
@@ -100,15 +83,14 @@ def decode_header(text: str, layout: Layout, nbytes: int) -> TierBlock | None:
         return None
 
 
-class DiskTier:
+class DiskTier(KVTier):
     """Block files under `root` with their index, budget and running restore costs."""
 
+    kind = "disk"
+
     def __init__(self, root: Path, max_bytes: int, layout: Layout, device: str) -> None:
+        super().__init__(max_bytes, layout, device)
         self.root = Path(root)
-        self.layout = layout
-        self.device = device
-        self.index = TierIndex(max_bytes)
-        self.costs = RestoreCosts()
 
     # -- boot ------------------------------------------------------------------------
 
@@ -158,38 +140,6 @@ class DiskTier:
 
     # -- writes and drops ------------------------------------------------------------
 
-    def apply(self, ops: TierOps, tensors: dict[str, torch.Tensor]) -> list[str]:
-        """Write the blocks `ops` names whose tensors are given, then drop what it says is
-        stale; returns the hashes dropped. A spilled block already here is left as it is: an
-        evicted request entry's refs say nothing about the chunks it does not list."""
-        for h, block in ops.writes.items():
-            data = tensors.get(h)
-            if data is not None:
-                self.put(block, data)
-        for h, block in ops.spills.items():
-            data = tensors.get(h)
-            if data is not None and h not in self.index:
-                self.put(block, data)
-        removed = self.index.remove(ops.cut)
-        removed += self.index.invalidate(chunk_ids=ops.chunk_ids)
-        for tenant in sorted({t for t, _ in ops.refs}, key=str):  # one tenant's edit at a time
-            removed += self.index.invalidate([r for t, r in ops.refs if t == tenant], tenant=tenant)
-        self._unlink(removed)
-        return removed
-
-    def put(self, block: TierBlock, data: torch.Tensor) -> None:
-        """Hold `block` on disk (a held one keeps only the marks both have)."""
-        index = self.index
-        if block.block_hash in index:
-            if index.narrow(block.block_hash, block.marks):
-                self._write(index.get(block.block_hash) or block, data)
-            index.touch([block.block_hash])
-            return
-        if not index.admissible(block.nbytes):
-            return
-        self._unlink(index.add(block))
-        self._write(block, data)
-
     def _write(self, block: TierBlock, data: torch.Tensor) -> None:
         """Write one block's file; on a disk error (full, read-only) the block leaves the
         tier instead: the tier is a cache, and a request must never fail for it."""
@@ -218,44 +168,36 @@ class DiskTier:
 
     # -- reads -----------------------------------------------------------------------
 
-    def load(self, hashes: Sequence[str]) -> list[torch.Tensor]:
-        """The tensors of the leading `hashes` that read back whole (on the engine's
-        device); a file that does not is dropped with everything extending it."""
-        start = time.perf_counter()
-        out: list[torch.Tensor] = []
-        for h in hashes:
-            data = self._load_one(h)
-            if data is None:
-                self._unlink(self.index.remove([h]))
-                break
-            out.append(data)
-        self.index.touch(hashes[: len(out)])
+    def _used(self, hashes: Sequence[str]) -> None:
         now = time.time()
-        for h in hashes[: len(out)]:
-            os.utime(self._path(h), (now, now))  # the use order survives a restart
-        self.costs.saw_read(sum(d.nbytes for d in out), time.perf_counter() - start)
-        return out
+        for h in hashes:
+            with contextlib.suppress(OSError):
+                os.utime(self._path(h), (now, now))  # the use order survives a restart
 
-    def _load_one(self, block_hash: str) -> torch.Tensor | None:
+    def _read(self, block_hash: str) -> torch.Tensor | None:
         try:
-            data = load_file(str(self._path(block_hash)), device=self.device)["kv"]
+            return load_file(str(self._path(block_hash)), device=self.device)["kv"]
         except Exception:  # a missing or damaged file: recompute instead
             log.warning("disk tier: block %s unreadable, dropped", block_hash)
             return None
-        if tuple(data.shape) != self.layout.shape or data.dtype != self.layout.torch_dtype:
-            return None
-        return data
 
 
-def open_tier(model: Any, settings: WorkerSettings, default_path: Path | None) -> DiskTier:
-    """The disk tier of this model's block layout, its index rebuilt from the files."""
-    root = settings.disk_tier_path or default_path
-    if root is None:
-        raise ValueError("the disk tier needs a directory: set RAGWARM_WORKER_DISK_TIER_PATH")
+def open_tier(model: Any, settings: WorkerSettings, default_path: Path | None) -> KVTier | None:
+    """The KV tier the settings ask for, in this model's block layout: on disk (its index
+    rebuilt from the files), in host memory, or None."""
+    if not settings.disk_tier and settings.host_tier_bytes == 0:
+        return None
     layers, kv_heads, head_dim = kv_dims(model.config)
     dtype = str(resolve_kv_dtype(settings.kv_dtype, model.dtype)).removeprefix("torch.")
     layout = Layout(dtype, (2 * layers, kv_heads, settings.block_size, head_dim))
     device = str(next(model.parameters()).device)
-    tier = DiskTier(root, settings.disk_tier_bytes, layout, device)
+    tier: KVTier
+    if settings.disk_tier:
+        root = settings.disk_tier_path or default_path
+        if root is None:
+            raise ValueError("the disk tier needs a directory: set RAGWARM_WORKER_DISK_TIER_PATH")
+        tier = DiskTier(root, settings.disk_tier_bytes, layout, device)
+    else:
+        tier = HostTier(settings.host_tier_bytes, layout, device)
     tier.scan()
     return tier

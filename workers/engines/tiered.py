@@ -1,20 +1,21 @@
-"""The torch engine's side of the disk KV tier: spill and drop after cache changes, restore
-on a hit, and what the tier holds for status events (`workers.engines.disk_tier` does I/O)."""
+"""The torch engine's side of its KV tier (host memory or disk): spill and drop after cache
+changes, restore on a hit, and what the tier holds for status events (`workers.engines.
+kv_tier` and its storages move the tensors)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from workers.engines.disk_tier import DiskTier
 from workers.engines.kv_blocks import BlockKV, as_block
+from workers.engines.kv_tier import KVTier
 from workers.kv.cache import PrefixCache, WarmupRefused
 
 
 class Tiered:
     """Mixed into an engine keeping block tensors in `_blocks` over `cache`."""
 
-    tier: DiskTier | None
+    tier: KVTier | None
     cache: PrefixCache
     block_size: int
     _blocks: dict[str, BlockKV]
@@ -24,7 +25,7 @@ class Tiered:
     sync: Any  # the engine's sync
 
     def tier_state(self) -> tuple[list[str], int]:
-        """Ends of the chains the disk tier holds (what a restarted worker still serves) and
+        """Ends of the chains the tier holds (on disk: what a restarted worker still serves) and
         its bytes; recomputed only when the tier changed."""
         if self.tier is None:
             return [], 0
@@ -47,7 +48,7 @@ class Tiered:
 
     def restorable(self, hashes: list[str], have: int) -> int:
         """How many blocks after the first `have` of `hashes` a hit would read back from the
-        disk tier: those held there in a row, none when recomputing them is cheaper."""
+        tier: those held there in a row, none when recomputing them is cheaper."""
         tier = self.tier
         if tier is None:
             return 0
@@ -57,7 +58,7 @@ class Tiered:
         return n
 
     def _restore(self, hashes: list[str], have: int, tenant: str) -> int:
-        """Read the blocks after the first `have` of `hashes` back from the disk tier when
+        """Read the blocks after the first `have` of `hashes` back from the tier when
         that beats recomputing them; how many leading blocks are on the device after it."""
         tier = self.tier
         n = self.restorable(hashes, have)

@@ -18,7 +18,7 @@ from workers.calibration import blend_setting, load_calibration, reuse_mode
 from workers.engines.base import PrefixEngine, Request
 from workers.engines.blend import Selection, as_cache
 from workers.engines.chunk_reuse import ChunkBlender
-from workers.engines.disk_tier import DiskTier, open_tier
+from workers.engines.disk_tier import open_tier
 from workers.engines.kv_blocks import (
     KV,
     BlockKV,
@@ -27,6 +27,7 @@ from workers.engines.kv_blocks import (
     join,
     resolve_kv_dtype,
 )
+from workers.engines.kv_tier import KVTier
 from workers.engines.protocol import GenerationResult, GenerationStep, KeepPrompt, PrefillResult
 from workers.engines.tiered import Tiered
 from workers.kv.budgets import (
@@ -92,7 +93,8 @@ def load_torch_engine(
     tier_path: Path | None = None,
 ) -> TorchEngine:
     """Load an HF causal LM directory (never from a hub) into a ready engine; with
-    `disk_tier` on, its tier (in `disk_tier_path`, else `tier_path`) is scanned first."""
+    `disk_tier` on, its tier (in `disk_tier_path`, else `tier_path`) is scanned first, and
+    with `host_tier_bytes` it gets a host-memory tier."""
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     device = resolve_device(settings.device)
     model: Any = AutoModelForCausalLM.from_pretrained(
@@ -101,7 +103,7 @@ def load_torch_engine(
     model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     model_id = settings.model_id or Path(path).resolve().name
-    tier = open_tier(model, settings, tier_path) if settings.disk_tier else None
+    tier = open_tier(model, settings, tier_path)
     return TorchEngine(
         model, tokenizer, model_id=model_id, settings=settings, cache=cache, tier=tier
     )
@@ -132,7 +134,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         model_id: str,
         settings: WorkerSettings,
         cache: PrefixCache | None = None,
-        tier: DiskTier | None = None,
+        tier: KVTier | None = None,
     ) -> None:
         self.model = model.eval()
         # Blocks are stored in `kv_dtype` and computed on in the model's dtype.
@@ -335,7 +337,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
 
     def _reusable(self, hashes: list[str], tenant: str) -> tuple[CacheEntry | None, int]:
         """An entry holding the longest cached chain of `hashes` (whoever stored it, on the
-        device or restored from the disk tier) and how many leading blocks have tensors."""
+        device or restored from the tier) and how many leading blocks have tensors."""
         entry, matched = self._lookup(hashes)
         have = self._stored_run(hashes[:matched])
         if have == matched and self.tier is not None:

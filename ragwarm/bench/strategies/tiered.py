@@ -28,4 +28,6 @@ def open_sim_tier(model: Any, settings: WorkerSettings, root: Path, max_bytes: i
     tier_settings = settings.model_copy(update={
         "disk_tier": True, "disk_tier_path": root, "disk_tier_bytes": max_bytes,
     })
-    return open_tier(model, tier_settings, None)
+    tier = open_tier(model, tier_settings, None)
+    assert isinstance(tier, DiskTier)  # disk_tier is on
+    return tier
