@@ -18,7 +18,6 @@ from workers.calibration import blend_setting, load_calibration, reuse_mode
 from workers.engines.base import PrefixEngine, Request
 from workers.engines.blend import Selection, as_cache
 from workers.engines.chunk_reuse import ChunkBlender
-from workers.engines.disk_tier import open_tier
 from workers.engines.kv_blocks import (
     KV,
     BlockKV,
@@ -30,6 +29,7 @@ from workers.engines.kv_blocks import (
 from workers.engines.kv_tier import KVTier
 from workers.engines.protocol import GenerationResult, GenerationStep, KeepPrompt, PrefillResult
 from workers.engines.tiered import Tiered
+from workers.engines.tiers import open_tier
 from workers.kv.budgets import (
     boot_warmup_tokens,
     chunk_spans,

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ragwarm.bench.strategies.streams_policy import Hybrid
-from workers.engines.disk_tier import DiskTier, open_tier
+from workers.engines.disk_tier import DiskTier
+from workers.engines.tiers import open_tier
 from workers.settings import WorkerSettings
 
 
