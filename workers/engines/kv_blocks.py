@@ -51,7 +51,8 @@ def cut_blocks(
         seg = torch.stack([t[0, :, start:stop, :] for pair in kv for t in pair])
         seg = seg.unflatten(2, (count, block_size))  # [2 * layers, heads, count, block, dim]
         if dtype is not None and dtype != seg.dtype:
-            seg = seg.to(dtype)  # one rounding copy for all blocks; the clones below are its
+            seg = seg.to(dtype)  # one rounding pass for the whole run, not one per block
+        # A clone per block: each owns its storage, so freeing one frees its bytes.
         return [as_block(seg[:, :, i].clone()) for i in range(count)]
 
 
