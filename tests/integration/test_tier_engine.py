@@ -43,18 +43,26 @@ def test_chunked_prefill_stores_the_same_kv_as_one_pass(model_path: Path) -> Non
     assert _answer(engine, ids + question, "whole")[0] == _answer(engine, ids + question, "x")[0]
 
 
-def test_an_evicted_prefix_spills_to_disk_and_comes_back_bit_for_bit(
-    model_path: Path, tmp_path: Path
-) -> None:
-    settings = WorkerSettings(
-        device="cpu", threads=1, disk_tier=True, disk_tier_path=tmp_path / "tier"
-    )
+def _one_prefix_engine(
+    model_path: Path, settings: WorkerSettings
+) -> tuple[TorchEngine, list[int]]:
+    """An engine whose device budget holds one 6-block prefix, not two, and that prefix."""
     probe = load_torch_engine(model_path, settings)
     ids = probe.tokenize(TEXT)[:96]  # 6 blocks
     room = 8 * probe.block_bytes  # one prefix fits, two do not
     engine = load_torch_engine(
         model_path, settings, cache=PrefixCache(Budget(room, 10, room), block_size=16)
     )
+    return engine, ids
+
+
+def test_an_evicted_prefix_spills_to_disk_and_comes_back_bit_for_bit(
+    model_path: Path, tmp_path: Path
+) -> None:
+    settings = WorkerSettings(
+        device="cpu", threads=1, disk_tier=True, disk_tier_path=tmp_path / "tier"
+    )
+    engine, ids = _one_prefix_engine(model_path, settings)
     first = engine.prefill(ids, tenant="a", kind="request")
     kept = [b.data.clone() for b in engine.stored_blocks(first.prefix_hash) or []]
     assert not any((tmp_path / "tier").rglob("*.safetensors"))  # request blocks: not yet
@@ -75,13 +83,8 @@ def test_an_evicted_prefix_spills_to_host_memory_and_comes_back_bit_for_bit(
     model_path: Path
 ) -> None:
     settings = WorkerSettings(device="cpu", threads=1, host_tier_bytes=64 * 2**20)
-    probe = load_torch_engine(model_path, settings)
-    assert probe.tier is not None and probe.tier.kind == "host"
-    ids = probe.tokenize(TEXT)[:96]  # 6 blocks
-    room = 8 * probe.block_bytes  # one prefix fits, two do not
-    engine = load_torch_engine(
-        model_path, settings, cache=PrefixCache(Budget(room, 10, room), block_size=16)
-    )
+    engine, ids = _one_prefix_engine(model_path, settings)
+    assert engine.tier is not None and engine.tier.kind == "host"
     first = engine.prefill(ids, tenant="a", kind="request")
     kept = [b.data.clone() for b in engine.stored_blocks(first.prefix_hash) or []]
     engine.prefill(ids, tenant="b", kind="request")  # evicts tenant a's prefix for room
@@ -92,7 +95,8 @@ def test_an_evicted_prefix_spills_to_host_memory_and_comes_back_bit_for_bit(
     back = engine.stored_blocks(first.prefix_hash)
     assert back is not None
     assert all(torch.equal(x.data, y) for x, y in zip(back, kept, strict=True))
-    assert _answer(probe, ids + question, "a")[0] == tokens  # as a cold engine answers
+    cold = load_torch_engine(model_path, WorkerSettings(device="cpu", threads=1))
+    assert _answer(cold, ids + question, "a")[0] == tokens  # as a cold engine answers
 
 
 def test_a_tier_directory_is_rebuilt_from_its_headers_and_strangers_are_dropped(

@@ -6,6 +6,7 @@ costs) is `workers.kv.tier_index`; this module only moves tensors."""
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ class Layout:
         return n
 
 
-class KVTier:
+class KVTier(ABC):
     """Blocks spilled below the device budget, with their index, budget and restore costs.
 
     Subclasses store the tensors: `_write` one block (dropping it from the index when that
@@ -110,14 +111,18 @@ class KVTier:
 
     # -- storage ---------------------------------------------------------------------
 
+    @abstractmethod
     def _write(self, block: TierBlock, data: torch.Tensor) -> None:
-        raise NotImplementedError
+        """Given by the storage."""
 
+    @abstractmethod
     def _unlink(self, hashes: Iterable[str]) -> None:
-        raise NotImplementedError
+        """Given by the storage."""
 
+    @abstractmethod
     def _read(self, block_hash: str) -> torch.Tensor | None:
-        raise NotImplementedError
+        """Given by the storage."""
 
     def _used(self, hashes: Sequence[str]) -> None:
         """Remember a use order beyond the index (a file's mtime); nothing by default."""
+        return None
