@@ -311,6 +311,10 @@ class CommandConsumer:
         consumer = KafkaConsumer(
             bootstrap_servers=self._bootstrap,
             group_id=self.group_id,
+            # A static member: a worker restarted with its id takes its place at once. As a
+            # dynamic one it waited out the killed process's session (45 s) before it was
+            # assigned anything (issue 40). A second process with the same id fences the first.
+            group_instance_id=self._worker_id,
             auto_offset_reset="latest",
             enable_auto_commit=True,
             auto_commit_interval_ms=1000,

@@ -7,8 +7,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Unpack
+from dataclasses import asdict
+from typing import Literal, Unpack
 
 from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import ApiError, Limits, check_prompt
@@ -26,6 +26,7 @@ from workers.kv.cache import CacheEvent, ChunkKey, WarmupRefused
 from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.memory import MEMORY_THRESHOLD, accepts_warmup
 from workers.metrics import Served, WorkerMetrics
+from workers.snapshot import EMPTY, MAX_TIER_PREFIXES, Snapshot, entry_summary
 from workers.synthesis import (
     DEFAULT_PER_MINUTE,
     RateLimit,
@@ -38,31 +39,6 @@ from workers.synthesis import (
 log = logging.getLogger(__name__)
 
 Emit = Callable[[GenerationStep], bool]
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The cache as of the last change: what events, heartbeats and `/v1/cache` report."""
-
-    mem_used: int
-    mem_total: int
-    pinned_bytes: int
-    entries: tuple[dict[str, Any], ...]
-    # The block pool's figures (`workers.kv.block_pool.PoolStats`): shared, managed, request...
-    blocks: dict[str, int] = field(default_factory=dict)
-    # The disk tier's chain ends and bytes (empty without one).
-    tier_prefixes: tuple[str, ...] = ()
-    tier_bytes: int = 0
-
-    @property
-    def prefixes(self) -> list[str]:
-        return [e["prefix_hash"] for e in self.entries]
-
-
-EMPTY = Snapshot(0, 0, 0, ())
-# Tier chain ends one status event lists at most (the latest stored): with 65,536 warm
-# prefixes beside them the record stays under the codec's 4 MB bound.
-MAX_TIER_PREFIXES = 16_384
 
 
 def chunk_keys(refs: Iterable[ChunkRef]) -> list[ChunkKey]:
@@ -144,6 +120,22 @@ class WorkerRuntime:
         if result.computed_tokens:
             self.metrics.prefills.labels(source=source).inc()
         return result
+
+    def restore_tier(self) -> int:
+        """Read the KV tier's prefixes back into device memory up to the warmup threshold
+        (room left for requests), under the lock; returns the prefixes restored. Each is
+        published as stored, so routers see it warm again."""
+        try:
+            with self.lock.background():
+                mem = self.engine.memory()
+                room = int(mem.total * self.warmup_threshold) - mem.used
+                try:
+                    restored = self.engine.restore_tier(max(room, 0))
+                finally:
+                    self._refresh()
+        finally:
+            self.flush()
+        return restored
 
     def generate(
         self,
@@ -433,7 +425,7 @@ class WorkerRuntime:
         cache = self.engine.cache
         mem = self.engine.memory()
         now = time.monotonic()
-        entries = tuple(_entry_summary(e, now) for e in cache.entries())
+        entries = tuple(entry_summary(e, now) for e in cache.entries())
         blocks = asdict(cache.block_stats())
         tier, tier_bytes = self.engine.tier_state()
         self.snapshot = Snapshot(
@@ -475,19 +467,3 @@ def _drive(
         if close is not None:
             close()
     return None
-
-
-def _entry_summary(entry: Any, now: float) -> dict[str, Any]:
-    expires = None if entry.expires_at is None else round(entry.expires_at - now, 3)
-    return {
-        "prefix_hash": entry.prefix_hash,
-        "tenant": entry.tenant,
-        "tokens": entry.n_tokens,
-        "bytes": entry.nbytes,
-        "pinned": entry.pinned,
-        "kind": entry.kind,
-        "blocks": entry.n_blocks,
-        "hits": entry.hits,
-        "expires_in_s": expires,
-        "chunk_refs": [{"chunk_id": c, "content_hash": h} for c, h in sorted(entry.chunk_refs)],
-    }

@@ -134,6 +134,12 @@ class WorkerSettings(BaseSettings):
     disk_tier_bytes: int = Field(
         default=16 * GiB, ge=0, description="Cap on the bytes of KV the disk tier holds."
     )
+    restore_tier: bool = Field(
+        default=True,
+        description="At start, read the disk tier's prefixes back into device memory (most "
+        "recently used first, up to the warmup threshold) after the invalidations sent while "
+        "down have run, so they are warm again before the worker reports ready.",
+    )
     host_tier_bytes: int = Field(
         default=0,
         ge=0,

@@ -330,6 +330,7 @@ def run(stack: FaultStack, sliced: plan.Slice, o: Options, say: Say) -> dict[str
     return {
         "planned": faults,
         "faults": plan.fault_counts(replay.done),
+        "worker_disk_tier": stack.disk_tier,
         **end,
         "stale_served": sum(plan.stale(a) for a in load.asked),
         "queries": load.count,
@@ -379,8 +380,9 @@ def quiet_logs() -> None:
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
-ORDER = ("faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalidations",
-         "stale_served", "queries", "query_errors", "transient_dead_letters", "worker_rewarm_s",
+ORDER = ("faults", "worker_disk_tier", "kb_versions_expected", "kb_versions_indexed",
+         "lost_invalidations", "stale_served", "queries", "query_errors",
+         "transient_dead_letters", "worker_rewarm_s",
          "streams_recovery_s_p50", "streams_recovery_s_max", "streams_recovery_phases_s_p50",
          "streams_recovery_log_s_p50",
          "ttft_p50_ms", "answered_during_outage",
@@ -412,9 +414,11 @@ ORDER = ("faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalida
               show_default=True,
               help="The query load's path: the gateway's (its own worker view and index "
               "replica) or RagClient's (retrieval and routing through the streams app).")
-@click.option("--worker-disk-tier", is_flag=True,
+@click.option("--worker-disk-tier/--no-worker-disk-tier", default=True, show_default=True,
               help="Run the workers with the disk KV tier (RAGWARM_WORKER_DISK_TIER), each "
-              "on its own folder: the killed worker restarts with what it held.")
+              "on its own folder, as a deployment that restarts workers would: the killed "
+              "worker reads back what it held before it reports ready. Off: it waits for "
+              "the streams app's re-warm.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def faults(events: Path, questions: Path, kills: int, seed: int, docs: int, edits: int,
            hot: int, queries: int, query_gap_s: float, edit_gap_s: float, grace_s: float,

@@ -177,6 +177,9 @@ class WorkerLifecycle:
             self.consumer.start()
             if engine.tier_state()[0]:
                 self._catch_up(self.consumer, report)
+        if s.restore_tier and engine.tier_state()[0]:
+            report("restoring prefixes from the KV tier")
+            log.info("restored %d prefixes from the KV tier", runtime.restore_tier())
         stored = apply_warm_set(runtime, items, report)
         log.info("startup warm set: %d of %d items stored", stored, len(items))
         return runtime

@@ -72,3 +72,29 @@ def test_a_worker_killed_right_after_start_resumes_where_it_started(
         assert [c.command_id for c in handled] == ["c-missed"]
     finally:
         second.stop()
+
+
+def test_a_worker_restarted_at_once_takes_its_place_without_waiting_out_its_session(
+    kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic("commands", partitions=2)
+    worker_id = f"w-{uuid.uuid4().hex[:8]}"
+    # A session longer than the restart may wait: a dynamic member joining the group would
+    # wait for the killed one's session to end before anything is assigned to it.
+    options = KafkaSettings().client_options() | {"session_timeout_ms": 240_000}
+    first = CommandConsumer(kafka_bootstrap, options, worker_id, lambda _c: None, topic=topic)
+    started = multiprocessing.get_context("fork").Event()
+    child = multiprocessing.get_context("fork").Process(
+        target=_start_and_hang, args=(first, started), daemon=True
+    )
+    child.start()
+    assert started.wait(120), "the first consumer never started"
+    os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    child.join(30)
+
+    second = CommandConsumer(kafka_bootstrap, options, worker_id, lambda _c: None, topic=topic,
+                             connect_wait_s=10)
+    try:
+        second.start(timeout_s=90)  # raises TimeoutError when nothing was assigned by then
+    finally:
+        second.stop()

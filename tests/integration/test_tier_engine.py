@@ -79,6 +79,31 @@ def test_an_evicted_prefix_spills_to_disk_and_comes_back_bit_for_bit(
     assert _answer(cold, ids + question, "a")[0] == tokens
 
 
+def test_a_restarted_engine_restores_its_warm_prefix_from_disk_before_any_request(
+    model_path: Path, tmp_path: Path
+) -> None:
+    settings = WorkerSettings(
+        device="cpu", threads=1, disk_tier=True, disk_tier_path=tmp_path / "tier"
+    )
+    engine, ids = _one_prefix_engine(model_path, settings)
+    warm = engine.prefill(ids, tenant="a", pin=True)  # managed: written through
+    kept = [b.data.clone() for b in engine.stored_blocks(warm.prefix_hash) or []]
+    del engine  # the process died; its tier folder is all that is left
+
+    again, _ = _one_prefix_engine(model_path, settings)
+    assert warm.prefix_hash not in again.cache
+    assert again.restore_tier(0) == 0  # no room: nothing read
+    assert again.restore_tier(again.memory().total) == 1
+    assert warm.prefix_hash in again.cache
+    back = again.stored_blocks(warm.prefix_hash)
+    assert back is not None
+    assert all(torch.equal(x.data, y) for x, y in zip(back, kept, strict=True))
+    events = again.cache.drain_events()
+    assert [(e.kind, e.prefix_hash) for e in events] == [("stored", warm.prefix_hash)]
+    question = again.tokenize(" Which state does it keep?")
+    assert _answer(again, ids + question, "a")[1] == len(ids)  # warm from its first request
+
+
 def test_an_evicted_prefix_spills_to_host_memory_and_comes_back_bit_for_bit(
     model_path: Path
 ) -> None:

@@ -69,6 +69,29 @@ def test_the_least_recently_used_leaves_go_first() -> None:
     assert index.bytes_used == 40
 
 
+def test_a_boot_restores_whole_chains_most_recently_used_first_within_its_bytes() -> None:
+    a, b, c = chain(1, 2, 3), chain(1, 2, 4), chain(5, 6)
+    index = filled(a)
+    for block in [*blocks_of(b)[2:], *blocks_of(c)]:
+        index.add(block)
+    index.touch(c)
+    index.touch(a)  # a, then c, then b
+    assert index.restore_plan(1000) == [a, c, b]
+    # b shares a's head: it costs one block more, so it fits where c (two blocks) does not.
+    assert index.restore_plan(40) == [a, b]
+    assert index.restore_plan(20) == [c]
+    assert index.restore_plan(10) == []
+
+
+def test_a_chain_whose_head_is_not_in_the_tier_is_not_restored() -> None:
+    c = chain(1, 2, 3)
+    index = filled([])
+    for block in blocks_of(c)[1:]:  # its head stayed on the device, which a restart emptied
+        index.add(block)
+    assert index.chain(c[-1]) is None
+    assert index.restore_plan(1000) == []
+
+
 def test_a_second_estimate_narrows_a_held_blocks_marks() -> None:
     c = chain(1)
     index = filled(c, marks={REF, OTHER})

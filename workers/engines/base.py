@@ -156,6 +156,9 @@ class PrefixEngine(ABC, Generic[H]):
     def tier_state(self) -> tuple[list[str], int]:
         return [], 0  # no disk tier unless an engine keeps one
 
+    def restore_tier(self, max_bytes: int) -> int:
+        return 0  # no tier to read back from unless an engine keeps one
+
     def restorable(self, hashes: list[str], have: int) -> int:
         """Blocks after the first `have` of `hashes` a hit would read back from a disk tier."""
         return 0

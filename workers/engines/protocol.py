@@ -230,6 +230,11 @@ class Engine(Protocol):
         """Ends of the chains a disk tier below device memory holds, and its bytes."""
         ...
 
+    def restore_tier(self, max_bytes: int) -> int:
+        """Read the tier's chains back into device memory, most recently used first, within
+        `max_bytes`; returns how many (0 without a tier)."""
+        ...
+
 
 class PrefillOptions(TypedDict, total=False):
     """`Engine.prefill`'s keyword arguments, for layers that pass them through unchanged."""

@@ -57,6 +57,23 @@ class Tiered:
             return 0
         return n
 
+    def restore_tier(self, max_bytes: int) -> int:
+        """Read back what the tier holds, most recently used first, within `max_bytes` of
+        device memory, so a restarted worker serves its prefixes warm at once instead of
+        waiting for a re-warm (issue 40); returns the chains restored. Call it after the
+        invalidations sent while it was down have run."""
+        tier = self.tier
+        if tier is None:
+            return 0
+        restored = 0
+        for chain in tier.index.restore_plan(max_bytes):
+            end = tier.index.get(chain[-1])
+            if end is None:  # a read that failed dropped it, and what extends it
+                continue
+            have = next((i for i, h in enumerate(chain) if h not in self._blocks), len(chain))
+            restored += self._restore(chain, have, end.tenant) == len(chain)
+        return restored
+
     def _restore(self, hashes: list[str], have: int, tenant: str) -> int:
         """Read the blocks after the first `have` of `hashes` back from the tier when
         that beats recomputing them; how many leading blocks are on the device after it."""

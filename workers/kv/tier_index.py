@@ -75,6 +75,41 @@ class TierIndex:
         """Hashes of the blocks no block here extends: the longest prefixes held."""
         return [h for h in self._blocks if not self._children.get(h, set()) & self._blocks.keys()]
 
+    def chain(self, end: str) -> list[str] | None:
+        """The hashes from the root to `end`; None when a block on the way is not here (the
+        chain cannot be read back without it)."""
+        chain: list[str] = []
+        h: str | None = end
+        while h is not None:
+            block = self._blocks.get(h)
+            if block is None:
+                return None
+            chain.append(h)
+            h = block.parent
+        return chain[::-1]
+
+    def restore_plan(self, max_bytes: int) -> list[list[str]]:
+        """The whole chains to read back into an empty device, most recently used first,
+        within `max_bytes` (a block two chains share counts once): what a restarted worker
+        serves warm at once. Chains that do not fit are passed over for shorter ones."""
+        order = {h: n for n, h in enumerate(self._lru)}  # later: used more recently
+        ends = sorted(self.chain_ends(), key=order.__getitem__, reverse=True)
+        plan: list[list[str]] = []
+        chosen: set[str] = set()
+        used = 0
+        for end in ends:
+            chain = self.chain(end)
+            if chain is None:
+                continue
+            new = [h for h in chain if h not in chosen]
+            cost = sum(self._blocks[h].nbytes for h in new)
+            if used + cost > max_bytes:
+                continue
+            plan.append(chain)
+            chosen.update(new)
+            used += cost
+        return plan
+
     def stats(self) -> TierStats:
         return TierStats(len(self._blocks), self.bytes_used, self.max_bytes, len(self.chain_ends()))
 
