@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 import httpx
+from pydantic import SecretStr
 
 from ragwarm.settings import TRACE_DIR, HomeSettings, KafkaSettings
 from ragwarm.stack.demo_plan import (
@@ -446,9 +447,10 @@ def _run(scenario: Scenario, out: Path) -> dict[str, Any]:
         scenario.ingest(scenario.plan.initial, "initial state")
         must_wait(lambda: _ready_workers(running.streams_url) >= len(running.stack.workers),
                   120, "the workers to report ready")
+        key = running.stack.security.key_of("RAGWARM_CLIENT_API_KEY")
         settings = ClientSettings(streams_url=running.streams_url,
                                   max_tokens=scenario.max_tokens,
-                                  api_key=running.stack.security.key_of("RAGWARM_CLIENT_API_KEY"))
+                                  api_key=None if key is None else SecretStr(key))
         with RagClient.open(settings, running.kafka) as client:
             scenario.run(client)
         chart = write_chart(scenario.rows, scenario.edit_at_s, out / "ttft.png")

@@ -156,13 +156,16 @@ def families(snap: Mapping[str, Any]) -> Iterator[Metric]:
                  ["topic", "partition"])
 
 
+Samples = list[tuple[tuple[str, ...], float]]  # (label values, value) of one metric family
+
+
 def _timings(stats: Mapping[str, int]) -> Iterator[Metric]:
     """The pipeline's millisecond timers, in seconds: sums as a counter (Prometheus takes
     their rate), maxima since start as a gauge; `name` is the timer without `_ms`."""
-    sums = [((k.removesuffix(MS),), v / 1000) for k, v in sorted(stats.items())
-            if k.endswith(MS) and not k.endswith(MAX_MS)]
-    maxima = [((k.removesuffix(MAX_MS),), v / 1000) for k, v in sorted(stats.items())
-              if k.endswith(MAX_MS)]
+    sums: Samples = [((k.removesuffix(MS),), v / 1000) for k, v in sorted(stats.items())
+                     if k.endswith(MS) and not k.endswith(MAX_MS)]
+    maxima: Samples = [((k.removesuffix(MAX_MS),), v / 1000) for k, v in sorted(stats.items())
+                       if k.endswith(MAX_MS)]
     yield _counter("ragwarm_streams_time_seconds_total",
                    "Seconds spent or waited, summed, by timer (embed, kb_index, op, ...).",
                    sums, ["name"])

@@ -19,7 +19,7 @@ expired one, `history`'s fill) they are, so a request's head outlives that entry
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from workers.kv.block_pool import ChunkKey
 from workers.kv.cache import PrefixCache
@@ -102,7 +102,7 @@ class BlockRequestCache(PrefixCache):
 
 
 # How a worker's request caching evicts (`RAGWARM_WORKER_REQUEST_CACHING`).
-DEFAULT_REQUEST_CACHING = "entry"
+DEFAULT_REQUEST_CACHING: Literal["block", "entry"] = "entry"
 REQUEST_CACHING: dict[str, type[PrefixCache]] = {"entry": PrefixCache, "block": BlockRequestCache}
 
 
