@@ -227,6 +227,14 @@ class StreamsSettings(BaseSettings):
         "(issue 40). Heartbeats go every 3 s from the event loop, which blocking store work "
         "(in a thread) does not hold.",
     )
+    standby_replicas: int = Field(
+        default=1, ge=0, le=4,
+        description="Standby copies of each table partition that other instances keep up to "
+        "date from its changelog (Faust's table_standby_replicas): when an instance dies, the "
+        "one taking over its partitions has their tables already and does not replay the "
+        "changelog. Useful only with more than one instance; each copy costs memory and "
+        "changelog reads.",
+    )
     consumer_max_fetch_bytes: int = Field(
         default=8 * 1024 * 1024, ge=65_536,
         description="Most bytes one fetch returns per partition. aiokafka sends a node's "

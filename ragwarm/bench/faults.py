@@ -94,13 +94,15 @@ class QueryLoad:
 
 
 def table_versions(stack: FaultStack) -> dict[str, int]:
-    """The versions the app's docs table holds (the default tenant's documents)."""
-    docs = stack.get("/ragwarm/docs")["docs"]
-    out = {}
-    for key, state in docs.items():
-        tenant, doc_id = split_kb_key(key)
-        if state and tenant == "default":
-            out[doc_id] = int(state["version"])
+    """The versions the app's docs table holds (the default tenant's documents), over its
+    instances: each holds its partitions, and may hold a standby copy of others (the
+    newest version wins)."""
+    out: dict[str, int] = {}
+    for view in stack.get_all("/ragwarm/docs"):
+        for key, state in view["docs"].items():
+            tenant, doc_id = split_kb_key(key)
+            if state and tenant == "default":
+                out[doc_id] = max(out.get(doc_id, 0), int(state["version"]))
     return out
 
 
@@ -149,8 +151,8 @@ class Replay:
         self.done.append(kind)
 
     def _streams(self, move: bool) -> None:
-        took = self.stack.kill_streams(START_S, move_host=move)
-        self.say(f"  streams app {'moved and ' if move else ''}ready again {took:.1f} s "
+        name, took = self.stack.kill_streams(START_S, move_host=move)
+        self.say(f"  {name} {'moved and ' if move else ''}ready again {took:.1f} s "
                  "after the SIGKILL")
 
     def _worker(self) -> None:
@@ -235,7 +237,8 @@ def finish(stack: FaultStack, expected: dict[str, plan.Expected], chunker: plan.
     letters = transient_letters(stack)
     for worker in stack.workers:
         worker.stop()
-    stack.streams.stop()
+    for instance in stack.instances:
+        instance.stop()
     index = read_index(stack.qdrant_dir)
     return {
         "kb_versions_expected": len(expected),
@@ -331,12 +334,14 @@ def run(stack: FaultStack, sliced: plan.Slice, o: Options, say: Say) -> dict[str
         "planned": faults,
         "faults": plan.fault_counts(replay.done),
         "worker_disk_tier": stack.disk_tier,
+        "streams_instances": len(stack.instances),
         **end,
         "stale_served": sum(plan.stale(a) for a in load.asked),
         "queries": load.count,
         "query_errors": load.errors,
         "worker_rewarm_s": None if rewarm is None or rewarm.seconds is None
         else round(rewarm.seconds, 1),
+        "worker_restart_phases_s": plan.phase_figures(stack.worker_phases),
         **plan.recovery_figures(stack.recoveries),
         "streams_recovery_phases_s_p50": plan.phase_figures(stack.recovery_phases),
         "streams_recovery_log_s_p50": plan.mark_figures(stack.recovery_marks),
@@ -380,9 +385,10 @@ def quiet_logs() -> None:
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
-ORDER = ("faults", "worker_disk_tier", "kb_versions_expected", "kb_versions_indexed",
+ORDER = ("faults", "worker_disk_tier", "streams_instances", "kb_versions_expected",
+         "kb_versions_indexed",
          "lost_invalidations", "stale_served", "queries", "query_errors",
-         "transient_dead_letters", "worker_rewarm_s",
+         "transient_dead_letters", "worker_rewarm_s", "worker_restart_phases_s",
          "streams_recovery_s_p50", "streams_recovery_s_max", "streams_recovery_phases_s_p50",
          "streams_recovery_log_s_p50",
          "ttft_p50_ms", "answered_during_outage",
@@ -419,10 +425,14 @@ ORDER = ("faults", "worker_disk_tier", "kb_versions_expected", "kb_versions_inde
               "on its own folder, as a deployment that restarts workers would: the killed "
               "worker reads back what it held before it reports ready. Off: it waits for "
               "the streams app's re-warm.")
+@click.option("--streams", "n_streams", type=click.IntRange(1, 4), default=1,
+              show_default=True,
+              help="Streams instances (one consumer group, standby replicas of each other's "
+              "tables); the SIGKILLs go round them.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def faults(events: Path, questions: Path, kills: int, seed: int, docs: int, edits: int,
            hot: int, queries: int, query_gap_s: float, edit_gap_s: float, grace_s: float,
-           via: str, worker_disk_tier: bool, as_json: bool) -> None:
+           via: str, worker_disk_tier: bool, n_streams: int, as_json: bool) -> None:
     """Replay edits under faults (kills, broker restart, store outage, moved host) and
     compare the end state with the trace's oracle. Defaults are a quick scale for a small
     machine: --docs 0 with --edits at least the trace's edit count replays all of it."""
@@ -442,7 +452,7 @@ def faults(events: Path, questions: Path, kills: int, seed: int, docs: int, edit
         raise click.ClickException("the slice has no edits to replay; raise --docs or --edits")
     with tempfile.TemporaryDirectory(prefix="ragwarm-faults-") as tmp:
         stack = FaultStack(own_broker(Path(tmp), say), Path(tmp), llm_dir(), say,
-                           disk_tier=worker_disk_tier)
+                           disk_tier=worker_disk_tier, streams=n_streams)
         try:
             result = run(stack, sliced, o, say)
         finally:

@@ -43,32 +43,41 @@ def own_broker(workdir: Path, say: Say) -> LocalKafka:
 
 
 class FaultStack:
-    """The broker, the streams app (its disk under a "host" folder that a host move swaps
-    for an empty one) and workers w1, w2."""
+    """The broker, the streams app's instances (one consumer group; each with its disk under a
+    "host" folder that a host move swaps for an empty one) and workers w1, w2. Instance 0 is
+    the one whose index the end reads and the store outage locks."""
 
     def __init__(self, broker: LocalKafka, workdir: Path, llm_path: Path, say: Say,
-                 disk_tier: bool = False):
+                 disk_tier: bool = False, streams: int = 1):
         self.broker, self.workdir, self.say = broker, workdir, say
         self.disk_tier = disk_tier
         self.kafka = broker.kafka
         base = {"RAGWARM_KAFKA_BOOTSTRAP": self.kafka.servers, "RAGWARM_KAFKA_TOPIC_PREFIX": ""}
-        port = free_port()
-        self.streams_url = f"http://127.0.0.1:{port}"
-        self.host = 0
-        # Info: the log's timestamps say where a restart's time goes (`plan.log_marks`).
-        self.streams = Proc("faults-streams", ["streams", "--loglevel", "info"], workdir,
-                            f"{self.streams_url}/ragwarm/health", base | {
-                                "RAGWARM_MODEL_LLM_PATH": str(llm_path),
-                                "RAGWARM_STREAMS_APP_ID": APP_ID,
-                                "RAGWARM_STREAMS_WEB_PORT": str(port),
-                                "RAGWARM_STREAMS_HOT_TICK_S": "1.0",
-                            })
-        self._use_host(0)
+        self.instances: list[Proc] = []
+        self.urls: list[str] = []
+        self.hosts: list[int] = []
+        for n in range(streams):
+            port = free_port()
+            self.urls.append(f"http://127.0.0.1:{port}")
+            # Info: the log's timestamps say where a restart's time goes (`plan.log_marks`).
+            self.instances.append(Proc(
+                f"faults-streams{n or ''}", ["streams", "--loglevel", "info"], workdir,
+                f"{self.urls[n]}/ragwarm/health", base | {
+                    "RAGWARM_MODEL_LLM_PATH": str(llm_path),
+                    "RAGWARM_STREAMS_APP_ID": APP_ID,
+                    "RAGWARM_STREAMS_WEB_PORT": str(port),
+                    "RAGWARM_STREAMS_HOT_TICK_S": "1.0",
+                }))
+            self.hosts.append(0)
+            self._use_host(n, 0)
+        self.streams, self.streams_url = self.instances[0], self.urls[0]
+        self.kills = 0  # streams kills so far: they go round the instances
         self.workers = [self._worker(f"w{i}", base) for i in (1, 2)]
         self.recoveries: list[float] = []
         # Per streams kill: (seconds after the kill, the ready probe's state) at each change.
         self.recovery_phases: list[list[tuple[float, str]]] = []
         self.recovery_marks: list[dict[str, float]] = []  # its log's marks, per kill
+        self.worker_phases: list[list[tuple[float, str]]] = []  # per worker kill, as above
 
     def _worker(self, worker_id: str, base: dict[str, str]) -> Proc:
         port = free_port()
@@ -82,20 +91,20 @@ class FaultStack:
                                             str(port)],
                     self.workdir, f"http://127.0.0.1:{port}/health/ready", env)
 
-    @property
-    def home(self) -> Path:
-        return self.workdir / f"host-{self.host}"
+    def home(self, n: int = 0) -> Path:
+        return self.workdir / f"host-{self.hosts[n]}" / f"streams{n}"
 
     @property
     def qdrant_dir(self) -> Path:
-        return self.home / "qdrant"
+        return self.home(0) / "qdrant"
 
-    def _use_host(self, n: int) -> None:
-        self.host = n
-        self.streams.env = self.streams.env | {
-            "RAGWARM_HOME": str(self.home),
-            "RAGWARM_QDRANT_PATH": str(self.qdrant_dir),
-            "RAGWARM_STREAMS_DATA_DIR": str(self.home / "faust"),
+    def _use_host(self, n: int, host: int) -> None:
+        self.hosts[n] = host
+        home = self.home(n)
+        self.instances[n].env = self.instances[n].env | {
+            "RAGWARM_HOME": str(home),
+            "RAGWARM_QDRANT_PATH": str(home / "qdrant"),
+            "RAGWARM_STREAMS_DATA_DIR": str(home / "faust"),
         }
 
     # --- start, probe, stop --------------------------------------------------------------
@@ -105,51 +114,55 @@ class FaultStack:
         from schemas.topics import prefixed
 
         create_topics(self.kafka.servers, self.kafka.client_options(), prefixed(""))
-        self.streams.start()
-        self.wait_ready(timeout_s)
+        for instance in self.instances:
+            instance.start()
+        for n in range(len(self.instances)):
+            self.wait_ready(timeout_s, n=n)
         for worker in self.workers:
             worker.start()
         for worker in self.workers:
             worker.wait_healthy(timeout_s)
-        self.say("stack up: broker, streams app, workers w1 and w2")
+        self.say(f"stack up: broker, {len(self.instances)} streams instance(s), workers w1 and w2")
 
-    def streams_ready(self) -> bool:
-        return self.streams_state() == "ready"
-
-    def streams_state(self) -> str:
-        """What the ready probe says: `ready`, its reason not to be, or `down` (no answer)."""
+    def streams_state(self, n: int = 0) -> str:
+        """What instance `n`'s ready probe says: `ready`, its reason not to be, or `down`."""
         try:
-            response = httpx.get(f"{self.streams_url}/ragwarm/health/ready", timeout=5)
+            response = httpx.get(f"{self.urls[n]}/ragwarm/health/ready", timeout=5)
         except httpx.HTTPError:
             return "down"
-        if response.status_code == 200:
-            return "ready"
-        try:
-            return str(response.json().get("reason") or response.status_code)
-        except ValueError:
-            return str(response.status_code)
+        return probe_state(response)
 
-    def wait_ready(self, timeout_s: float, since: float | None = None) -> None:
-        """Wait for the ready probe; with `since`, record when its state changed after it."""
+    def wait_ready(self, timeout_s: float, since: float | None = None, n: int = 0) -> None:
+        """Wait for instance `n`'s ready probe; with `since`, record when its state changed."""
         deadline = time.monotonic() + timeout_s
         timeline: list[tuple[float, str]] = []
-        while (state := self.streams_state()) != "ready":
+        proc = self.instances[n]
+        while (state := self.streams_state(n)) != "ready":
             if since is not None and (not timeline or timeline[-1][1] != state):
                 timeline.append((time.monotonic() - since, state))
-            if self.streams.pid() is None:
+            if proc.pid() is None:
                 from ragwarm.stack.procs import tail
 
-                raise RuntimeError(f"the streams app exited:\n{tail(self.streams.log_file)}")
+                raise RuntimeError(f"{proc.name} exited:\n{tail(proc.log_file)}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the streams app not ready after {timeout_s:.0f} s")
+                raise TimeoutError(f"{proc.name} not ready after {timeout_s:.0f} s")
             time.sleep(0.5)
         if since is not None:
             self.recovery_phases.append([*timeline, (time.monotonic() - since, "ready")])
 
     def get(self, path: str) -> dict:
-        response = httpx.get(f"{self.streams_url}{path}", timeout=30)
-        response.raise_for_status()
-        return response.json()
+        """`path` from instance 0 (views of tables every instance holds whole)."""
+        return self.get_all(path, self.urls[:1])[0]
+
+    def get_all(self, path: str, urls: list[str] | None = None) -> list[dict]:
+        """`path` from every instance: each serves its own partitions of a partitioned table.
+        Raises `httpx.HTTPError` when one does not answer (its share would be missing)."""
+        out = []
+        for url in urls or self.urls:
+            response = httpx.get(f"{url}{path}", timeout=30)
+            response.raise_for_status()
+            out.append(response.json())
+        return out
 
     def worker_cache(self, worker: Proc) -> list[dict]:
         url = worker.health_url.removesuffix("/health/ready")
@@ -160,34 +173,46 @@ class FaultStack:
             return []
 
     def stop(self) -> None:
-        for proc in [*self.workers, self.streams]:
+        for proc in [*self.workers, *self.instances]:
             proc.stop()
         self.broker.stop(force=True)
 
     # --- the faults ----------------------------------------------------------------------
-    def kill_streams(self, timeout_s: float, move_host: bool = False) -> float:
-        """SIGKILL the streams app and start it again (on an empty disk when `move_host`);
-        the seconds from the kill to its ready probe answering 200."""
+    def kill_streams(self, timeout_s: float, move_host: bool = False) -> tuple[str, float]:
+        """SIGKILL a streams instance (the next in turn) and start it again (on an empty disk
+        when `move_host`); its name and the seconds from the kill to its ready probe's 200."""
+        n = self.kills % len(self.instances)
+        self.kills += 1
+        proc = self.instances[n]
         t0, wall = time.monotonic(), time.time()
-        logged = self.streams.log_file.stat().st_size if self.streams.log_file.exists() else 0
-        _sigkill(self.streams)
+        logged = proc.log_file.stat().st_size if proc.log_file.exists() else 0
+        _sigkill(proc)
         if move_host:
-            self._use_host(self.host + 1)
-        self.streams.start()
-        self.wait_ready(timeout_s, since=t0)
+            self._use_host(n, max(self.hosts) + 1)
+        proc.start()
+        self.wait_ready(timeout_s, since=t0, n=n)
         took = time.monotonic() - t0
-        with self.streams.log_file.open("rb") as log:
+        with proc.log_file.open("rb") as log:
             log.seek(logged)
             text = log.read().decode("utf-8", "replace")
         self.recovery_marks.append(log_marks(text.splitlines(), wall))
         self.recoveries.append(took)
-        return took
+        return proc.name, took
 
     def kill_worker(self, worker: Proc, timeout_s: float) -> None:
-        """SIGKILL one worker and start it again with the same id."""
+        """SIGKILL one worker and start it again with the same id; records its ready probe's
+        reasons on the way (`worker_phases`: seconds after the kill at each change)."""
+        t0 = time.monotonic()
         _sigkill(worker)
         worker.start()
-        worker.wait_healthy(timeout_s)
+        timeline: list[tuple[float, str]] = []
+        while (state := worker_state(worker)) != "ready":
+            if not timeline or timeline[-1][1] != state:
+                timeline.append((time.monotonic() - t0, state))
+            if worker.pid() is None or time.monotonic() > t0 + timeout_s:
+                worker.wait_healthy(0)  # raises, with the tail of its log
+            time.sleep(0.25)
+        self.worker_phases.append([*timeline, (time.monotonic() - t0, "ready")])
 
     def restart_broker(self, down_s: float = 5.0) -> None:
         """Stop the broker (its data kept), wait, start it again."""
@@ -218,6 +243,24 @@ class FaultStack:
                 lock.close()
             if not databases:
                 away.rename(self.qdrant_dir)
+
+
+def worker_state(worker: Proc) -> str:
+    """What a worker's ready probe says: `ready`, its reason not to be, or `down`."""
+    try:
+        response = httpx.get(worker.health_url, timeout=5)
+    except httpx.HTTPError:
+        return "down"
+    return probe_state(response)
+
+
+def probe_state(response: httpx.Response) -> str:
+    if response.status_code == 200:
+        return "ready"
+    try:
+        return str(response.json().get("reason") or response.status_code)
+    except ValueError:
+        return str(response.status_code)
 
 
 def _sigkill(proc: Proc) -> None:
@@ -262,7 +305,8 @@ class Rewarm:
     def _check(self) -> None:
         now = {e["prefix_hash"] for e in self.stack.worker_cache(self.worker)}
         tracked = {h for h in self.missing
-                   if self.stack.get(f"/ragwarm/prefixes/{h}").get("state") is not None}
+                   if any(v.get("state") is not None
+                          for v in self.stack.get_all(f"/ragwarm/prefixes/{h}"))}
         self.missing = tracked - now
 
     def join(self, timeout_s: float) -> None:

@@ -46,6 +46,7 @@ def create_app(settings: StreamsSettings, broker: BrokerOptions, data_dir: Path)
         # Agents do blocking store work in a thread; allow for it before a rebalance.
         broker_max_poll_interval=600.0,
         broker_session_timeout=settings.session_timeout_s,
+        table_standby_replicas=settings.standby_replicas,
         # Not waiting for in-flight records at a rebalance: a KB batch takes tens of
         # seconds. Turning it on (tried for issue 14's --streams 2 stall) made a rebalance
         # commit the held batch first, but the stall still recurred on another partition.
