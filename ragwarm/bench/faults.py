@@ -9,6 +9,7 @@ app's index unwritable for 10 s (its SQLite write lock held by the benchmark).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import tempfile
@@ -372,6 +373,15 @@ def open_load_client(via: str, stack: FaultStack, say: Say) -> Any:
     return client
 
 
+def _workdir(path: Path | None) -> Any:
+    if path is None:
+        return tempfile.TemporaryDirectory(prefix="ragwarm-faults-")
+    if path.exists() and any(path.iterdir()):
+        raise click.ClickException(f"--workdir {path} is not empty: a run needs a fresh folder")
+    path.mkdir(parents=True, exist_ok=True)
+    return contextlib.nullcontext(str(path))
+
+
 def quiet_logs() -> None:
     """Progress lines only: the clients' per-request and per-connection INFO lines would
     bury them (hundreds per fault)."""
@@ -429,10 +439,14 @@ ORDER = ("faults", "worker_disk_tier", "streams_instances", "kb_versions_expecte
               show_default=True,
               help="Streams instances (one consumer group, standby replicas of each other's "
               "tables); the SIGKILLs go round them.")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep the processes' logs, stores and KV tiers here (default: a temporary "
+              "folder, removed).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def faults(events: Path, questions: Path, kills: int, seed: int, docs: int, edits: int,
            hot: int, queries: int, query_gap_s: float, edit_gap_s: float, grace_s: float,
-           via: str, worker_disk_tier: bool, n_streams: int, as_json: bool) -> None:
+           via: str, worker_disk_tier: bool, n_streams: int, workdir: Path | None,
+           as_json: bool) -> None:
     """Replay edits under faults (kills, broker restart, store outage, moved host) and
     compare the end state with the trace's oracle. Defaults are a quick scale for a small
     machine: --docs 0 with --edits at least the trace's edit count replays all of it."""
@@ -450,7 +464,7 @@ def faults(events: Path, questions: Path, kills: int, seed: int, docs: int, edit
                              edits, MAX_TEXT_BYTES)
     if not sliced.edits:
         raise click.ClickException("the slice has no edits to replay; raise --docs or --edits")
-    with tempfile.TemporaryDirectory(prefix="ragwarm-faults-") as tmp:
+    with _workdir(workdir) as tmp:
         stack = FaultStack(own_broker(Path(tmp), say), Path(tmp), llm_dir(), say,
                            disk_tier=worker_disk_tier, streams=n_streams)
         try:
