@@ -86,20 +86,23 @@ def test_a_restarted_engine_restores_its_warm_prefix_from_disk_before_any_reques
         device="cpu", threads=1, disk_tier=True, disk_tier_path=tmp_path / "tier"
     )
     engine, ids = _one_prefix_engine(model_path, settings)
-    warm = engine.prefill(ids, tenant="a", pin=True)  # managed: written through
+    short = engine.prefill(ids[:48], tenant="a", pin=True)  # managed: written through
+    warm = engine.prefill(ids, tenant="a", pin=True)  # extends the short one
     kept = [b.data.clone() for b in engine.stored_blocks(warm.prefix_hash) or []]
     del engine  # the process died; its tier folder is all that is left
 
     again, _ = _one_prefix_engine(model_path, settings)
     assert warm.prefix_hash not in again.cache
     assert again.restore_tier(0) == 0  # no room: nothing read
-    assert again.restore_tier(again.memory().total) == 1
-    assert warm.prefix_hash in again.cache
+    assert again.restore_tier(again.memory().total) == 2
+    assert warm.prefix_hash in again.cache and short.prefix_hash in again.cache
     back = again.stored_blocks(warm.prefix_hash)
     assert back is not None
     assert all(torch.equal(x.data, y) for x, y in zip(back, kept, strict=True))
     events = again.cache.drain_events()
-    assert [(e.kind, e.prefix_hash) for e in events] == [("stored", warm.prefix_hash)]
+    assert sorted((e.kind, e.prefix_hash) for e in events) == sorted(
+        [("stored", warm.prefix_hash), ("stored", short.prefix_hash)]
+    )
     question = again.tokenize(" Which state does it keep?")
     assert _answer(again, ids + question, "a")[1] == len(ids)  # warm from its first request
 

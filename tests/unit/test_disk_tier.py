@@ -83,6 +83,24 @@ def test_a_boot_restores_whole_chains_most_recently_used_first_within_its_bytes(
     assert index.restore_plan(10) == []
 
 
+def test_a_prefix_that_a_longer_one_extends_is_restored_as_its_own_prefix() -> None:
+    short, long = chain(1, 2), chain(1, 2, 3)
+    index = filled(long)
+    assert index.prefix_ends() == [long[-1]]
+    index.add(TierBlock(short[-1], short[0], "t1", 10, end=True))  # a cached prefix ends here
+    assert sorted(index.prefix_ends()) == sorted([short[-1], long[-1]])
+    assert sorted(index.restore_plan(1000)) == sorted([short, long])
+    assert index.restore_plan(20) == [short]  # the long one needs a third block
+
+
+def test_a_journaled_prefix_marks_where_it_ends() -> None:
+    cache, _ = journaled()
+    cache.admit(tenant="t1", hashes=chain(1, 2, 3), nbytes=30)
+    assert cache.tier is not None
+    writes = cache.tier.drain().writes
+    assert [b.end for b in writes.values()] == [False, False, True]
+
+
 def test_a_chain_whose_head_is_not_in_the_tier_is_not_restored() -> None:
     c = chain(1, 2, 3)
     index = filled([])

@@ -67,3 +67,14 @@ def test_owned_names() -> None:
     assert not owned(root / "cd" / f"{HASH}.safetensors", root)
     assert not owned(root / "ab" / f"{HASH.upper()}.safetensors", root)
     assert not owned(root / "ab" / "x" / f"{HASH}.safetensors", root)
+
+
+def test_where_a_prefix_ends_survives_a_restart(tmp_path: Path) -> None:
+    tier = _tier_with_one_block(tmp_path)
+    assert tier.index.get(HASH) == TierBlock(HASH, None, "t", LAYOUT.nbytes)
+    # The block now ends a cached prefix: its header is rewritten to say so.
+    tier.put(TierBlock(HASH, None, "t", LAYOUT.nbytes, end=True), torch.ones(LAYOUT.shape))
+    again = DiskTier(tmp_path, 10**6, LAYOUT, "cpu")
+    again.scan()
+    block = again.index.get(HASH)
+    assert block is not None and block.end

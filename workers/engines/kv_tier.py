@@ -80,7 +80,8 @@ class KVTier(ABC):
         """Hold `block` here (a held one keeps only the marks both have)."""
         index = self.index
         if block.block_hash in index:
-            if index.narrow(block.block_hash, block.marks):
+            narrowed = index.narrow(block.block_hash, block.marks)
+            if index.mark_end(block.block_hash, block.end) or narrowed:  # its header changed
                 self._write(index.get(block.block_hash) or block, data)
             index.touch([block.block_hash])
             return

@@ -31,7 +31,7 @@ class Tiered:
             return [], 0
         index = self.tier.index
         if self._tier_view[0] != index.version:
-            self._tier_view = (index.version, index.chain_ends())
+            self._tier_view = (index.version, index.prefix_ends())
         return list(self._tier_view[1]), index.bytes_used
 
     def _apply_tier(self) -> None:
@@ -71,7 +71,16 @@ class Tiered:
             if end is None:  # a read that failed dropped it, and what extends it
                 continue
             have = next((i for i, h in enumerate(chain) if h not in self._blocks), len(chain))
-            restored += self._restore(chain, have, end.tenant) == len(chain)
+            if have < len(chain):
+                restored += self._restore(chain, have, end.tenant) == len(chain)
+                continue
+            try:  # its blocks came back with a longer prefix: it is an entry of its own
+                self.cache.admit(tenant=end.tenant, hashes=chain,
+                                 nbytes=len(chain) * self.block_bytes, kind="request")
+                restored += 1
+            except WarmupRefused:
+                pass
+        self.sync()
         return restored
 
     def _restore(self, hashes: list[str], have: int, tenant: str) -> int:

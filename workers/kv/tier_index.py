@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from workers.kv.block_pool import ChunkKey
 
@@ -24,6 +24,7 @@ class TierBlock:
     tenant: str
     nbytes: int
     marks: frozenset[ChunkKey] = frozenset()
+    end: bool = False  # a cached prefix ended here (a restart restores it as an entry)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,12 @@ class TierIndex:
         """Hashes of the blocks no block here extends: the longest prefixes held."""
         return [h for h in self._blocks if not self._children.get(h, set()) & self._blocks.keys()]
 
+    def prefix_ends(self) -> list[str]:
+        """Where the prefixes held end: the chain ends, and blocks a shorter cached prefix
+        ended at (a warm prefix that a longer prompt extends)."""
+        ends = set(self.chain_ends())
+        return [h for h, b in self._blocks.items() if b.end or h in ends]
+
     def chain(self, end: str) -> list[str] | None:
         """The hashes from the root to `end`; None when a block on the way is not here (the
         chain cannot be read back without it)."""
@@ -93,7 +100,7 @@ class TierIndex:
         within `max_bytes` (a block two chains share counts once): what a restarted worker
         serves warm at once. Chains that do not fit are passed over for shorter ones."""
         order = {h: n for n, h in enumerate(self._lru)}  # later: used more recently
-        ends = sorted(self.chain_ends(), key=order.__getitem__, reverse=True)
+        ends = sorted(self.prefix_ends(), key=order.__getitem__, reverse=True)
         plan: list[list[str]] = []
         chosen: set[str] = set()
         used = 0
@@ -127,6 +134,7 @@ class TierIndex:
             raise ValueError(f"block of {block.nbytes} bytes exceeds max_bytes={self.max_bytes}")
         if block.block_hash in self._blocks:
             self.narrow(block.block_hash, block.marks)
+            self.mark_end(block.block_hash, block.end)
             self._lru.move_to_end(block.block_hash)
             return []
         evicted = self._make_room(block.nbytes, keep=block.parent)
@@ -147,12 +155,19 @@ class TierIndex:
         gone = block.marks - frozenset(marks)
         if not gone:
             return False
-        self._blocks[block_hash] = TierBlock(
-            block.block_hash, block.parent, block.tenant, block.nbytes, block.marks - gone
-        )
+        self._blocks[block_hash] = replace(block, marks=block.marks - gone)
         for ref in gone:
             _discard(self._by_chunk, ref, block_hash)
             _discard(self._by_chunk_id, ref[0], block_hash)
+        return True
+
+    def mark_end(self, block_hash: str, end: bool) -> bool:
+        """Record that a cached prefix ends at a held block; whether that is news."""
+        block = self._blocks[block_hash]
+        if not end or block.end:
+            return False
+        self._blocks[block_hash] = replace(block, end=True)
+        self.version += 1
         return True
 
     def touch(self, chain: Sequence[str]) -> None:

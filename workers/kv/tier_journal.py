@@ -86,7 +86,8 @@ class TierJournal:
             parent = chain[i - 1] if i else None
             old = queue.get(h)
             both = marks[i] & old.marks if old is not None else marks[i]
-            queue[h] = TierBlock(h, parent, entry.tenant, pool[h].nbytes, both)
+            end = h == entry.prefix_hash or (old is not None and old.end)
+            queue[h] = TierBlock(h, parent, entry.tenant, pool[h].nbytes, both, end)
 
 
 def chain_marks(
