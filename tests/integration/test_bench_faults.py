@@ -59,8 +59,9 @@ def test_a_small_fault_run_loses_nothing(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
     assert list(result) == [
-        "faults", "kb_versions_expected", "kb_versions_indexed", "lost_invalidations",
-        "stale_served", "queries", "query_errors", "transient_dead_letters", "worker_rewarm_s",
+        "faults", "worker_disk_tier", "streams_instances", "kb_versions_expected",
+        "kb_versions_indexed", "lost_invalidations", "stale_served", "queries", "query_errors",
+        "transient_dead_letters", "worker_rewarm_s", "worker_restart_phases_s",
         "streams_recovery_s_p50", "streams_recovery_s_max", "streams_recovery_phases_s_p50",
         "streams_recovery_log_s_p50",
         "ttft_p50_ms", "answered_during_outage", "errors_during_outage", "outage_ttft_p50_ms",
