@@ -34,6 +34,18 @@ def _start_and_hang(consumer: CommandConsumer, started: Any) -> None:
     time.sleep(600)
 
 
+def _killed_after_start(consumer: CommandConsumer) -> None:
+    """Start `consumer` in a child process and SIGKILL it once started (no close)."""
+    started = multiprocessing.get_context("fork").Event()
+    child = multiprocessing.get_context("fork").Process(
+        target=_start_and_hang, args=(consumer, started), daemon=True
+    )
+    child.start()
+    assert started.wait(120), "the first consumer never started"
+    os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    child.join(30)
+
+
 def test_a_worker_killed_right_after_start_resumes_where_it_started(
     kafka_bootstrap: str, kafka_producer: KafkaProducer, new_topic: Callable[..., str]
 ) -> None:
@@ -43,14 +55,7 @@ def test_a_worker_killed_right_after_start_resumes_where_it_started(
     first = CommandConsumer(kafka_bootstrap, options, worker_id, lambda _c: None, topic=topic)
     # Killed as soon as it started, as SIGKILL does (no close, whose commit would hide it),
     # and before auto-commit's first run: only the start's own commit is there.
-    started = multiprocessing.get_context("fork").Event()
-    child = multiprocessing.get_context("fork").Process(
-        target=_start_and_hang, args=(first, started), daemon=True
-    )
-    child.start()
-    assert started.wait(120), "the first consumer never started"
-    os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
-    child.join(30)
+    _killed_after_start(first)
     wait_group_empty(kafka_bootstrap, first.group_id)
 
     # Committed at the positions resolved at start (the end: a new group), every partition.
@@ -83,14 +88,7 @@ def test_a_worker_restarted_at_once_takes_its_place_without_waiting_out_its_sess
     # wait for the killed one's session to end before anything is assigned to it.
     options = KafkaSettings().client_options() | {"session_timeout_ms": 240_000}
     first = CommandConsumer(kafka_bootstrap, options, worker_id, lambda _c: None, topic=topic)
-    started = multiprocessing.get_context("fork").Event()
-    child = multiprocessing.get_context("fork").Process(
-        target=_start_and_hang, args=(first, started), daemon=True
-    )
-    child.start()
-    assert started.wait(120), "the first consumer never started"
-    os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
-    child.join(30)
+    _killed_after_start(first)
 
     second = CommandConsumer(kafka_bootstrap, options, worker_id, lambda _c: None, topic=topic,
                              connect_wait_s=10)
