@@ -154,6 +154,39 @@ def test_admit_evicts_lru_for_bytes() -> None:
     assert events[0].command_id == "c9" and events[-1].kind == "stored"
 
 
+def test_eviction_frees_a_victims_tail_only_as_far_as_needed() -> None:
+    cache, clock = make_cache(max_bytes=400)
+    old = chain(1, 2, 3, 4)
+    cache.admit(tenant="t1", hashes=old, nbytes=400, ttl_s=60.0)
+    clock.t += 1
+    cache.drain_events()
+    _, evicted = cache.admit(tenant="t1", hashes=chain(9), nbytes=150, command_id="c1")
+    assert [e.prefix_hash for e in evicted] == [old[-1]]
+    head = cache.get(old[1])  # two blocks of 100 leave, the last first; two stay
+    assert head is not None and head.kind == "request" and not head.pinned
+    assert head.block_hashes == tuple(old[:2]) and head.expires_at is None
+    assert cache.peek(old)[1] == 2 and cache.bytes_used == 350
+    kinds = [(e.kind, e.reason) for e in cache.drain_events()]
+    assert kinds == [("stored", "truncated"), ("evicted", "capacity"), ("stored", "")]
+
+
+def test_a_victim_wholly_needed_leaves_no_head() -> None:
+    cache, clock = make_cache(max_bytes=400)
+    cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=200)
+    clock.t += 1
+    cache.admit(tenant="t1", hashes=chain(3, 4), nbytes=200)
+    _, evicted = cache.admit(tenant="t1", hashes=chain(5, 6), nbytes=200)
+    assert [e.prefix_hash for e in evicted] == [chain(1, 2)[-1]]
+    assert cache.peek(chain(1, 2))[1] == 0 and len(cache) == 2
+
+
+def test_an_entry_count_eviction_takes_the_whole_victim() -> None:
+    cache, _ = make_cache(max_bytes=1000, max_entries=1)
+    cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=200)
+    cache.admit(tenant="t1", hashes=chain(3), nbytes=100)
+    assert cache.peek(chain(1, 2))[1] == 0 and len(cache) == 1
+
+
 def test_admit_evicts_for_entry_count() -> None:
     cache, _ = make_cache(max_entries=2)
     cache.admit(tenant="t1", hashes=chain(1), nbytes=0)

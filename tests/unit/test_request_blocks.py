@@ -52,12 +52,13 @@ def test_eviction_takes_a_prompts_last_blocks_first():
     assert cached(cache, 7, 8, 9, 10) == 4
 
 
-def test_a_per_entry_cache_loses_the_whole_prompt_instead():
+def test_a_per_entry_cache_also_frees_only_the_tail_it_needs():
     clock = Clock()
     cache = PrefixCache(Budget(60, 100, 60), policy="slru", clock=clock)
     ask(cache, 1, 2, 3, 4)
     ask(cache, 7, 8, 9, 10)
-    assert cached(cache, 1, 2, 3, 4) == 0
+    assert cached(cache, 1, 2, 3, 4) == 2  # its head stays as a request entry
+    assert sorted(e.n_blocks for e in cache.entries()) == [2, 4]
 
 
 def test_a_hit_touches_every_block_along_the_match_and_not_the_tail():

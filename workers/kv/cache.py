@@ -206,13 +206,12 @@ class PrefixCache:
         self._check_fit(chain, sizes, entry.pinned)
         quota_check(self.pool, self._budget, self.tenant_share, tenant, chain, sizes,
                     entry.pinned, entry.managed)
-        victims = self._plan_eviction(chain, sizes, old)
+        victims, kept = self._plan_eviction(chain, sizes, old)
         # The incoming chain is held while victims leave: a block it shares with a victim
         # must not be freed (its KV and chunk marks would be lost) only to be re-added.
         self.pool.hold(_ADMITTING, tenant, chain, sizes, _BARE)
         try:
-            for victim in victims:
-                self._remove(victim.prefix_hash, "evicted", command_id, "capacity", by_policy=True)
+            self._evict(victims, kept, command_id)
             self._place(entry, sizes, old)
         finally:
             self.pool.release(_ADMITTING, chain, _BARE)
@@ -360,12 +359,21 @@ class PrefixCache:
 
     def _plan_eviction(
         self, chain: tuple[str, ...], sizes: list[int], old: CacheEntry | None
-    ) -> list[CacheEntry]:
+    ) -> tuple[list[CacheEntry], int]:
+        """The entries to evict, in order, and how many leading blocks of the last one to
+        keep (0: all of it goes).
+
+        Only as much of the last victim goes as the admission needs, its last blocks first
+        (vLLM's free queue frees a prompt tail first): its head stays as a request entry.
+        On a budget of a few prompts, evicting whole entries dropped the shared head of a
+        prompt asked again and again with its tail (docs/lab/2026-12-05-tail-first.md).
+        """
         need_bytes = self.pool.bytes_used + self.pool.new_bytes(chain, sizes)
         need_bytes -= self._budget.max_bytes
         need_entries = len(self._entries) + (old is None) - self._budget.max_entries
         keep, left = set(chain), dict[str, int]()
         victims: list[CacheEntry] = []
+        kept = 0
         for key in self._policy.order():
             if need_bytes <= 0 and need_entries <= 0:
                 break
@@ -373,14 +381,39 @@ class PrefixCache:
                 continue
             victim = self._entries[key]
             victims.append(victim)
-            need_bytes -= self.pool.freed_by(victim.block_hashes, left, keep)
+            before = dict(left) if need_entries <= 0 else left
+            freed = self.pool.freed_by(victim.block_hashes, left, keep)
+            if need_entries <= 0 and 0 < need_bytes < freed:
+                kept = self._head_to_keep(victim, need_bytes, before, keep)
+            need_bytes -= freed
             need_entries -= 1
         if need_bytes > 0 or need_entries > 0:
             raise WarmupRefused(
                 f"cannot free enough space: {need_bytes} bytes and {need_entries} entries "
                 "still missing after every unpinned entry"
             )
-        return victims
+        return victims, kept
+
+    def _evict(self, victims: list[CacheEntry], kept: int, command_id: str | None) -> None:
+        for victim in victims:
+            if kept and victim is victims[-1]:
+                self._keep_head(victim, kept, {victim.prefix_hash})
+            self._remove(victim.prefix_hash, "evicted", command_id, "capacity", by_policy=True)
+
+    def _head_to_keep(
+        self, victim: CacheEntry, need_bytes: int, left: dict[str, int], keep: set[str]
+    ) -> int:
+        """How many leading blocks of `victim` can stay while its tail frees `need_bytes`
+        (`left`: each block's holders left before this victim, as `freed_by` counts)."""
+        got, index = 0, victim.n_blocks
+        for h in reversed(victim.block_hashes):
+            if got >= need_bytes:
+                break
+            index -= 1
+            block = self.pool[h]
+            if left.get(h, block.refs) == 1 and h not in keep:
+                got += block.nbytes
+        return index
 
     def _place(self, entry: CacheEntry, sizes: list[int], old: CacheEntry | None) -> None:
         if old is not None:
