@@ -172,6 +172,32 @@ class FaultStack:
         except (httpx.HTTPError, ValueError):
             return []
 
+    def commands_behind(self) -> dict[str, int]:
+        """Per worker, the `warmup.commands` records its group has not committed. A worker
+        commits a command's offset only after applying it, so 0 means every invalidation sent
+        so far has run there."""
+        from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+        from schemas.topics import WARMUP_COMMANDS
+
+        options = self.kafka.client_options()
+        admin = KafkaAdminClient(bootstrap_servers=self.kafka.servers, **options)
+        consumer = KafkaConsumer(bootstrap_servers=self.kafka.servers, **options)
+        try:
+            parts = [TopicPartition(WARMUP_COMMANDS, n)
+                     for n in consumer.partitions_for_topic(WARMUP_COMMANDS) or ()]
+            ends = consumer.end_offsets(parts)
+            behind = {}
+            for worker in self.workers:
+                group = f"ragwarm-worker-{worker.name.removeprefix('faults-')}"
+                done = admin.list_group_offsets(group).get(group, {})
+                behind[worker.name] = sum(ends[tp] - (done[tp].offset if tp in done else 0)
+                                          for tp in parts)
+            return behind
+        finally:
+            consumer.close()
+            admin.close()
+
     def stop(self) -> None:
         for proc in [*self.workers, *self.instances]:
             proc.stop()
