@@ -193,7 +193,15 @@ def provenance(trace: Path, questions: int, threads: int, commit: str) -> dict[s
         "commit": commit,
         "trace": trace.name,
         "questions": questions,
+        "packages": package_versions(),
     }
+
+
+def package_versions() -> str:
+    """The versions the figures depend on (the kernels of both dtypes, the model's loader)."""
+    from importlib.metadata import version
+
+    return ", ".join(f"{name} {version(name)}" for name in ("torch", "transformers"))
 
 
 def _cpuinfo() -> list[str]:

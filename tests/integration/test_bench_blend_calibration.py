@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ragwarm.bench.blend import DEFAULT_QUESTIONS, retrieve_cases
-from ragwarm.bench.calibrate import calibrate
+from ragwarm.bench.calibrate import calibrate, package_versions
 from ragwarm.bench.engine import DEFAULT_EVENTS
 from workers.calibration import Calibration, load_calibration
 
@@ -59,7 +59,10 @@ def test_a_small_calibration_matches_the_stored_one(
             "`ragwarm bench blend --calibrate`"
         )
         for new, before in ((row["floor"], old.floor), (row["blend"][0], old.blend[index])):
-            assert _kl_close(new["kl"], before.kl), (row["qid"], new["kl"], before.kl)
+            assert _kl_close(new["kl"], before.kl), (
+                row["qid"], new["kl"], before.kl,
+                f"stored with {stored.provenance.packages or 'packages not recorded'}, "
+                f"now {package_versions()}: re-run `ragwarm bench blend --calibrate`")
             flips["first"] += new["same_first"] != before.same_first
             flips["greedy"] += new["same_greedy16"] != before.same_greedy16
     assert flips["first"] <= FLIPS_ALLOWED and flips["greedy"] <= FLIPS_ALLOWED, flips
