@@ -383,9 +383,9 @@ def open_load_client(via: str, stack: FaultStack, say: Say) -> Any:
                               max_attempts=2)
     if via == "client":
         return RagClient.open(settings, kafka=stack.kafka)
-    from ragwarm.bench.sync_gateway import SyncGatewayClient
+    from ragwarm.client.standalone import StandaloneClient
 
-    client = SyncGatewayClient.open(settings, stack.kafka, OwnPath("replica", ViewRules(None)))
+    client = StandaloneClient.open(settings, stack.kafka, OwnPath("replica", ViewRules(None)))
     if not client.wait_replica(START_S):
         client.close()
         raise RuntimeError(f"the gateway's index replica did not catch up in {START_S:.0f} s")

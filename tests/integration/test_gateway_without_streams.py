@@ -122,3 +122,18 @@ def test_the_gateway_answers_warm_after_the_streams_app_stops(
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert (answer["routing"], answer["worker_id"]) == (EVENTS, "gd1")
     assert answer["cached_tokens"] >= cached
+
+    # A long-lived process's blocking client keeps the gateway's path in-process.
+    from ragwarm.client.independent import OwnPath
+    from ragwarm.client.settings import ClientSettings
+    from ragwarm.client.standalone import StandaloneClient
+    from ragwarm.client.view import ViewRules
+    from ragwarm.settings import KafkaSettings
+
+    kafka = KafkaSettings(bootstrap=kafka_bootstrap, topic_prefix=namespace)
+    settings = ClientSettings(streams_url=app.url, max_tokens=4)
+    with StandaloneClient.open(settings, kafka, OwnPath("replica", ViewRules(None))) as client:
+        assert client.wait_replica(300)
+        own = client.query(QUESTION)
+        assert (own.routing, own.worker_id) == (EVENTS, "gd1")
+        assert own.cached_tokens >= cached
