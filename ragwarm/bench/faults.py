@@ -217,25 +217,6 @@ def read_index(qdrant_dir: Path) -> dict[str, plan.IndexedDoc]:
     return out
 
 
-def commands_applied(stack: FaultStack, say: Say, timeout_s: float = 120.0) -> None:
-    """Wait until each worker has committed `warmup.commands` to its end: a fixed grace
-    alone counted an invalidation still on its way (after a broker restart the workers'
-    consumers reconnect late) as lost."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            behind = {w: n for w, n in stack.commands_behind().items() if n > 0}
-        except Exception as exc:  # noqa: BLE001 - the broker reconnecting: ask again
-            behind = {"?": 1}
-            say(f"  could not read the workers' offsets yet: {exc}")
-        if not behind:
-            return
-        if time.monotonic() > deadline:
-            say(f"workers still behind on warmup.commands after {timeout_s:.0f} s: {behind}")
-            return
-        time.sleep(1.0)
-
-
 def transient_letters(stack: FaultStack) -> int:
     from ragwarm.kafka.deadletter import read_letters, select
     from schemas.topics import DEADLETTER
@@ -250,7 +231,7 @@ def finish(stack: FaultStack, expected: dict[str, plan.Expected], chunker: plan.
     still hold of old chunks, stop the app and read its index."""
     say("replay done; waiting for the app to apply every final version")
     settle(stack, expected, say)
-    commands_applied(stack, say)
+    stack.wait_commands_applied()
     time.sleep(grace_s)
     current = plan.current_chunks(expected, chunker)
     held = [e for w in stack.workers for e in stack.worker_cache(w)]

@@ -198,6 +198,25 @@ class FaultStack:
             consumer.close()
             admin.close()
 
+    def wait_commands_applied(self, timeout_s: float = 120.0) -> None:
+        """Wait until each worker has committed `warmup.commands` to its end: a fixed grace
+        alone counted an invalidation still on its way (after a broker restart the workers'
+        consumers reconnect late) as lost."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                behind = {w: n for w, n in self.commands_behind().items() if n > 0}
+            except Exception as exc:  # noqa: BLE001 - the broker reconnecting: ask again
+                behind = {"?": 1}
+                self.say(f"  could not read the workers' offsets yet: {exc}")
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                self.say(f"workers still behind on warmup.commands after {timeout_s:.0f} s: "
+                         f"{behind}")
+                return
+            time.sleep(1.0)
+
     def stop(self) -> None:
         for proc in [*self.workers, *self.instances]:
             proc.stop()
