@@ -3,6 +3,7 @@ the commands it cannot read (as the streams app does for its topics, `schemas.de
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -27,6 +28,8 @@ RETRY_MAX_S = 30.0
 PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     ValueError, TypeError, LookupError, AssertionError,
 )
+# After the consumer fails past start, the wait before a new one is connected.
+RECONNECT_S = 2.0
 # How long start-up retries a broker that does not answer (it may be starting too).
 BROKER_WAIT_S = 300.0
 
@@ -244,6 +247,7 @@ class CommandConsumer:
         self._on_retry = on_retry
         self._retry = (retry_initial_s, retry_max_s)
         self._failures = 0  # consecutive transient failures of the command being retried
+        self.reconnects = 0  # consumers replaced after failing past start
         self._topic = topic
         self._stop = threading.Event()
         self._assigned = threading.Event()
@@ -274,31 +278,51 @@ class CommandConsumer:
             self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        try:
-            consumer = self._connect()
-        except BaseException as exc:  # reported by start()
-            self._error = exc
-            self._assigned.set()
-            return
-        try:
-            while not self._stop.is_set():
-                batches = consumer.poll(timeout_ms=POLL_MS)
-                self._mark_assigned(consumer)
-                retry = False
-                for tp, records in batches.items():
-                    for r in records:
-                        origin = Origin(r.topic, r.partition, r.offset, r.key, r.value)
-                        if not self._dispatch_safely(origin, r.headers):
-                            # Back to the failed command: the next poll fetches it again, and
-                            # auto-commit commits this position, not one past it.
-                            consumer.seek(tp, r.offset)
-                            retry = True
-                            break
-                if retry:
-                    self._stop.wait(retry_delay(self._failures, *self._retry))
-                self._mark_caught_up(consumer)
-        finally:
-            consumer.close()
+        """Consume until stopped. A consumer that fails after start (seen once in `bench
+        faults` after a broker restart: one worker's commands stopped, three invalidations
+        never ran) is closed and replaced by a new one, which resumes from the committed
+        offsets; the worker keeps serving meanwhile and never stops taking commands."""
+        while not self._stop.is_set():
+            try:
+                consumer = self._connect()
+            except BaseException as exc:
+                if not self._assigned.is_set():  # at start: reported by start()
+                    self._error = exc
+                    self._assigned.set()
+                    return
+                log.warning("reconnecting to %s failed (%s: %s); again in %.0f s",
+                            self._topic, type(exc).__name__, exc, RECONNECT_S)
+                self._stop.wait(RECONNECT_S)
+                continue
+            try:
+                self._consume(consumer)
+            except Exception as exc:  # noqa: BLE001 - never let the command thread die
+                self.reconnects += 1
+                log.warning("the %s consumer failed (%s: %s); a new one resumes from the "
+                            "committed offsets in %.0f s", self._topic, type(exc).__name__,
+                            exc, RECONNECT_S)
+                self._stop.wait(RECONNECT_S)
+            finally:
+                with contextlib.suppress(Exception):
+                    consumer.close()
+
+    def _consume(self, consumer: Any) -> None:
+        while not self._stop.is_set():
+            batches = consumer.poll(timeout_ms=POLL_MS)
+            self._mark_assigned(consumer)
+            retry = False
+            for tp, records in batches.items():
+                for r in records:
+                    origin = Origin(r.topic, r.partition, r.offset, r.key, r.value)
+                    if not self._dispatch_safely(origin, r.headers):
+                        # Back to the failed command: the next poll fetches it again, and
+                        # auto-commit commits this position, not one past it.
+                        consumer.seek(tp, r.offset)
+                        retry = True
+                        break
+            if retry:
+                self._stop.wait(retry_delay(self._failures, *self._retry))
+            self._mark_caught_up(consumer)
 
     def _connect(self) -> Any:
         return connect_with_retry(

@@ -96,3 +96,62 @@ async def test_heartbeats_go_on_while_every_engine_thread_is_busy():
         assert after > before
     finally:
         await client.close()
+
+
+class _FailingConsumer:
+    """A kafka-python consumer's surface as `CommandConsumer` uses it: one batch, then (if
+    `fails`) an error from poll, as a consumer fenced after a broker restart raises."""
+
+    def __init__(self, record: bytes, fails: bool) -> None:
+        from types import SimpleNamespace
+
+        self.batch = {"tp": [SimpleNamespace(topic="warmup.commands", partition=0, offset=0,
+                                             key=None, value=record, headers=[])]}
+        self.fails, self.closed = fails, False
+
+    def poll(self, timeout_ms: int) -> dict:
+        if self.batch:
+            batch, self.batch = self.batch, {}
+            return batch
+        if self.fails:
+            raise RuntimeError("fenced")
+        return {}
+
+    def assignment(self) -> set:
+        return {"tp"}
+
+    def position(self, tp: object) -> int:
+        return 1
+
+    def commit(self) -> None: ...
+
+    def end_offsets(self, parts: list) -> dict:
+        return {p: 1 for p in parts}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_consumer_failing_after_start_is_replaced_and_commands_keep_coming(monkeypatch):
+    import workers.commands as commands
+
+    monkeypatch.setattr(commands, "RECONNECT_S", 0.01)
+    handled: list = []
+    consumer = _consumer(handled, [])
+    made = [_FailingConsumer(_cmd(None), fails=True), _FailingConsumer(_cmd(None), fails=False)]
+    opened: list[_FailingConsumer] = []
+
+    def connect() -> _FailingConsumer:
+        opened.append(made[len(opened)] if len(opened) < len(made) else made[-1])
+        return opened[-1]
+
+    consumer._connect = connect  # type: ignore[method-assign]
+    consumer.start(timeout_s=5)
+    deadline = threading.Event()
+    for _ in range(200):
+        if len(handled) == 2:
+            break
+        deadline.wait(0.01)
+    consumer.stop()
+    assert len(handled) == 2  # the command after the failure reached the worker
+    assert consumer.reconnects == 1 and made[0].closed
