@@ -182,13 +182,17 @@ def code_commit() -> str:
     return commit + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def cpu_name() -> str:
+    """The CPU's model name, as the provenance's `machine` begins with it."""
+    return next((line.split(":", 1)[1].strip() for line in _cpuinfo()
+                 if line.startswith("model name")), platform.processor() or platform.machine())
+
+
 def provenance(trace: Path, questions: int, threads: int, commit: str) -> dict[str, Any]:
-    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo()
-                if line.startswith("model name")), platform.processor() or platform.machine())
     return {
         "command": shlex.join(["ragwarm", *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ"),
-        "machine": f"{cpu}, {os.cpu_count()} cores, {threads} torch thread(s), "
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, {threads} torch thread(s), "
                    f"{platform.system()} {platform.machine()}",
         "commit": commit,
         "trace": trace.name,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ragwarm.bench.blend import DEFAULT_QUESTIONS, retrieve_cases
-from ragwarm.bench.calibrate import calibrate, package_versions
+from ragwarm.bench.calibrate import calibrate, cpu_name, package_versions
 from ragwarm.bench.engine import DEFAULT_EVENTS
 from workers.calibration import Calibration, load_calibration
 
@@ -51,6 +51,11 @@ def test_a_small_calibration_matches_the_stored_one(
     cases = retrieve_cases(DEFAULT_EVENTS, DEFAULT_QUESTIONS, None, engine.tokenizer)
     tally = calibrate(engine, cases[:QUESTIONS], [share], stored.selection)
     by_qid = {row.qid: row for row in stored.questions}
+    # The float32 figures reproduce across x86 CPUs (the stored run's, on an AMD EPYC, and a
+    # re-run on an Intel Xeon agreed to every digit at every share); the bfloat16 floor does
+    # not: each CPU has its own bf16 kernels (one question's floor KL 0.0008 there, 0.0020
+    # here). The floor is compared on a CPU like the stored run's only.
+    same_cpu = stored.provenance.machine.startswith(cpu_name() + ",")
     flips = {"first": 0, "greedy": 0}
     for row in tally.rows():
         old = by_qid[row["qid"]]
@@ -58,7 +63,10 @@ def test_a_small_calibration_matches_the_stored_one(
             f"{row['qid']}'s prompt changed since the calibration: re-run "
             "`ragwarm bench blend --calibrate`"
         )
-        for new, before in ((row["floor"], old.floor), (row["blend"][0], old.blend[index])):
+        compared = [(row["blend"][0], old.blend[index])]
+        if same_cpu:
+            compared.append((row["floor"], old.floor))
+        for new, before in compared:
             assert _kl_close(new["kl"], before.kl), (
                 row["qid"], new["kl"], before.kl,
                 f"stored with {stored.provenance.packages or 'packages not recorded'}, "
