@@ -381,11 +381,9 @@ class PrefixCache:
                 continue
             victim = self._entries[key]
             victims.append(victim)
-            before = dict(left) if need_entries <= 0 else left
-            freed = self.pool.freed_by(victim.block_hashes, left, keep)
-            if need_entries <= 0 and 0 < need_bytes < freed:
-                kept = self._head_to_keep(victim, need_bytes, before, keep)
-            need_bytes -= freed
+            if need_entries <= 0:  # before `freed_by` counts this victim's blocks in `left`
+                kept = self._head_to_keep(victim, need_bytes, left, keep)
+            need_bytes -= self.pool.freed_by(victim.block_hashes, left, keep)
             need_entries -= 1
         if need_bytes > 0 or need_entries > 0:
             raise WarmupRefused(
@@ -404,7 +402,8 @@ class PrefixCache:
         self, victim: CacheEntry, need_bytes: int, left: dict[str, int], keep: set[str]
     ) -> int:
         """How many leading blocks of `victim` can stay while its tail frees `need_bytes`
-        (`left`: each block's holders left before this victim, as `freed_by` counts)."""
+        (`left`: each block's holders left by the victims before it, as `freed_by` counts);
+        0 when the whole victim is needed."""
         got, index = 0, victim.n_blocks
         for h in reversed(victim.block_hashes):
             if got >= need_bytes:
