@@ -83,8 +83,8 @@ class Provenance(BaseModel):
     commit: str
     trace: str = ""
     questions: int = Field(default=0, ge=0)
-    # The bfloat16 floor moves with the kernels: a torch upgrade moved one question's KL
-    # 2.5x (2026-12-05), so a re-run is compared knowing what it ran on. "": not recorded.
+    # The bfloat16 floor moves with the kernels (another CPU moved one question's KL 2.5x,
+    # 2026-12-05), so a re-run is compared knowing what it ran on. "": not recorded.
     packages: str = ""
 
 
