@@ -176,27 +176,13 @@ class FaultStack:
         """Per worker, the `warmup.commands` records its group has not committed. A worker
         commits a command's offset only after applying it, so 0 means every invalidation sent
         so far has run there."""
-        from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-
+        from ragwarm.kafka.admin import uncommitted
         from schemas.topics import WARMUP_COMMANDS
 
-        options = self.kafka.client_options()
-        admin = KafkaAdminClient(bootstrap_servers=self.kafka.servers, **options)
-        consumer = KafkaConsumer(bootstrap_servers=self.kafka.servers, **options)
-        try:
-            parts = [TopicPartition(WARMUP_COMMANDS, n)
-                     for n in consumer.partitions_for_topic(WARMUP_COMMANDS) or ()]
-            ends = consumer.end_offsets(parts)
-            behind = {}
-            for worker in self.workers:
-                group = f"ragwarm-worker-{worker.name.removeprefix('faults-')}"
-                done = admin.list_group_offsets(group).get(group, {})
-                behind[worker.name] = sum(ends[tp] - (done[tp].offset if tp in done else 0)
-                                          for tp in parts)
-            return behind
-        finally:
-            consumer.close()
-            admin.close()
+        groups = {f"ragwarm-worker-{w.name.removeprefix('faults-')}": w.name for w in self.workers}
+        lag = uncommitted(self.kafka.servers, self.kafka.client_options(), WARMUP_COMMANDS,
+                          groups)
+        return {groups[g]: sum(left.values()) for g, left in lag.items()}
 
     def wait_commands_applied(self, timeout_s: float = 120.0) -> None:
         """Wait until each worker has committed `warmup.commands` to its end: a fixed grace

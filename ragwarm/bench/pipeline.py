@@ -172,20 +172,11 @@ class Bench:
 
     def behind(self, topic: str) -> dict[int, int]:
         """Per partition of `topic`, the records the app's group has not committed."""
-        from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+        from ragwarm.kafka.admin import uncommitted
 
-        group, name = self.prefix + "app", self.prefix + topic
-        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, **self.client_options)
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, **self.client_options)
-        try:
-            done = admin.list_group_offsets(group).get(group, {})
-            parts = [TopicPartition(name, n) for n in consumer.partitions_for_topic(name) or ()]
-            ends = consumer.end_offsets(parts)
-            lag = {tp.partition: ends[tp] - (done[tp].offset if tp in done else 0) for tp in parts}
-            return {n: left for n, left in lag.items() if left}
-        finally:
-            consumer.close()
-            admin.close()
+        group = self.prefix + "app"
+        return uncommitted(self.bootstrap, self.client_options, self.prefix + topic,
+                           [group])[group]
 
     def wait_committed(self, topic: str, timeout_s: float) -> None:
         """Until the app has committed all of `topic`: the processed-event counters also count

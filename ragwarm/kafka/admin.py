@@ -147,3 +147,26 @@ def delete_topics(
     if names:
         with admin_client(bootstrap, client_options) as admin:
             admin.delete_topics(names)
+
+
+def uncommitted(servers: str, options: Mapping[str, object], topic: str,
+                groups: Iterable[str]) -> dict[str, dict[int, int]]:
+    """Per consumer group, per partition of `topic`, the records it has not committed yet
+    (partitions it has committed to their end are left out)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    admin = KafkaAdminClient(bootstrap_servers=servers, **options)
+    consumer = KafkaConsumer(bootstrap_servers=servers, **options)
+    try:
+        parts = [TopicPartition(topic, n) for n in consumer.partitions_for_topic(topic) or ()]
+        ends = consumer.end_offsets(parts)
+        out = {}
+        for group in groups:
+            done = admin.list_group_offsets(group).get(group, {})
+            lag = {tp.partition: ends[tp] - (done[tp].offset if tp in done else 0)
+                   for tp in parts}
+            out[group] = {n: left for n, left in lag.items() if left}
+        return out
+    finally:
+        consumer.close()
+        admin.close()
