@@ -18,6 +18,7 @@ from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
 from workers.cost_engine import CostModel
 from workers.engines.protocol import Engine, GenerateRequest, GenerationResult
+from workers.kv.budgets import CPU_CHUNK
 from workers.kv.cache import ChunkKey, PrefixCache
 from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.memory import MEMORY_THRESHOLD
@@ -131,7 +132,9 @@ class SimWorker:
         self.own_measurements = 0  # measurements never shared (a blending worker's)
         # A worker that prefills is not serving: each warmup occupies it for its compute
         # time on the simulated clock, back to back (`occupy`); see `_wait`.
-        self.jobs: deque[list[float]] = deque()  # [start, end] of each queued warmup
+        self.jobs: deque[list[float]] = deque()  # [start, end, pass seconds] of each warmup
+        # A warmup gives the engine up between passes of this many tokens (`_wait`).
+        self.pass_tokens = int(getattr(engine, "prefill_chunk_tokens", 0) or CPU_CHUNK)
         self.busy_seconds = 0.0  # simulated seconds of warmup compute charged
         self.queued_seconds = 0.0  # simulated seconds requests waited behind it
         self._chunk_kv = (0, 0)  # what the request being served found held (`SimAnswer`)
@@ -294,7 +297,10 @@ class SimWorker:
             spent = time.perf_counter() - started
             self.warm_seconds += spent
             if outcome == "stored" or command.op == "synthesize":
-                self.occupy(self._compute_s(len(tokens), cached, spent))
+                # Sampling runs as one turn; a prefill in passes over its uncached tokens.
+                passes = 1 if command.op == "synthesize" else -(-(len(tokens) - cached)
+                                                                 // self.pass_tokens)
+                self.occupy(self._compute_s(len(tokens), cached, spent), passes)
         self.outcomes[f"{command.op}:{outcome}"] += 1
         self._drain()
         return outcome
@@ -304,10 +310,11 @@ class SimWorker:
         """When the queued warmup ends (simulated seconds; -inf when none is queued)."""
         return self.jobs[-1][1] if self.jobs else float("-inf")
 
-    def occupy(self, seconds: float) -> None:
-        """Queue `seconds` of warmup compute after what the worker has queued."""
+    def occupy(self, seconds: float, passes: int = 1) -> None:
+        """Queue `seconds` of warmup compute, in `passes` equal forward passes, after what
+        the worker has queued."""
         start = max(self.busy_until, self.clock())
-        self.jobs.append([start, start + seconds])
+        self.jobs.append([start, start + seconds, seconds / max(1, passes)])
         self.busy_seconds += seconds
 
     def idle(self) -> None:
@@ -316,14 +323,21 @@ class SimWorker:
 
     def _wait(self, compute_s: float) -> float:
         """How long a request arriving now waits, as the worker's engine lock schedules it
-        (requests first, `workers.engine_lock`): for the rest of the warmup prefill under
-        way, not for the ones queued behind it, which wait for the request's `compute_s`."""
+        (requests first, `workers.engine_lock`): for the rest of the forward pass under way
+        (a warmup prefill yields between passes of `pass_tokens`, as the torch engine does),
+        not for the passes after it nor the prefills queued behind it, which resume after
+        the request's `compute_s`."""
         now = self.clock()
         while self.jobs and self.jobs[0][1] <= now:
             self.jobs.popleft()
         wait = 0.0
         if self.jobs and self.jobs[0][0] <= now:
-            wait = self.jobs[0][1] - now
+            start, end, pass_s = self.jobs[0]
+            done = start + pass_s * (1 + int((now - start) // pass_s))  # this pass's end
+            wait = min(end, done) - now
+            if done < end:  # the rest of the prefill, from the next pass on, waits too
+                self.jobs[0] = [start, done, pass_s]
+                self.jobs.insert(1, [done, end, pass_s])
         for job in self.jobs:
             if job[0] > now:  # not started: runs after the request
                 job[0] += compute_s

@@ -103,7 +103,7 @@ def test_function_sizes() -> None:
 
 # The benchmarks' own tests; every other test reaches the simulation harness through
 # `streams.sim` and `workers.sim`, so the product's tests never depend on the benchmarks.
-BENCH_TESTS = ("test_bench_*.py", "test_strategies_*.py", "test_rag_bench.py")
+BENCH_TESTS = ("test_bench_*.py",)
 
 
 def _imports_bench(path: Path) -> list[int]:

@@ -176,3 +176,19 @@ def test_the_drawn_workload_moves_no_question():
     forced = wl.timeline(arrivals, edits, questions, weights, 99, random.Random(5))
     assert [type(s) for s in drawn] == [type(s) for s in forced]
     assert drawn != forced  # the scenario moved some asks; the drawn workload keeps its own
+
+
+def test_a_request_waits_for_the_pass_under_way_not_the_whole_long_prefill():
+    clock = SimClock()
+    w = worker(clock)
+    w.pass_tokens = 100  # the engine yields between passes of 100 tokens
+    assert prefill(w, list(range(1000, 1300))) == "stored"
+    # 300 tokens: 100 ms + 300 ms in 3 passes of 0.4/3 s; busy until t=0.4.
+    assert w.busy_until == pytest.approx(0.4)
+    clock.now = 0.05
+    answer = w.serve(list(range(100)), "t", [])
+    assert answer.queued_s == pytest.approx(0.4 / 3 - 0.05)  # the rest of the first pass
+    # The two passes left run after the request's own compute.
+    assert w.busy_until == pytest.approx(0.4 + answer.result.ttft_s)
+    clock.now = 0.4 / 3 + answer.result.ttft_s + 0.01  # inside the second pass
+    assert w.serve(list(range(500, 600)), "t", []).queued_s == pytest.approx(0.4 / 3 - 0.01)
