@@ -193,6 +193,12 @@ def _encodable(text: str) -> bool:
     return True
 
 
+def command_group_id(worker_id: str, prefix: str = "") -> str:
+    """The consumer group a worker reads `warmup.commands` in (one per worker: every worker
+    reads every command); operators and `bench faults` read its lag by this name."""
+    return f"{prefix}ragwarm-worker-{worker_id}"
+
+
 class CommandConsumer:
     """A thread consuming `warmup.commands` in the group `[topic prefix]ragwarm-worker-<id>`.
 
@@ -259,7 +265,7 @@ class CommandConsumer:
 
     @property
     def group_id(self) -> str:
-        return f"{self._group_prefix}ragwarm-worker-{self._worker_id}"
+        return command_group_id(self._worker_id, self._group_prefix)
 
     def start(self, timeout_s: float = 180.0) -> None:
         """Start consuming; returns once partitions are assigned and positioned (the broker

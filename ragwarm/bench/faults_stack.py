@@ -178,8 +178,9 @@ class FaultStack:
         so far has run there."""
         from ragwarm.kafka.admin import uncommitted
         from schemas.topics import WARMUP_COMMANDS
+        from workers.commands import command_group_id
 
-        groups = {f"ragwarm-worker-{w.name.removeprefix('faults-')}": w.name for w in self.workers}
+        groups = {command_group_id(w.name.removeprefix("faults-")): w.name for w in self.workers}
         lag = uncommitted(self.kafka.servers, self.kafka.client_options(), WARMUP_COMMANDS,
                           groups)
         return {groups[g]: sum(left.values()) for g, left in lag.items()}

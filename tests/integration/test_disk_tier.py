@@ -23,6 +23,7 @@ from schemas import WarmupCommand, encode
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
 from tests.integration.test_worker_service import Events, completion
 from tests.integration.worker_proc import WorkerProc
+from workers.commands import command_group_id
 from workers.kv.blocks import block_hashes
 
 pytestmark = pytest.mark.integration
@@ -113,7 +114,7 @@ def test_a_killed_worker_restarted_on_its_disk_serves_warm_prefixes_at_once(
         assert first.proc is not None
         os.killpg(first.proc.pid, signal.SIGKILL)
         first.proc.wait(30)
-        wait_group_empty(kafka_bootstrap, f"{namespace}ragwarm-worker-{worker_id}")
+        wait_group_empty(kafka_bootstrap, command_group_id(worker_id, namespace))
         # While it is down, the second chunk changes: its invalidation waits in the topic.
         send(invalidation("mill.md#1"))
 
