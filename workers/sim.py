@@ -18,7 +18,7 @@ from schemas import ChunkRef, WarmupCommand, WorkerEvent
 from workers.api import Limits
 from workers.cost_engine import CostModel
 from workers.engines.protocol import Engine, GenerateRequest, GenerationResult
-from workers.kv.budgets import CPU_CHUNK
+from workers.kv.budgets import CPU_CHUNK, chunk_spans
 from workers.kv.cache import ChunkKey, PrefixCache
 from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.memory import MEMORY_THRESHOLD
@@ -297,9 +297,10 @@ class SimWorker:
             spent = time.perf_counter() - started
             self.warm_seconds += spent
             if outcome == "stored" or command.op == "synthesize":
-                # Sampling runs as one turn; a prefill in passes over its uncached tokens.
-                passes = 1 if command.op == "synthesize" else -(-(len(tokens) - cached)
-                                                                 // self.pass_tokens)
+                # Sampling runs as one turn; a prefill in the engine's passes over its
+                # uncached tokens.
+                passes = 1 if command.op == "synthesize" else len(
+                    chunk_spans(len(tokens) - cached, self.pass_tokens))
                 self.occupy(self._compute_s(len(tokens), cached, spent), passes)
         self.outcomes[f"{command.op}:{outcome}"] += 1
         self._drain()
