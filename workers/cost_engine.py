@@ -3,7 +3,10 @@ same cache bookkeeping as the torch engine (prefills and request caching admit e
 same `PrefixCache`, lookups match the same block chains, chunk KV is donated and blended by the
 same plans) and computes no prompt. Its TTFT is a linear cost model (fixed cost + cost per
 prompt token not served from cache) fitted by least squares to a query log's own measured
-`ttft_ms`, `prompt_tokens`, `cached_tokens` (`fit_cost`).
+`ttft_ms`, `prompt_tokens`, `cached_tokens` (`fit_cost`). With `tier_bytes` it keeps a host
+KV tier as the torch engine's `HostTier` does (the same index and journal, no tensors): an
+evicted block spills there and a hit past the device's chain reads it back at
+`restore_per_token_ms`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from workers.kv.chunk_kv import plan_pieces
 from workers.kv.donors import DonorIndex
 from workers.kv.memory import Budget
 from workers.kv.request_blocks import make_prefix_cache
+from workers.kv.tier_index import TierIndex
+from workers.kv.tier_journal import TierJournal, absorb
 
 
 def make_cache(budget: Budget, clock: Callable[[], float], block_size: int,
@@ -37,6 +42,12 @@ def make_cache(budget: Budget, clock: Callable[[], float], block_size: int,
 # Fallback cost model: SmolLM2-135M, torch engine, 1 thread on a shared 2-core CPU, fitted
 # to the 504 rows of run B of `ragwarm bench strategies --quick` (docs/lab/benchmarks-notebook.md).
 DEFAULT_COST = (127.0, 3.14)  # (ms fixed, ms per uncached prompt token)
+
+# Reading a token's KV back from the host tier: `ragwarm bench engine --tier host` on the same
+# CPU (docs/results.md, 2026-12-04) restored a 512-token prefix and answered in 242 ms
+# against 218 ms from the device cache, ~0.05 ms a token, 1/60 of computing it. On a GPU a
+# copy over PCIe is cheaper still against its prefill; this errs on the slow side.
+DEFAULT_RESTORE_PER_TOKEN_MS = 0.05
 
 
 # A moved token's cost in a blend, as a share of a computed token's: the layers the default
@@ -69,6 +80,7 @@ class CostModel:
     per_token_ms: float
     fitted_on: int = 0  # measured queries behind the fit (0: the default figures)
     moved_share: float = DEFAULT_MOVED_SHARE
+    restore_per_token_ms: float = DEFAULT_RESTORE_PER_TOKEN_MS
 
     def ttft_ms(self, prompt_tokens: int, cached_tokens: int) -> float:
         return self.fixed_ms + self.per_token_ms * max(0, prompt_tokens - cached_tokens)
@@ -94,6 +106,13 @@ def fit_cost(events: Iterable[QueryEvent]) -> CostModel:
     return CostModel(max(my - slope * mx, 0.0), slope, n)
 
 
+@dataclass
+class SimTier:
+    """A host KV tier without tensors: the torch engine's tiers' index (`KVTier.index`)."""
+
+    index: TierIndex
+
+
 class CostEngine(PrefixEngine[int]):
     """An engine that holds only each entry's size and answers in estimated time."""
 
@@ -104,7 +123,7 @@ class CostEngine(PrefixEngine[int]):
     max_model_len = 1 << 30
 
     def __init__(self, cost: CostModel, cache: PrefixCache, *, model_id: str,
-                 kv_bytes_per_token: int) -> None:
+                 kv_bytes_per_token: int, tier_bytes: int = 0) -> None:
         self.cost = cost
         self.cache = cache
         self.model_id = model_id
@@ -114,6 +133,44 @@ class CostEngine(PrefixEngine[int]):
         self._held: dict[str, int] = {}
         # The same donation bookkeeping as the torch engine: a blend's cost needs no tensors.
         self.donors = DonorIndex(self.block_size)
+        self.tier = SimTier(TierIndex(tier_bytes)) if tier_bytes > 0 else None
+        if self.tier is not None:
+            cache.tier = TierJournal(write_through=False)  # a host tier
+
+    def sync(self) -> int:
+        if self.tier is not None and self.cache.tier is not None:
+            absorb(self.tier.index, self.cache.tier.drain(), _Everything())  # no tensors to miss
+        return super().sync()
+
+    def tier_state(self) -> tuple[list[str], int]:
+        if self.tier is None:
+            return [], 0
+        return self.tier.index.prefix_ends(), self.tier.index.bytes_used
+
+    def restorable(self, hashes: list[str], have: int) -> int:
+        return 0 if self.tier is None else self.tier.index.run(hashes, have)
+
+    def _restore(self, hashes: list[str], have: int, tenant: str) -> int:
+        """As the torch engine's `Tiered._restore`: the blocks after the first `have` of
+        `hashes` that the tier holds come back as a request entry, with their chunk marks;
+        how many leading blocks are on the device after it."""
+        n = self.restorable(hashes, have)
+        if self.tier is None or n == 0:
+            return have
+        chain = hashes[: have + n]
+        nbytes = prefix_kv_bytes(len(chain) * self.block_size, self.kv_bytes_per_token,
+                                 self.block_size)
+        try:
+            self.cache.admit(tenant=tenant, hashes=chain, nbytes=nbytes, kind="request")
+        except WarmupRefused:
+            return have
+        for h in chain[have:]:
+            held = self.tier.index.get(h)
+            for ref in held.marks if held is not None else ():
+                self.cache.pool.mark([h], ref, 0)
+        self.tier.index.touch(chain[have:])
+        self.sync()  # spills what the admission evicted
+        return len(chain)
 
     def _held_bytes(self, held: int) -> int:
         return held
@@ -121,6 +178,7 @@ class CostEngine(PrefixEngine[int]):
     def _prefix_kv(self, tokens: list[int], hashes: list[str], tenant: str) -> tuple[int, int]:
         # Blocks are shared: whatever chain is cached is reused, whoever stored it.
         _, matched = self.cache.peek(hashes)
+        matched = self._restore(hashes, matched, tenant)
         nbytes = prefix_kv_bytes(len(tokens), self.kv_bytes_per_token, self.block_size)
         return nbytes, len(tokens) - matched * self.block_size
 
@@ -129,12 +187,18 @@ class CostEngine(PrefixEngine[int]):
         prompt = request.prompt
         hashes = self.block_hashes(prompt, tenant=request.tenant)
         entry, matched = self._lookup(hashes)
+        on_device = matched
+        if self.tier is not None and matched < len(hashes):
+            restored = self._restore(hashes, matched, request.tenant)
+            if restored > matched:
+                entry, matched = self.cache.get(hashes[restored - 1]), restored
+        restore_ms = self.cost.restore_per_token_ms * (matched - on_device) * self.block_size
         cached = min(matched * self.block_size, len(prompt) - 1)
         self._donate(request.tenant, prompt, request.chunks, hashes[:matched])  # as torch does
         stored = None
         keep = request.keep
         ttft_ms, moved = self._ttft_ms(request, cached)
-        ttft = ttft_ms / 1000.0
+        ttft = (ttft_ms + restore_ms) / 1000.0
         if keep is not None and hashes and matched < len(hashes) and not moved:
             n_tokens = len(hashes) * self.block_size
             nbytes = prefix_kv_bytes(n_tokens, self.kv_bytes_per_token, self.block_size)
@@ -170,3 +234,10 @@ class CostEngine(PrefixEngine[int]):
         moved = sum(plan.count for plan in plans)
         blended = self.cost.blend_ttft_ms(len(request.prompt), cached, moved)
         return (blended, moved) if moved and blended < cold else (cold, 0)
+
+
+class _Everything:
+    """Every block's KV is "available" to a tier without tensors."""
+
+    def __contains__(self, item: object) -> bool:
+        return True

@@ -140,14 +140,21 @@ class WorkerSettings(BaseSettings):
         "recently used first, up to the warmup threshold) after the invalidations sent while "
         "down have run, so they are warm again before the worker reports ready.",
     )
-    host_tier_bytes: int = Field(
-        default=0,
+    host_tier_bytes: int | None = Field(
+        default=None,
         ge=0,
         description="Bytes of host memory for a KV tier below the device budget (torch "
         "engine): evicted blocks spill there and hits read them back when that beats "
-        "recomputing (`ragwarm bench engine --tier host` reports its restore_ms). 0: none. "
-        "One tier at a time: with RAGWARM_WORKER_DISK_TIER on, the disk tier is used instead.",
+        "recomputing (`ragwarm bench engine --tier host` reports its restore_ms). Unset: as "
+        "many bytes as RAGWARM_WORKER_KV_BYTES (on a GPU, host RAM is the cheaper memory; on "
+        "a CPU the tier is a second budget of the same RAM). 0: none. One tier at a time: "
+        "with RAGWARM_WORKER_DISK_TIER on, the disk tier is used instead.",
     )
+
+    @property
+    def host_tier_size(self) -> int:
+        """The host tier's bytes in effect (`host_tier_bytes`, unset: the device budget)."""
+        return self.kv_bytes if self.host_tier_bytes is None else self.host_tier_bytes
 
     # -- service: HTTP API, commands and events (workers/service.py, ragwarm/cli/worker.py)
     worker_id: str = Field(

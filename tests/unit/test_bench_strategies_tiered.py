@@ -45,9 +45,12 @@ def test_tiered_is_registered_as_hybrid_over_a_disk_tier():
     assert tiered.disk_tier and not hybrid.disk_tier
 
 
-def test_reactive_offload_is_request_caching_over_the_same_tier():
+def test_reactive_offload_is_request_caching_over_hybrids_host_tier():
     offload, reactive = policy_class("reactive-offload"), policy_class("reactive")
-    assert issubclass(offload, reactive) and offload.disk_tier
+    hybrid = policy_class("hybrid")
+    assert issubclass(offload, reactive) and offload.host_tier and hybrid.host_tier
+    assert not (offload.disk_tier or hybrid.disk_tier or reactive.host_tier)
+    assert policy_class("event-rag").host_tier is False  # the policies hybrid contains: none
     assert offload.eviction == reactive.eviction == "lru" and offload.cache_requests
 
 

@@ -83,6 +83,7 @@ class DiskTier(KVTier):
     """Block files under `root` with their index, budget and running restore costs."""
 
     kind = "disk"
+    durable = True
 
     def __init__(self, root: Path, max_bytes: int, layout: Layout, device: str) -> None:
         super().__init__(max_bytes, layout, device)

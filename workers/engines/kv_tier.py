@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from workers.kv.tier_index import RestoreCosts, TierBlock, TierIndex
-from workers.kv.tier_journal import TierOps
+from workers.kv.tier_journal import TierOps, absorb
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class KVTier(ABC):
     """
 
     kind = "tier"
+    # Whether it survives a restart: then warm prefixes are written through as they are
+    # placed, not only when evicted (`TierJournal.write_through`).
+    durable = False
 
     def __init__(self, max_bytes: int, layout: Layout, device: str) -> None:
         self.layout = layout
@@ -59,36 +62,18 @@ class KVTier(ABC):
 
     def apply(self, ops: TierOps, tensors: dict[str, torch.Tensor]) -> list[str]:
         """Write the blocks `ops` names whose tensors are given, then drop what it says is
-        stale; returns the hashes dropped. A spilled block already here is left as it is: an
-        evicted request entry's refs say nothing about the chunks it does not list."""
-        for h, block in ops.writes.items():
-            data = tensors.get(h)
-            if data is not None:
-                self.put(block, data)
-        for h, block in ops.spills.items():
-            data = tensors.get(h)
-            if data is not None and h not in self.index:
-                self.put(block, data)
-        removed = self.index.remove(ops.cut)
-        removed += self.index.invalidate(chunk_ids=ops.chunk_ids)
-        for tenant in sorted({t for t, _ in ops.refs}, key=str):  # one tenant's edit at a time
-            removed += self.index.invalidate([r for t, r in ops.refs if t == tenant], tenant=tenant)
-        self._unlink(removed)
-        return removed
+        stale (`workers.kv.tier_journal.absorb` keeps the book); returns the hashes dropped."""
+        changes = absorb(self.index, ops, tensors)
+        self._unlink(changes.unlink)
+        for h in changes.write:
+            block = self.index.get(h)
+            if block is not None:
+                self._write(block, tensors[h])
+        return changes.dropped
 
     def put(self, block: TierBlock, data: torch.Tensor) -> None:
         """Hold `block` here (a held one keeps only the marks both have)."""
-        index = self.index
-        if block.block_hash in index:
-            narrowed = index.narrow(block.block_hash, block.marks)
-            if index.mark_end(block.block_hash, block.end) or narrowed:  # its header changed
-                self._write(index.get(block.block_hash) or block, data)
-            index.touch([block.block_hash])
-            return
-        if not index.admissible(block.nbytes):
-            return
-        self._unlink(index.add(block))
-        self._write(block, data)
+        self.apply(TierOps(writes={block.block_hash: block}), {block.block_hash: data})
 
     # -- reads -----------------------------------------------------------------------
 

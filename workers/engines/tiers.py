@@ -16,7 +16,7 @@ from workers.settings import WorkerSettings
 def open_tier(model: Any, settings: WorkerSettings, default_path: Path | None) -> KVTier | None:
     """The KV tier the settings ask for, in this model's block layout: on disk (its index
     rebuilt from the files), in host memory, or None."""
-    if not settings.disk_tier and settings.host_tier_bytes == 0:
+    if not settings.disk_tier and settings.host_tier_size == 0:
         return None
     layers, kv_heads, head_dim = kv_dims(model.config)
     dtype = str(resolve_kv_dtype(settings.kv_dtype, model.dtype)).removeprefix("torch.")
@@ -29,6 +29,6 @@ def open_tier(model: Any, settings: WorkerSettings, default_path: Path | None) -
             raise ValueError("the disk tier needs a directory: set RAGWARM_WORKER_DISK_TIER_PATH")
         tier = DiskTier(root, settings.disk_tier_bytes, layout, device)
     else:
-        tier = HostTier(settings.host_tier_bytes, layout, device)
+        tier = HostTier(settings.host_tier_size, layout, device)
     tier.scan()
     return tier

@@ -165,7 +165,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         self.tier = tier
         self._tier_view: tuple[int, list[str]] = (-1, [])
         if tier is not None:
-            self.cache.tier = TierJournal()
+            self.cache.tier = TierJournal(write_through=tier.durable)
         self._stop_ids = _eos_ids(model, tokenizer)
         self.donors = DonorIndex(self.block_size)
         self.chunks = ChunkBlender(

@@ -9,12 +9,12 @@ after a restart included.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 
 from workers.kv.block_pool import BlockPool, ChunkKey
 from workers.kv.entries import CacheEntry, Stale
-from workers.kv.tier_index import TierBlock
+from workers.kv.tier_index import TierBlock, TierIndex
 
 
 @dataclass
@@ -31,11 +31,62 @@ class TierOps:
         return bool(self.writes or self.spills or self.cut or self.refs or self.chunk_ids)
 
 
-class TierJournal:
-    """Collects `TierOps` until the engine drains them."""
+@dataclass
+class TierChanges:
+    """What a tier's storage must do after `absorb`: write these blocks (their headers as
+    the index now holds them), and unlink the blocks evicted for room and those dropped as
+    stale (unlink first: a block may leave and come back in one round)."""
 
-    def __init__(self) -> None:
+    write: list[str] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    @property
+    def unlink(self) -> list[str]:
+        return [*self.evicted, *self.dropped]
+
+
+def absorb(index: TierIndex, ops: TierOps, available: Container[str]) -> TierChanges:
+    """Apply `ops` to the tier's index: hold the written and spilled blocks whose KV is
+    `available` (a spilled block already held is left as it is: an evicted request entry's
+    refs say nothing about the chunks it does not list), then drop what is stale. Pure, so
+    the torch engine's tiers and the simulation's (`workers.cost_engine`) keep one book."""
+    changes, written = TierChanges(), dict[str, None]()
+
+    def hold(block: TierBlock) -> None:
+        h = block.block_hash
+        if h in index:
+            narrowed = index.narrow(h, block.marks)
+            if index.mark_end(h, block.end) or narrowed:  # its header changed
+                written[h] = None
+            index.touch([h])
+        elif index.admissible(block.nbytes):
+            changes.evicted += index.add(block)
+            written[h] = None
+
+    for h, block in ops.writes.items():
+        if h in available:
+            hold(block)
+    for h, block in ops.spills.items():
+        if h in available and h not in index:
+            hold(block)
+    changes.dropped = index.remove(ops.cut) + index.invalidate(chunk_ids=ops.chunk_ids)
+    for tenant in sorted({t for t, _ in ops.refs}, key=str):  # one tenant's edit at a time
+        changes.dropped += index.invalidate([r for t, r in ops.refs if t == tenant],
+                                            tenant=tenant)
+    changes.write = [h for h in written if h in index]
+    return changes
+
+
+class TierJournal:
+    """Collects `TierOps` until the engine drains them. `write_through`: a managed entry's
+    blocks are written when placed (a disk tier: warm prefixes survive a crash); without it
+    only evicted blocks go down (a host tier, which a crash loses anyway: writing every
+    warmup through would push out what it spilled, for no gain)."""
+
+    def __init__(self, *, write_through: bool = True) -> None:
         self._ops = TierOps()
+        self.write_through = write_through
 
     def drain(self) -> TierOps:
         ops, self._ops = self._ops, TierOps()
@@ -47,7 +98,7 @@ class TierJournal:
         """A managed entry was stored or refreshed: write its blocks through. Its chunk refs
         are taken as complete (as the device's invalidation takes them), so its blocks also
         narrow the marks of blocks already on disk."""
-        if entry.managed:
+        if entry.managed and self.write_through:
             self._write(self._ops.writes, entry, range(entry.n_blocks), pool, entries)
 
     def evicting(

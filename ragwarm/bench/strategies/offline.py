@@ -66,7 +66,8 @@ def evaluate(
                        cls.eviction_on(eviction, same=settings.same_eviction),
                        cls.request_caching(request_caching))
     engine = CostEngine(cost, cache, model_id="offline",
-                        kv_bytes_per_token=settings.streams.kv_bytes_per_token)
+                        kv_bytes_per_token=settings.streams.kv_bytes_per_token,
+                        tier_bytes=kv_bytes if cls.host_tier else 0)  # the default host tier
     rag = LogRag(ordered, tenant=settings.tenant, block_size=block_size, model=engine.model_id,
                  hasher=lambda ids, tenant: engine.block_hashes(ids, tenant=tenant))
     lane = open_lane(cls, engine, clock, SimRag(rag, rag.doc_states), settings,

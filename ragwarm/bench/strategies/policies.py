@@ -60,13 +60,17 @@ class Policy:
 
     Subclasses set `name`, `cache_requests` (whether the worker caches each served prompt,
     like vLLM's automatic prefix caching), `disk_tier` (whether the worker keeps the disk
-    KV tier below device memory) and `eviction` (its worker's eviction policy), and override
-    the hooks they need.
+    KV tier below device memory), `host_tier` (whether it keeps the worker's default host
+    tier) and `eviction` (its worker's eviction policy), and override the hooks they need.
     """
 
     name: ClassVar[str]
     cache_requests: ClassVar[bool] = True
     disk_tier: ClassVar[bool] = False
+    # The worker's host KV tier at its default size (`RAGWARM_WORKER_HOST_TIER_BYTES`, unset:
+    # as large as the KV budget): the product default keeps it, and so does the peer it is
+    # compared with for that memory (`reactive-offload`); the policies it contains do not.
+    host_tier: ClassVar[bool] = False
     # Whether its worker blends held chunk KV into prompts (RAGWARM_WORKER_CHUNK_REUSE).
     chunk_reuse: ClassVar[bool] = False
     # Whether its decisions read the model's output (sampled questions): such a policy, like
@@ -140,12 +144,12 @@ class Reactive(Policy):
 
 
 class ReactiveOffload(Reactive):
-    """`reactive-offload`: request caching with LRU over the same KV tier `tiered` has (vLLM
-    prefix caching with LMCache-style offload): the peer to compare a tiered policy with, as
-    both hold the same bytes."""
+    """`reactive-offload`: request caching over the same host KV tier `hybrid` keeps (vLLM
+    prefix caching with LMCache-style CPU offload): the peer to compare the product default
+    with, as both hold the same bytes."""
 
     name: ClassVar[str] = "reactive-offload"
-    disk_tier: ClassVar[bool] = True
+    host_tier: ClassVar[bool] = True
     # Per entry still: its tier spills what an eviction frees, and per-block entries on the
     # torch engine with a tier are not measured yet.
     block_level: ClassVar[bool] = False

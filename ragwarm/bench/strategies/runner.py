@@ -42,6 +42,7 @@ from schemas.prefix import (
 )
 from workers.cost_engine import CostEngine, CostModel, make_cache
 from workers.engines.protocol import GenerateRequest
+from workers.engines.tiers import open_tier
 from workers.engines.torch_engine import TorchEngine
 from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.memory import DEFAULT_MAX_ENTRIES, Budget
@@ -197,12 +198,16 @@ class Runner:
         worker = self.rig.worker_settings
         cache = make_cache(self.budget, self.clock, worker.block_size, eviction,
                            cls.request_caching(worker.request_caching))
+        host_bytes = self.host_tier_bytes() if cls.host_tier and not cls.disk_tier else 0
         if self.rig.cost is not None:
             return CostEngine(self.rig.cost, cache, model_id=base.model_id,
-                              kv_bytes_per_token=base.kv_bytes_per_token)
+                              kv_bytes_per_token=base.kv_bytes_per_token, tier_bytes=host_bytes)
         # Chunk reuse as the worker's setting turns it on: default share and selection.
-        settings = self.rig.worker_settings.model_copy(update={"chunk_reuse": True}) \
-            if cls.chunk_reuse else self.rig.worker_settings
+        settings = self.rig.worker_settings.model_copy(update={
+            "host_tier_bytes": host_bytes, **({"chunk_reuse": True} if cls.chunk_reuse else {}),
+        })
+        if host_bytes:
+            tier = open_tier(base.model, settings, None)
         if cls.disk_tier:
             if self.tier_root is None:
                 raise ValueError(f"policy {name!r} keeps a disk tier: give the runner a folder")
@@ -210,6 +215,12 @@ class Runner:
             tier = open_sim_tier(base.model, settings, self.tier_root / name, tier_bytes)
         return TorchEngine(base.model, base.tokenizer, model_id=base.model_id,
                            settings=settings, cache=cache, tier=tier)
+
+    def host_tier_bytes(self) -> int:
+        """The host tier of a policy keeping the worker's default one: the worker's setting,
+        unset as large as the run's KV budget (as a worker's is as large as its own)."""
+        configured = self.rig.worker_settings.host_tier_bytes
+        return self.budget.max_bytes if configured is None else configured
 
     def restart(self) -> None:
         """Every worker restarts mid-run (a crash: no flush) on the same disk, and gets the
@@ -339,7 +350,8 @@ class Runner:
         cached = result.cached_tokens
         stale, outdated = reuse_check(served.entry_refs, q.spans, cached, self._current)
         total = cache.budget.max_bytes or 1
-        tier = lane.worker.engine.tier_state()[1] if lane.policy.disk_tier else None
+        tiered = lane.policy.disk_tier or lane.policy.host_tier
+        tier = lane.worker.engine.tier_state()[1] if tiered else None
         return QueryRow(
             policy=name, index=q.step.index, at=q.step.at, qid=q.step.question.qid,
             burst=q.step.burst, post_edit=post_edit, repeat=repeat, ttft_ms=served.ttft_s * 1000,

@@ -147,9 +147,11 @@ class Hybrid(StreamsPolicy):
     fair bench gives every policy the same eviction); a ready worker gets the hot set, then
     the tracked prefixes most used, expired or not (what `history` warms); an edit also
     re-checks recently asked questions its chunks may now serve (`edit_watch`). Its worker
-    blends donated chunk KV where that is cheaper (`hybrid_blends`)."""
+    blends donated chunk KV where that is cheaper (`hybrid_blends`) and keeps the default
+    host KV tier below its budget."""
 
     name: ClassVar[str] = "hybrid"
+    host_tier: ClassVar[bool] = True
     kb_events: ClassVar[bool] = True
     track_queries: ClassVar[bool] = True
     hot: ClassVar[bool] = True

@@ -1,0 +1,97 @@
+"""The model-free cost engine keeps a host KV tier as the torch engine does (the same index
+and journal, no tensors): evicted blocks spill there, a later hit reads them back at the
+restore cost instead of recomputing them, and an edited chunk leaves the tier too."""
+
+from __future__ import annotations
+
+from workers.cost_engine import CostEngine, CostModel
+from workers.engines.protocol import GenerateRequest
+from workers.kv.blocks import BLOCK_SIZE
+from workers.kv.cache import Budget, PrefixCache
+from workers.kv.tier_index import TierBlock, TierIndex
+from workers.kv.tier_journal import TierJournal, TierOps, absorb
+
+COST = CostModel(100.0, 1.0, restore_per_token_ms=0.1)
+N_BLOCKS = 4
+REF_A = ("a#0", "v1")
+
+
+def make_engine(tier_bytes: int) -> CostEngine:
+    # The device holds one prompt of N_BLOCKS blocks (one byte per token).
+    one = N_BLOCKS * BLOCK_SIZE
+    cache = PrefixCache(Budget(max_bytes=one, max_entries=100, warm_bytes=one))
+    return CostEngine(COST, cache, model_id="m", kv_bytes_per_token=1, tier_bytes=tier_bytes)
+
+
+def prompt(first: int) -> list[int]:
+    return [first + i for i in range(N_BLOCKS * BLOCK_SIZE + 5)]
+
+
+def ask(engine: CostEngine, tokens: list[int], refs=()):
+    request = GenerateRequest(tokens, max_tokens=1, tenant="t", cache_prompt=True,
+                              chunk_refs=list(refs))
+    return list(engine.generate(request))[-1].result
+
+
+def test_an_evicted_prompt_comes_back_from_the_tier_at_the_restore_cost() -> None:
+    engine = make_engine(tier_bytes=2 * N_BLOCKS * BLOCK_SIZE)
+    a, b = prompt(1_000), prompt(2_000)
+    assert ask(engine, a).cached_tokens == 0
+    ask(engine, b)  # evicts a: its blocks spill to the tier
+    assert engine.tier is not None and engine.tier.index.run(engine.block_hashes(a, tenant="t")) \
+        == N_BLOCKS
+    again = ask(engine, a)
+    restored = N_BLOCKS * BLOCK_SIZE
+    assert again.cached_tokens == restored
+    expected_ms = COST.ttft_ms(len(a), restored) + COST.restore_per_token_ms * restored
+    assert abs(again.ttft_s * 1000 - expected_ms) < 1e-6
+
+
+def test_without_a_tier_the_evicted_prompt_is_recomputed() -> None:
+    engine = make_engine(tier_bytes=0)
+    a, b = prompt(1_000), prompt(2_000)
+    ask(engine, a)
+    ask(engine, b)
+    assert engine.tier is None and ask(engine, a).cached_tokens == 0
+
+
+def test_an_edited_chunk_leaves_the_tier_with_its_prompt() -> None:
+    engine = make_engine(tier_bytes=2 * N_BLOCKS * BLOCK_SIZE)
+    a, b = prompt(1_000), prompt(2_000)
+    ask(engine, a, refs=[REF_A])
+    ask(engine, b)
+    engine.invalidate([REF_A], tenant="t")
+    assert engine.tier is not None and len(engine.tier.index) == 0
+    assert ask(engine, a).cached_tokens == 0
+
+
+def test_a_host_tier_takes_evicted_blocks_only_and_a_disk_tier_warm_ones_too() -> None:
+    for write_through, expected in ((False, 0), (True, N_BLOCKS)):
+        journal = TierJournal(write_through=write_through)
+        one = N_BLOCKS * BLOCK_SIZE
+        cache = PrefixCache(Budget(max_bytes=2 * one, max_entries=10, warm_bytes=2 * one))
+        cache.tier = journal
+        hashes = [f"{i:02x}" * 16 for i in range(N_BLOCKS)]
+        cache.admit(tenant="t", hashes=hashes, nbytes=one, ttl_s=60.0)  # a warmup
+        index = TierIndex(4 * one)
+        absorb(index, journal.drain(), set(hashes))
+        assert len(index) == expected
+
+
+def test_absorb_writes_a_block_once_and_unlinks_what_it_evicts_for_room() -> None:
+    index = TierIndex(2)
+    blocks = [TierBlock(f"{i:02x}" * 16, None, "t", 1) for i in range(3)]
+    first = absorb(index, TierOps(spills={b.block_hash: b for b in blocks[:2]}), _ALL)
+    assert first.write == [blocks[0].block_hash, blocks[1].block_hash] and not first.unlink
+    again = absorb(index, TierOps(spills={blocks[0].block_hash: blocks[0]}), _ALL)
+    assert again.write == [] and again.unlink == []  # held already: left as it is
+    third = absorb(index, TierOps(spills={blocks[2].block_hash: blocks[2]}), _ALL)
+    assert third.write == [blocks[2].block_hash] and third.evicted == [blocks[0].block_hash]
+
+
+class _All:
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+_ALL = _All()
