@@ -192,3 +192,29 @@ def test_a_request_waits_for_the_pass_under_way_not_the_whole_long_prefill():
     assert w.busy_until == pytest.approx(0.4 + answer.result.ttft_s)
     clock.now = 0.4 / 3 + answer.result.ttft_s + 0.01  # inside the second pass
     assert w.serve(list(range(500, 600)), "t", []).queued_s == pytest.approx(0.4 / 3 - 0.01)
+
+
+def test_the_apps_timers_fire_when_due_not_at_the_step_that_follows():
+    from ragwarm.bench.strategies.streams_policy import _due_times
+
+    # Hot tick every 5 s from 0, sweep every 60 s from 0; a step at 2.85 s runs both at 0,
+    # so a warmup they send starts then (and is done before a request at 2.85 s).
+    assert _due_times(0.0, 5.0, 0.0, 60.0, 2.85) == [(0.0, True), (0.0, False)]
+    # Nothing due: nothing runs.
+    assert _due_times(10.0, 5.0, 60.0, 60.0, 9.9) == []
+    # After a long gap: each timer's first and last due times, in time order.
+    assert _due_times(10.0, 5.0, 60.0, 60.0, 33.0) == [(10.0, True), (30.0, True)]
+    assert _due_times(55.0, 5.0, 60.0, 60.0, 61.0) == [(55.0, True), (60.0, True),
+                                                       (60.0, False)]
+
+
+def test_a_timer_runs_at_its_due_time_and_the_clock_returns_to_the_step():
+    clock = SimClock()
+    clock.now = 7.0
+    ctx = PolicyContext(worker(clock), None, None, clock, [])  # type: ignore[arg-type]
+    seen = []
+    with ctx.at(5.0):
+        seen.append(ctx.clock())
+    with ctx.at(9.0):  # never ahead of the step
+        seen.append(ctx.clock())
+    assert seen == [5.0, 7.0] and clock() == 7.0

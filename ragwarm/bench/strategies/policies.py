@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
@@ -13,6 +14,7 @@ from streams.decide.logic import command_id
 
 if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run starts
     from rag.index import IndexResult
+    from ragwarm.bench.strategies.lanes import SimClock
     from ragwarm.bench.strategies.settings import StrategySettings
     from ragwarm.trace import Question
     from streams.handle.ports import WarmPrefix
@@ -27,8 +29,19 @@ class PolicyContext:
     worker: SimWorker
     rag: SimRag  # the real store in the benchmark, a query log offline
     settings: StrategySettings
-    clock: Callable[[], float]
+    clock: SimClock
     past: Sequence[Question]  # yesterday's distinct questions, most asked first
+
+    @contextmanager
+    def at(self, when: float) -> Iterator[None]:
+        """Run a timer of the policy's at `when`, the time it fell due (at or before the
+        step being ticked), then go back to the step's time."""
+        now = self.clock.now
+        self.clock.now = min(when, now)
+        try:
+            yield
+        finally:
+            self.clock.now = now
 
     @property
     def tenant(self) -> str:

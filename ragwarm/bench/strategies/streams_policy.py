@@ -74,15 +74,24 @@ class StreamsPolicy(Policy):
         self.feed(self.ctx.worker.runtime.status_event("ready"))
 
     def tick(self, now: float) -> None:
+        # The app's timers fire when they fall due, not at the step that follows: a warmup
+        # a timer sends starts then, and a request of this step waits only for what is left
+        # of it. Fired at the step, every timer's warmup began as a request arrived and the
+        # request waited for a whole pass. Nothing else happens between two steps, so a
+        # timer run at its due time sees the state it would have seen; after a long gap
+        # only its first and last due times run (those between see the same state).
+        hot_s, sweep_s = self.pipeline.settings.hot_tick_s, self.pipeline.settings.sweep_s
+        for due, hot in _due_times(self.next_hot, hot_s, self.next_sweep, sweep_s, now):
+            with self.ctx.at(due):
+                self.feed(self.ctx.worker.runtime.status_event("heartbeat"))
+                if hot:
+                    run_sync(handlers.plan_hot(self.pipeline))  # the app's hot-tick timer
+                    self.next_hot = due + hot_s
+                else:
+                    run_sync(handlers.sweep_prefixes(self.pipeline))  # the prefix sweep
+                    self.next_sweep = due + sweep_s
+                self.drain()
         self.feed(self.ctx.worker.runtime.status_event("heartbeat"))
-        if now >= self.next_hot:
-            run_sync(handlers.plan_hot(self.pipeline))  # the app's hot-tick timer
-            self.next_hot = now + self.pipeline.settings.hot_tick_s
-            self.drain()
-        if now >= self.next_sweep:
-            run_sync(handlers.sweep_prefixes(self.pipeline))  # the app's prefix-sweep timer
-            self.next_sweep = now + self.pipeline.settings.sweep_s
-            self.drain()
 
     def kb_change(self, change: KbChange, result: IndexResult) -> None:
         if self.kb_events:
@@ -105,6 +114,21 @@ class StreamsPolicy(Policy):
             item = self.queue.popleft()
             # The app's own route table: the handler the agent of that topic would run.
             run_sync(route_for(item).handle(p, item))
+
+
+def _due_times(next_hot: float, hot_s: float, next_sweep: float, sweep_s: float,
+               now: float) -> list[tuple[float, bool]]:
+    """The timer runs due by `now`, in time order: (due time, whether it is the hot tick
+    rather than the sweep); each timer's first and last due time only."""
+    runs: list[tuple[float, bool]] = []
+    for first, every, hot in ((next_hot, hot_s, True), (next_sweep, sweep_s, False)):
+        if first > now:
+            continue
+        runs.append((first, hot))
+        last = first + every * ((now - first) // every) if every > 0 else first
+        if last > first:
+            runs.append((last, hot))
+    return sorted(runs, key=lambda run: (run[0], not run[1]))
 
 
 class EventRag(StreamsPolicy):
