@@ -265,7 +265,8 @@ def _finish(result: Any, names: list[str], out: Path, as_json: bool, plan: dict,
 
 def _kv_budget(meta: dict) -> dict[str, Any]:
     """The one budget every policy ran under: a policy's figures mean little without it."""
-    return {k: meta[k] for k in ("memory_share", "budget_bytes", "distinct_prefix_bytes")}
+    keys = ("memory_share", "budget_bytes", "distinct_prefix_bytes", "host_tier_bytes")
+    return {k: meta[k] for k in keys if k in meta}
 
 
 def _sections(result: Any, figures: dict) -> tuple[list, dict | None, list[str]]:
@@ -310,7 +311,9 @@ def _header(result: Any, plan: dict, machine: dict) -> str:
         f"{meta['duration_sim_s'] / 60:.0f} simulated minutes; chunks of "
         f"{plan['chunk_tokens']} tokens; KV budget {meta['budget_bytes'] / 2**20:.0f} MiB per "
         f"policy ({meta['memory_share']:g} of {meta['distinct_prefix_bytes'] / 2**20:.0f} MiB "
-        f"of distinct initial prefixes); {meta['initial_docs']} documents, "
+        f"of distinct initial prefixes; a host KV tier of "
+        f"{meta.get('host_tier_bytes', 0) / 2**20:.0f} MiB for the policies keeping the "
+        f"worker's default one); {meta['initial_docs']} documents, "
         f"{meta['questions']} questions; "
         f"{meta['measurements']} distinct measurements for {meta['requests']} requests"
         f"{' (shared across queries)' if meta.get('shared_across_queries') else ''}; "

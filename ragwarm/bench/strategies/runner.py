@@ -350,8 +350,7 @@ class Runner:
         cached = result.cached_tokens
         stale, outdated = reuse_check(served.entry_refs, q.spans, cached, self._current)
         total = cache.budget.max_bytes or 1
-        tiered = lane.policy.disk_tier or lane.policy.host_tier
-        tier = lane.worker.engine.tier_state()[1] if tiered else None
+        tier = lane.worker.engine.tier_state()[1] if lane.policy.disk_tier else None
         return QueryRow(
             policy=name, index=q.step.index, at=q.step.at, qid=q.step.question.qid,
             burst=q.step.burst, post_edit=post_edit, repeat=repeat, ttft_ms=served.ttft_s * 1000,
@@ -459,7 +458,7 @@ def run_benchmark(
     n_queries = sum(isinstance(s, wl.QueryStep) for s in steps)
     meta: dict[str, Any] = {
         "memory_share": settings.memory_share, "budget_bytes": budget_bytes,
-        "distinct_prefix_bytes": prefix_bytes,
+        "distinct_prefix_bytes": prefix_bytes, "host_tier_bytes": runner.host_tier_bytes(),
         "initial_docs": len(initial), "questions": len(questions),
         "content_edits": len(wl.content_changes(initial, chosen)),
         "index_seconds": round(index_s, 1),
