@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ragwarm.bench.strategies.policies import Policy, PolicyContext
+from ragwarm.bench.strategies.policies import Policy, PolicyContext, SimClock
 from ragwarm.bench.strategies.settings import StrategySettings
 from streams.decide.records import DocState
 from streams.sim import SimRag
@@ -20,16 +20,6 @@ from workers.sim import SimWorker
 if TYPE_CHECKING:
     from ragwarm.rag_port import RagService
     from ragwarm.trace import Question
-
-
-class SimClock:
-    """Simulated seconds since the start of the run; caches and policies read it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

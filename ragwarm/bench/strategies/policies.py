@@ -14,12 +14,21 @@ from streams.decide.logic import command_id
 
 if TYPE_CHECKING:  # the heavy modules (torch, Qdrant) load only when a run starts
     from rag.index import IndexResult
-    from ragwarm.bench.strategies.lanes import SimClock
     from ragwarm.bench.strategies.settings import StrategySettings
     from ragwarm.trace import Question
     from streams.handle.ports import WarmPrefix
     from streams.sim import SimRag
     from workers.sim import SimWorker
+
+
+class SimClock:
+    """Simulated seconds since the start of the run; caches and policies read it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @dataclass
