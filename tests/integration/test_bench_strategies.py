@@ -84,7 +84,10 @@ def test_json_is_the_contract(run):
                            "restart", "kv_budget"}
     meta = json.loads((run["out"] / "run.json").read_text())["meta"]
     assert report["kv_budget"] == {k: meta[k] for k in ("memory_share", "budget_bytes",
-                                                        "distinct_prefix_bytes")}
+                                                        "distinct_prefix_bytes",
+                                                        "host_tier_bytes")}
+    # The host tier of hybrid and reactive-offload: the worker's default, the KV budget.
+    assert meta["host_tier_bytes"] == meta["budget_bytes"]
     assert list(report["policies"]) == policy_names()
     assert report["queries"] == QUERIES and report["kb_events"] == 7
     for name, figures in report["policies"].items():
