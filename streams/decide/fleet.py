@@ -112,6 +112,7 @@ def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float
             mem_total=event.mem_total_bytes,
             pinned=event.pinned_bytes,
             entries=event.entries,
+            tier_bytes=event.tier_bytes,
         )
         if event.kind == "heartbeat" or event.warm_prefixes or event.tier_prefixes:
             # A v3 worker's disk tier survived its restart: it serves those prefixes too.

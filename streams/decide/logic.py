@@ -300,7 +300,8 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
     if target is not None and target in holders or target is None and holders:
         if op.hold and (state is None or state.held_at is None) and not pin:
             # Held in place: the same KV, pinned until its next ask.
-            plan.commands = [_prefill(op, new_state, holders[0], ttl_s, True)]
+            plan.commands = [_prefill(op, new_state, holders[0], ttl_s,
+                                      hold_pins(holders[0], workers))]
             plan.counters = {"holds": 1}
         # Already warm where it is wanted. A prefix still in use must not expire under its
         # users: past half its TTL, the holders' copies get the new expiry too.
@@ -317,9 +318,20 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
     plan.state = new_state.model_copy(update={"worker_id": worker, "prefill_at": now, "resends": 0})
     # An ask always finds it held (the op that brought it here), so a release never
     # precedes this prefill; `_end_hold`'s command is dropped with the stale KV.
-    plan.commands = [_prefill(op, plan.state, worker, ttl_s, pin or op.hold)]
+    plan.commands = [_prefill(op, plan.state, worker, ttl_s,
+                              pin or op.hold and hold_pins(worker, workers))]
     plan.counters = {"prefills": 1, "holds": int(op.hold)}
     return plan
+
+
+def hold_pins(worker: str, workers: Sequence[WorkerState]) -> bool:
+    """Whether an edit's hold pins its prefix on `worker`: only where it keeps no KV tier
+    below device memory. A worker with one (its spilled bytes reported) spills an unpinned
+    hold that eviction takes, and the ask reads it back; a pin would keep the prefix on the
+    device, from request caching's bytes, until that ask (model-free sweeps of 2026-12-06:
+    Prometheus post-edit hits 85% -> 95%; docs/lab/2026-12-06-host-tier.md)."""
+    state = next((w for w in workers if w.worker_id == worker), None)
+    return state is None or state.tier_bytes == 0
 
 
 def prefill_pending(state: PrefixState | None, now: float) -> bool:

@@ -69,6 +69,7 @@ class WorkerState(_Record):
     last_seen: float = 0.0
     epoch: int | None = None  # the boot it last reported from (None: a v1 worker)
     node: str | None = None  # the machine it runs on (None: a worker before v4 events)
+    tier_bytes: int = 0  # KV in its tier below device memory (0: none, or nothing spilled yet)
     # Its progressive warmup (streams.decide.progressive): the step its next heartbeat sends (0:
     # none pending), of how many, and the budget every step's plan shares.
     warm_step: int = 0

@@ -15,6 +15,7 @@ from streams.decide.logic import (
     apply_worker_event,
     choose_worker,
     hold_ended,
+    hold_pins,
     plan_hot_set,
     plan_kb_change,
     plan_prefix_op,
@@ -285,6 +286,24 @@ class TestEditHold:
                                 state(held_at=0.0, hot=True), [], 100.0, 60.0)
         assert cooled.commands == [] and not cooled.state.hot and cooled.state.held_at == 0.0
 
+    def test_a_worker_with_a_kv_tier_holds_unpinned(self):
+        # Its tier reported bytes: an evicted hold spills there and its ask reads it back,
+        # so the hold keeps the device's bytes for request caching.
+        tiered = worker("w1").model_copy(update={"tier_bytes": 4096})
+        op = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32, question="q?", hold=True,
+                      reason="re-prefill after edit")
+        plan = plan_prefix_op(op, None, [tiered], 10.0, 60.0)
+        (cmd,) = plan.commands
+        assert (cmd.op, cmd.pin) == ("prefill", False) and plan.state.held_at == 10.0
+        in_place = plan_prefix_op(op, state(expires_at=50.0),
+                                  [tiered.model_copy(update={"prefixes": [P1]})], 10.0, 60.0)
+        assert [(c.op, c.pin) for c in in_place.commands] == [("prefill", False)]
+        # The hot set's pin is not a hold: it pins whatever the worker keeps below.
+        hot = PrefixOp(op="warm", prefix_hash=P1, token_ids=[5] * 32, pin=True, reason="hot")
+        assert plan_prefix_op(hot, None, [tiered], 10.0, 60.0).commands[0].pin
+        assert hold_pins("w1", [worker("w1")]) and not hold_pins("w1", [tiered])
+        assert hold_pins("gone", [tiered])  # unknown: as without a tier
+
     def test_a_chosen_invalidation_rewarms_its_questions_held(self):
         op = PrefixOp(op="invalidate", prefix_hash=P1, reason="edit", rewarm=True, hold=True)
         plan = plan_prefix_op(op, state(), [worker("w1")], 0.0, 60.0)
@@ -346,6 +365,10 @@ class TestWorkerEvents:
         assert ws.prefixes == []
         ws = apply_worker_event(ws, WorkerEvent(worker_id="w", kind="stopped"), 4.0)
         assert not ws.ready
+
+    def test_a_heartbeat_reports_what_the_kv_tier_holds(self):
+        beat = WorkerEvent(worker_id="w", kind="heartbeat", mem_total_bytes=100, tier_bytes=512)
+        assert apply_worker_event(None, beat, 1.0).tier_bytes == 512
 
 
 class TestHotSet:
