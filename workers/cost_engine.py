@@ -151,23 +151,17 @@ class CostEngine(PrefixEngine[int]):
         return 0 if self.tier is None else self.tier.index.run(hashes, have)
 
     def _restore(self, hashes: list[str], have: int, tenant: str) -> int:
-        """As the torch engine's `Tiered._restore`: the blocks after the first `have` of
-        `hashes` that the tier holds come back as a request entry, with their chunk marks;
-        how many leading blocks are on the device after it."""
+        """As the torch engine's `Tiered._restore`, without tensors: the blocks after the
+        first `have` of `hashes` that the tier holds come back (`_readmit`); how many
+        leading blocks are on the device after it."""
         n = self.restorable(hashes, have)
         if self.tier is None or n == 0:
             return have
         chain = hashes[: have + n]
         nbytes = prefix_kv_bytes(len(chain) * self.block_size, self.kv_bytes_per_token,
                                  self.block_size)
-        try:
-            self.cache.admit(tenant=tenant, hashes=chain, nbytes=nbytes, kind="request")
-        except WarmupRefused:
+        if not self._readmit(chain, have, tenant, nbytes, self.tier.index):
             return have
-        for h in chain[have:]:
-            held = self.tier.index.get(h)
-            for ref in held.marks if held is not None else ():
-                self.cache.pool.mark([h], ref, 0)
         self.tier.index.touch(chain[have:])
         self.sync()  # spills what the admission evicted
         return len(chain)

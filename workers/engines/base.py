@@ -30,6 +30,7 @@ from workers.kv.chunk_kv import (
 )
 from workers.kv.donors import Donor, DonorIndex
 from workers.kv.entries import Kind
+from workers.kv.tier_index import TierIndex
 
 
 def keep_by_prefill(
@@ -162,6 +163,22 @@ class PrefixEngine(ABC, Generic[H]):
     def restorable(self, hashes: list[str], have: int) -> int:
         """Blocks after the first `have` of `hashes` a hit would read back from a disk tier."""
         return 0
+
+    def _readmit(self, chain: list[str], have: int, tenant: str, nbytes: int,
+                 index: TierIndex) -> bool:
+        """Take the blocks of `chain` after the first `have`, read back from a KV tier, into
+        the cache as a request entry (evictable; a warmup may claim them later), each with
+        the chunk marks the tier kept, so invalidation finds them on the device; False when
+        the cache refuses it."""
+        try:
+            self.cache.admit(tenant=tenant, hashes=chain, nbytes=nbytes, kind="request")
+        except WarmupRefused:
+            return False
+        for h in chain[have:]:
+            held = index.get(h)
+            for ref in held.marks if held is not None else ():
+                self.cache.pool.mark([h], ref, 0)
+        return True
 
     def prefill(
         self,

@@ -23,6 +23,7 @@ class Tiered:
 
     block_bytes: Any  # a property of the engine
     sync: Any  # the engine's sync
+    _readmit: Any  # `PrefixEngine._readmit`
 
     def tier_state(self) -> tuple[list[str], int]:
         """Ends of the chains the tier holds (on disk: what a restarted worker still serves) and
@@ -94,19 +95,10 @@ class Tiered:
         if not datas:
             return have
         chain = hashes[: have + len(datas)]
-        try:
-            # A request entry: evictable; warmup may claim the blocks as its own later.
-            self.cache.admit(
-                tenant=tenant, hashes=chain, nbytes=len(chain) * self.block_bytes, kind="request"
-            )
-        except WarmupRefused:
+        if not self._readmit(chain, have, tenant, len(chain) * self.block_bytes, tier.index):
             return have
         for h, data in zip(chain[have:], datas, strict=True):
             self._blocks.setdefault(h, as_block(data))
-            # The chunks each block passes through, so invalidation finds it on the device.
-            held = tier.index.get(h)
-            for ref in held.marks if held is not None else ():
-                self.cache.pool.mark([h], ref, 0)
         self.sync()  # spills what the admission evicted
         return len(chain)
 
