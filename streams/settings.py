@@ -87,6 +87,14 @@ class StreamsSettings(BaseSettings):
         "(pinned until asked) for its dependents asked in the hot window, most asked first, "
         "held by a worker or not; other held or hot invalidated ones are re-warmed unpinned.",
     )
+    edit_rewarm_rest: bool = Field(
+        default=True,
+        description="Where every ready worker keeps a KV tier (RAGWARM_WORKER_HOST_TIER_BYTES"
+        " or the disk tier), one KB change re-warms all its dependent prefixes, not only "
+        "those edit_rewarm_share chooses: their holds do not pin there, so what the device "
+        "cannot keep spills to the tier and the next ask reads it back. Off: the budget's "
+        "only.",
+    )
     edit_hold_s: float = Field(
         default=1800.0, gt=0,
         description="How long a prefix an edit re-warmed stays pinned waiting for its next "

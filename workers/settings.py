@@ -17,6 +17,14 @@ from workers.kv.memory import DEFAULT_MAX_ENTRIES, GiB
 from workers.kv.request_blocks import DEFAULT_REQUEST_CACHING
 from workers.synthesis import DEFAULT_PER_MINUTE
 
+# The host tier's default size per byte of device KV budget. A GPU server's host RAM is
+# several times its GPU memory, and KV held there is read back far faster than recomputed;
+# an edit re-warms all its dependents into it (streams `edit_rewarm_rest`). Sweeps of
+# 2026-12-06 (docs/lab/2026-12-06-rewarm-rest.md): at 1x, Prometheus's post-edit hits fell
+# to 76% with those re-warms; at 2x, Poetry's (whose budget holds two prompts) reached 69%;
+# at 4x, 100% on the three traces.
+HOST_TIER_PER_KV_BYTE = 4
+
 # The names workers.engines.blend.SELECTORS accepts (kept here so settings import no torch).
 ChunkSelection = Literal["hkvd", "attn", "sink", "sink+hkvd", "sink+attn", "tail"]
 
@@ -145,16 +153,19 @@ class WorkerSettings(BaseSettings):
         ge=0,
         description="Bytes of host memory for a KV tier below the device budget (torch "
         "engine): evicted blocks spill there and hits read them back when that beats "
-        "recomputing (`ragwarm bench engine --tier host` reports its restore_ms). Unset: as "
-        "many bytes as RAGWARM_WORKER_KV_BYTES (on a GPU, host RAM is the cheaper memory; on "
-        "a CPU the tier is a second budget of the same RAM). 0: none. One tier at a time: "
+        "recomputing (`ragwarm bench engine --tier host` reports its restore_ms). Unset: four "
+        "times RAGWARM_WORKER_KV_BYTES (on a GPU, host RAM is the larger and cheaper memory; "
+        "on a CPU the tier is a second budget of the same RAM). 0: none. One tier at a time: "
         "with RAGWARM_WORKER_DISK_TIER on, the disk tier is used instead.",
     )
 
     @property
     def host_tier_size(self) -> int:
-        """The host tier's bytes in effect (`host_tier_bytes`, unset: the device budget)."""
-        return self.kv_bytes if self.host_tier_bytes is None else self.host_tier_bytes
+        """The host tier's bytes in effect (`host_tier_bytes`; unset, `HOST_TIER_PER_KV_BYTE`
+        times the device budget)."""
+        if self.host_tier_bytes is None:
+            return HOST_TIER_PER_KV_BYTE * self.kv_bytes
+        return self.host_tier_bytes
 
     # -- service: HTTP API, commands and events (workers/service.py, ragwarm/cli/worker.py)
     worker_id: str = Field(

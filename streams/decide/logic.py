@@ -59,7 +59,7 @@ def plan_kb_change(
     now: float,
     recent: Sequence[HotCandidate] = (),
     rewarm_tokens: int = 0,
-    older: Sequence[HotCandidate] = (), older_tokens: int = 0,
+    older: Sequence[HotCandidate] = (), older_tokens: int = 0, *, rewarm_rest: bool = False,
 ) -> KbPlan:
     """Compare the document's new chunk hashes with what each dependent prefix was built from.
 
@@ -69,9 +69,9 @@ def plan_kb_change(
     `recent` are the prefixes asked in the hot window (count, size): the dependents among
     them, most asked first, within `rewarm_tokens` (`edit_rewarm`), are re-warmed and held
     (pinned until their next ask) whether a worker still holds them or not; then `older`,
-    dependents asked more than once before that window, within `older_tokens` too. Ops go least
-    asked first: each may re-warm its questions, and the worker's LRU then keeps the most
-    asked of them longest.
+    dependents asked more than once before that window, within `older_tokens` too; with
+    `rewarm_rest` (workers spill to a KV tier) all the others. Ops go least asked first: each
+    may re-warm its questions, and the LRU then keeps the most asked of them longest.
     """
     if change.is_stale(prior.version if prior else None):
         return KbPlan(stale=True)
@@ -88,7 +88,7 @@ def plan_kb_change(
         if any(new_chunks.get(r.chunk_id) != r.content_hash for r in refs)
     }
     rewarm = edit_rewarm(dependents if doc_changed else stale, recent, rewarm_tokens,
-                         older, older_tokens)
+                         older, older_tokens, rest=rewarm_rest)
     rank = {c.prefix_hash: c.count for c in recent}
     order = sorted(dependents, key=lambda h: (rank.get(h, 0.0), h))
     for prefix_hash, refs in ((h, dependents[h]) for h in order):

@@ -84,7 +84,7 @@ def plan_rewarm(
 
 def edit_rewarm(
     dependents: Iterable[str], recent: Sequence[HotCandidate], budget_tokens: int,
-    older: Sequence[HotCandidate] = (), older_tokens: int = 0,
+    older: Sequence[HotCandidate] = (), older_tokens: int = 0, *, rest: bool = False,
 ) -> set[str]:
     """The dependents an edit re-warms wherever they are (held or evicted) and holds.
 
@@ -117,4 +117,10 @@ def edit_rewarm(
             chosen.add(cand.prefix_hash)
             used += cand.tokens
             older_tokens -= cand.tokens
-    return chosen
+    # With `rest` (the workers keep a KV tier) every other dependent too, whenever it was
+    # asked: its hold does not pin (`logic.hold_pins`), so what the device cannot keep
+    # spills to the tier and its ask reads it back. The budgets above bound what an edit
+    # pins; a tier makes the rest cheap to keep. Without it, the full workload's post-edit
+    # asks missed on prefixes asked once, a median 1,448 s before the edit
+    # (docs/lab/2026-12-06-rewarm-rest.md).
+    return wanted if rest else chosen

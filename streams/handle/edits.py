@@ -26,6 +26,14 @@ def rewarm_tokens(p: HandlerDeps) -> int:
     return int(p.settings.edit_rewarm_share * memory) // max(1, per_token)
 
 
+def rewarm_rest(p: HandlerDeps) -> bool:
+    """Whether an edit re-warms all its dependents, not only those its budgets choose:
+    with `edit_rewarm_rest`, where every ready worker keeps a KV tier (its heartbeats report
+    spilled bytes), so holds spill there rather than pin device memory."""
+    ready = [w for w in p.live_workers() if w.ready]
+    return p.settings.edit_rewarm_rest and bool(ready) and all(w.tier_bytes > 0 for w in ready)
+
+
 def older(p: HandlerDeps, dependents: Collection[str], recent: Sequence[logic.HotCandidate]
           ) -> tuple[list[logic.HotCandidate], int]:
     """The dependents asked more than once before the hot window (`recent`), most asked

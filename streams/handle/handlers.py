@@ -110,7 +110,8 @@ async def apply_indexed(
     now = p.clock()
     recent, budget = edits.candidates(p, dependents, now), edits.rewarm_tokens(p)
     plan = logic.plan_kb_change(change, prior, new_chunks, dependents, now, recent, budget,
-                                *edits.older(p, dependents, recent))
+                                *edits.older(p, dependents, recent),
+                                rewarm_rest=edits.rewarm_rest(p))
     assert plan.state is not None  # not stale, so the plan carries the new state
     p.tables.doc_states[key] = plan.state
     p.stats["kb_events"] += 1

@@ -304,6 +304,29 @@ def test_an_edit_rewarms_evicted_dependents_asked_recently_within_its_budget():
         ("warm", "popular?", False, True)]
 
 
+@pytest.mark.parametrize(("tier_bytes", "rest", "rewarmed"), [
+    (0, True, 1), (4096, True, 2), (4096, False, 1)])
+def test_an_edit_rewarms_every_dependent_where_the_workers_spill_to_a_tier(
+        tier_bytes, rest, rewarmed):
+    port = RetrievingPort({("default", "d.md#0"): "2" * 64})
+    # 40 tokens for one edit's re-warms: the rare prefix fits only past the budget.
+    p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False, kv_bytes_per_token=1,
+                      edit_rewarm_share=0.04, edit_watch=False, edit_rewarm_rest=rest)
+    worker = WorkerState.model_validate(p.tables.workers["w1"])
+    p.tables.workers["w1"] = worker.model_copy(
+        update={"tier_bytes": tier_bytes}).model_dump(mode="json")
+    popular, rare = "1" * 64, "2" * 64
+    for name, asks in ((popular, 3), (rare, 1)):
+        p.tables.prefixes[name] = PrefixState(  # tracked, held by no worker
+            tenant="default", chunk_refs=REFS, token_ids=[7] * 32, questions=[name],
+            expires_at=150.0,
+        ).model_dump(mode="json")
+        for _ in range(asks):
+            p.tracker.observe(name, HotPayload("default", name, tuple(REFS), 32), 100.0)
+    _edit_d_md(p, (popular, rare))
+    assert sum(o.rewarm and o.hold for o in out.ops) == rewarmed
+
+
 @pytest.mark.parametrize("pinned", [0, 90])
 def test_an_edit_holds_dependents_asked_twice_before_the_hot_window_in_unpinned_room(pinned):
     port = RetrievingPort({("default", "d.md#0"): "2" * 64})

@@ -106,6 +106,21 @@ class TestKbChange:
         plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent, 100, older, 0)
         assert {op.prefix_hash for op in plan.ops if op.rewarm} == {P1}
 
+    def test_with_a_tier_below_the_device_every_dependent_is_rewarmed_and_held(self):
+        prior = DocState(version=1, chunks={"d.md#0": H1, "d.md#1": H2})
+        p3 = "3" * 32
+        deps = {P1: [ref("d.md#0", H1)], P2: [ref("d.md#0", H1)], p3: [ref("d.md#1", H2)]}
+        recent = [HotCandidate(P1, 1.0, 10)]
+        new = {"d.md#0": H3, "d.md#1": H2}
+        # No budget at all and P2, p3 never asked lately: each is still re-warmed (p3's
+        # chunk is unchanged, but its question may now retrieve the edit) and held.
+        plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent, 0, rewarm_rest=True)
+        assert {op.prefix_hash for op in plan.ops if op.rewarm and op.hold} == {P1, P2, p3}
+        # A re-ingest that changed nothing re-warms nothing, tier or not.
+        same = {"d.md#0": H1, "d.md#1": H2}
+        plan = plan_kb_change(upsert(2), prior, same, deps, 0.0, recent, 100, rewarm_rest=True)
+        assert not any(op.rewarm or op.hold for op in plan.ops)
+
     def test_a_reingest_that_changed_nothing_holds_nothing(self):
         prior = DocState(version=1, chunks={"d.md#0": H1})
         deps = {P1: [ref("d.md#0", H1)]}

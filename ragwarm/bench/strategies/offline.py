@@ -26,6 +26,7 @@ from workers.kv.blocks import BLOCK_SIZE
 from workers.kv.eviction import DEFAULT_POLICY
 from workers.kv.memory import DEFAULT_MAX_ENTRIES, Budget
 from workers.kv.request_blocks import DEFAULT_REQUEST_CACHING
+from workers.settings import HOST_TIER_PER_KV_BYTE
 
 
 @dataclass
@@ -67,7 +68,7 @@ def evaluate(
                        cls.request_caching(request_caching))
     engine = CostEngine(cost, cache, model_id="offline",
                         kv_bytes_per_token=settings.streams.kv_bytes_per_token,
-                        tier_bytes=kv_bytes if cls.host_tier else 0)  # the default host tier
+                        tier_bytes=HOST_TIER_PER_KV_BYTE * kv_bytes if cls.host_tier else 0)
     rag = LogRag(ordered, tenant=settings.tenant, block_size=block_size, model=engine.model_id,
                  hasher=lambda ids, tenant: engine.block_hashes(ids, tenant=tenant))
     lane = open_lane(cls, engine, clock, SimRag(rag, rag.doc_states), settings,
