@@ -13,6 +13,7 @@ from ragwarm.bench.strategies.command import strategies
 from ragwarm.bench.strategies.metrics import JSON_KEYS, POLICY_JSON_KEYS, percentile
 from ragwarm.bench.strategies.policies import policy_class, policy_names
 from workers.engines.torch_engine import TorchEngine
+from workers.settings import HOST_TIER_PER_KV_BYTE
 
 pytestmark = pytest.mark.integration
 
@@ -86,8 +87,8 @@ def test_json_is_the_contract(run):
     assert report["kv_budget"] == {k: meta[k] for k in ("memory_share", "budget_bytes",
                                                         "distinct_prefix_bytes",
                                                         "host_tier_bytes")}
-    # The host tier of hybrid and reactive-offload: the worker's default, the KV budget.
-    assert meta["host_tier_bytes"] == meta["budget_bytes"]
+    # The host tier of hybrid and reactive-offload: the worker's default, sized on the budget.
+    assert meta["host_tier_bytes"] == HOST_TIER_PER_KV_BYTE * meta["budget_bytes"]
     assert list(report["policies"]) == policy_names()
     assert report["queries"] == QUERIES and report["kb_events"] == 7
     for name, figures in report["policies"].items():
