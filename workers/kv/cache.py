@@ -34,6 +34,7 @@ from workers.kv.entries import (
 from workers.kv.eviction import EvictionPolicy, make_policy
 from workers.kv.memory import Budget
 from workers.kv.quota import capped, quota_check, tenant_quota
+from workers.kv.retired import Retired
 from workers.kv.tier_journal import TierJournal
 
 __all__ = ["Budget", "CacheEntry", "CacheEvent", "ChunkKey", "PrefixCache", "WarmupRefused"]
@@ -81,6 +82,7 @@ class PrefixCache:
         self._events: list[CacheEvent] = []
         self.tier: TierJournal | None = None  # set by an engine keeping a disk tier
         self.touching = True  # False: lookups are dry runs that touch nothing (timing trials)
+        self.retired = Retired()  # chunk versions invalidated lately: no request caches them
 
     # -- read side -------------------------------------------------------------------
 
@@ -191,6 +193,7 @@ class PrefixCache:
             raise ValueError(f"prefix {chain[-1]} belongs to tenant {old.tenant!r}, not {tenant!r}")
         sizes = self._block_sizes(chain, nbytes)
         refs = frozenset(chunk_refs)
+        self.retired.admitting(tenant, refs, kind == "request", t)
         starts = {r: s for r, s in (chunk_starts or {}).items() if r in refs}
         entry = build_entry(
             chain,
@@ -458,6 +461,7 @@ class PrefixCache:
     # -- removal ---------------------------------------------------------------------
 
     def _invalidate(self, stale: Stale, command_id: str | None) -> list[CacheEntry]:
+        self.retired.retire(stale.tenant, stale.refs, self._clock())
         listing = {k for r in stale.refs for k in self._index.by_chunk.get(r, ())}
         listing |= {k for c in stale.chunk_ids for k in self._index.by_chunk_id.get(c, ())}
         doomed = doomed_blocks(stale, self.pool, self._entries, listing)
