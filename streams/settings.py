@@ -87,13 +87,13 @@ class StreamsSettings(BaseSettings):
         "(pinned until asked) for its dependents asked in the hot window, most asked first, "
         "held by a worker or not; other held or hot invalidated ones are re-warmed unpinned.",
     )
-    edit_rewarm_rest: bool = Field(
-        default=True,
+    edit_rewarm_rest: int = Field(
+        default=64, ge=0,
         description="Where every ready worker keeps a KV tier (RAGWARM_WORKER_HOST_TIER_BYTES"
-        " or the disk tier), one KB change re-warms all its dependent prefixes, not only "
-        "those edit_rewarm_share chooses: their holds do not pin there, so what the device "
-        "cannot keep spills to the tier and the next ask reads it back. Off: the budget's "
-        "only.",
+        " or the disk tier), one KB change also re-warms and holds up to this many of its "
+        "other dependent prefixes, beyond those edit_rewarm_share chooses (asked lately "
+        "first): their holds do not pin there, so what the device cannot keep spills to the "
+        "tier and the next ask reads it back. 0: the budget's only.",
     )
     edit_hold_s: float = Field(
         default=1800.0, gt=0,

@@ -59,7 +59,7 @@ def plan_kb_change(
     now: float,
     recent: Sequence[HotCandidate] = (),
     rewarm_tokens: int = 0,
-    older: Sequence[HotCandidate] = (), older_tokens: int = 0, *, rewarm_rest: bool = False,
+    older: Sequence[HotCandidate] = (), older_tokens: int = 0, *, rewarm_rest: int = 0,
 ) -> KbPlan:
     """Compare the document's new chunk hashes with what each dependent prefix was built from.
 
@@ -70,7 +70,7 @@ def plan_kb_change(
     them, most asked first, within `rewarm_tokens` (`edit_rewarm`), are re-warmed and held
     (pinned until their next ask) whether a worker still holds them or not; then `older`,
     dependents asked more than once before that window, within `older_tokens` too; with
-    `rewarm_rest` (workers spill to a KV tier) all the others. Ops go least asked first: each
+    `rewarm_rest` (workers spill to a KV tier) that many others. Ops go least asked first: each
     may re-warm its questions, and the LRU then keeps the most asked of them longest.
     """
     if change.is_stale(prior.version if prior else None):

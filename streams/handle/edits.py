@@ -26,12 +26,14 @@ def rewarm_tokens(p: HandlerDeps) -> int:
     return int(p.settings.edit_rewarm_share * memory) // max(1, per_token)
 
 
-def rewarm_rest(p: HandlerDeps) -> bool:
-    """Whether an edit re-warms all its dependents, not only those its budgets choose:
-    with `edit_rewarm_rest`, where every ready worker keeps a KV tier (its heartbeats report
-    spilled bytes), so holds spill there rather than pin device memory."""
+def rewarm_rest(p: HandlerDeps) -> int:
+    """How many dependents an edit may re-warm beyond those its budgets choose:
+    `edit_rewarm_rest` where every ready worker keeps a KV tier, so holds spill there rather
+    than pin device memory; else none. A worker's heartbeats report its tier's spilled bytes:
+    one that has spilled nothing yet counts as without (its device still has room)."""
     ready = [w for w in p.live_workers() if w.ready]
-    return p.settings.edit_rewarm_rest and bool(ready) and all(w.tier_bytes > 0 for w in ready)
+    spills = bool(ready) and all(w.tier_bytes > 0 for w in ready)
+    return p.settings.edit_rewarm_rest if spills else 0
 
 
 def older(p: HandlerDeps, dependents: Collection[str], recent: Sequence[logic.HotCandidate]

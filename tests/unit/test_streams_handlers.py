@@ -305,7 +305,7 @@ def test_an_edit_rewarms_evicted_dependents_asked_recently_within_its_budget():
 
 
 @pytest.mark.parametrize(("tier_bytes", "rest", "rewarmed"), [
-    (0, True, 1), (4096, True, 2), (4096, False, 1)])
+    (0, 64, 1), (4096, 64, 2), (4096, 0, 1)])
 def test_an_edit_rewarms_every_dependent_where_the_workers_spill_to_a_tier(
         tier_bytes, rest, rewarmed):
     port = RetrievingPort({("default", "d.md#0"): "2" * 64})

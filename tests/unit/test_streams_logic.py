@@ -114,11 +114,14 @@ class TestKbChange:
         new = {"d.md#0": H3, "d.md#1": H2}
         # No budget at all and P2, p3 never asked lately: each is still re-warmed (p3's
         # chunk is unchanged, but its question may now retrieve the edit) and held.
-        plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent, 0, rewarm_rest=True)
+        plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent, 0, rewarm_rest=3)
         assert {op.prefix_hash for op in plan.ops if op.rewarm and op.hold} == {P1, P2, p3}
+        # At most `rewarm_rest` of them: the one asked lately first, then in hash order.
+        plan = plan_kb_change(upsert(2), prior, new, deps, 0.0, recent, 0, rewarm_rest=2)
+        assert {op.prefix_hash for op in plan.ops if op.rewarm} == {P1, min(P2, p3)}
         # A re-ingest that changed nothing re-warms nothing, tier or not.
         same = {"d.md#0": H1, "d.md#1": H2}
-        plan = plan_kb_change(upsert(2), prior, same, deps, 0.0, recent, 100, rewarm_rest=True)
+        plan = plan_kb_change(upsert(2), prior, same, deps, 0.0, recent, 100, rewarm_rest=3)
         assert not any(op.rewarm or op.hold for op in plan.ops)
 
     def test_a_reingest_that_changed_nothing_holds_nothing(self):
