@@ -19,7 +19,7 @@ from workers.synthesis import DEFAULT_PER_MINUTE
 
 # The host tier's default size per byte of device KV budget. A GPU server's host RAM is
 # several times its GPU memory, and KV held there is read back far faster than recomputed;
-# an edit re-warms all its dependents into it (streams `edit_rewarm_rest`). Sweeps of
+# an edit re-warms its other dependents into it (streams `edit_rewarm_rest`). Sweeps of
 # 2026-12-06 (docs/lab/2026-12-06-rewarm-rest.md): at 1x, Prometheus's post-edit hits fell
 # to 76% with those re-warms; at 2x, Poetry's (whose budget holds two prompts) reached 69%;
 # at 4x, 100% on the three traces.
@@ -163,8 +163,13 @@ class WorkerSettings(BaseSettings):
     def host_tier_size(self) -> int:
         """The host tier's bytes in effect (`host_tier_bytes`; unset, `HOST_TIER_PER_KV_BYTE`
         times the device budget)."""
+        return self.host_tier_for(self.kv_bytes)
+
+    def host_tier_for(self, kv_bytes: int) -> int:
+        """The host tier beside a device budget of `kv_bytes`: `host_tier_bytes`, unset
+        `HOST_TIER_PER_KV_BYTE` times that budget (the bench sizes its runs' tiers so)."""
         if self.host_tier_bytes is None:
-            return HOST_TIER_PER_KV_BYTE * self.kv_bytes
+            return HOST_TIER_PER_KV_BYTE * kv_bytes
         return self.host_tier_bytes
 
     # -- service: HTTP API, commands and events (workers/service.py, ragwarm/cli/worker.py)

@@ -107,7 +107,8 @@ def edit_rewarm(
     """
     wanted = set(dependents)
     chosen, used = set(), 0
-    for cand in sorted(recent, key=lambda c: (-c.count, c.prefix_hash)):
+    by_asks = sorted(recent, key=lambda c: (-c.count, c.prefix_hash))
+    for cand in by_asks:
         if cand.prefix_hash in wanted and used + cand.tokens <= budget_tokens:
             chosen.add(cand.prefix_hash)
             used += cand.tokens
@@ -122,12 +123,6 @@ def edit_rewarm(
     # (`logic.hold_pins`), so what the device cannot keep spills to the tier and the ask
     # reads it back: the full workload's post-edit hits 62% -> 92% with a 4x tier
     # (docs/lab/2026-12-06-rewarm-rest.md). The count bounds an edit to a hub document.
-    ranked = [c.prefix_hash for c in sorted(recent, key=lambda c: (-c.count, c.prefix_hash))]
-    ranked += [c.prefix_hash for c in older] + sorted(wanted)
-    for prefix_hash in dict.fromkeys(ranked):
-        if rest <= 0:
-            break
-        if prefix_hash in wanted and prefix_hash not in chosen:
-            chosen.add(prefix_hash)
-            rest -= 1
-    return chosen
+    ranked = dict.fromkeys([*(c.prefix_hash for c in [*by_asks, *older]), *sorted(wanted)])
+    others = [h for h in ranked if h in wanted and h not in chosen]
+    return chosen | set(others[:rest])

@@ -46,7 +46,7 @@ from workers.engines.tiers import open_tier
 from workers.engines.torch_engine import TorchEngine
 from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.memory import DEFAULT_MAX_ENTRIES, Budget
-from workers.settings import HOST_TIER_PER_KV_BYTE, WorkerSettings
+from workers.settings import WorkerSettings
 from workers.sim import MeasurementMemo, Measurements, SimAnswer
 
 
@@ -219,8 +219,7 @@ class Runner:
     def host_tier_bytes(self) -> int:
         """The host tier of a policy keeping the worker's default one: the worker's setting,
         unset sized on the run's KV budget as a worker's is on its own."""
-        configured = self.rig.worker_settings.host_tier_bytes
-        return HOST_TIER_PER_KV_BYTE * self.budget.max_bytes if configured is None else configured
+        return self.rig.worker_settings.host_tier_for(self.budget.max_bytes)
 
     def restart(self) -> None:
         """Every worker restarts mid-run (a crash: no flush) on the same disk, and gets the
