@@ -223,15 +223,20 @@ def completion_id() -> str:
 
 
 def usage(
-    prompt_tokens: int, completion_tokens: int, cached: int, ttft_ms: float, blended: int = 0
+    prompt_tokens: int, completion_tokens: int, cached: int, ttft_ms: float, blended: int = 0,
+    approx_cached: int = 0,
 ) -> dict:
-    """OpenAI usage with `prompt_tokens_details.cached_tokens`, and non-standard `ttft_ms`
-    and `prompt_tokens_details.blended_tokens` (placed from chunk KV, not computed)."""
+    """OpenAI usage with `prompt_tokens_details.cached_tokens`, and non-standard `ttft_ms`,
+    `prompt_tokens_details.blended_tokens` (placed from chunk KV, not computed) and
+    `prompt_tokens_details.approx_cached_tokens` (of the cached, those an earlier blended
+    answer stored)."""
+    details = {"cached_tokens": cached, "blended_tokens": blended,
+               "approx_cached_tokens": approx_cached}
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached, "blended_tokens": blended},
+        "prompt_tokens_details": details,
         "ttft_ms": round(ttft_ms, 3),
     }
 

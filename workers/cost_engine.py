@@ -188,12 +188,15 @@ class CostEngine(PrefixEngine[int]):
                 entry, matched = self.cache.get(hashes[restored - 1]), restored
         restore_ms = self.cost.restore_per_token_ms * (matched - on_device) * self.block_size
         cached = min(matched * self.block_size, len(prompt) - 1)
+        exact_run = self.cache.pool.exact_run(hashes[:matched])
+        approx_cached = max(0, cached - exact_run * self.block_size)
         self._donate(request.tenant, prompt, request.chunks, hashes[:matched])  # as torch does
         stored = None
         keep = request.keep
         ttft_ms, moved = self._ttft_ms(request, cached)
         ttft = (ttft_ms + restore_ms) / 1000.0
-        if keep is not None and hashes and matched < len(hashes) and not moved:
+        # A blended prompt is stored too, as the torch engine stores it (`Block.approx`).
+        if keep is not None and hashes and matched < len(hashes):
             n_tokens = len(hashes) * self.block_size
             nbytes = prefix_kv_bytes(n_tokens, self.kv_bytes_per_token, self.block_size)
             try:
@@ -203,6 +206,7 @@ class CostEngine(PrefixEngine[int]):
                     nbytes=nbytes, chunk_refs=[*keep.chunk_refs, *(s.ref for s in spans)],
                     ttl_s=keep.ttl_s, kind="request",
                     chunk_starts={s.ref: s.start for s in spans},
+                    approx_from=cached // self.block_size if moved else None,
                 )
                 stored = self._record(admitted, nbytes, evicted,
                                       n_tokens - cached, start)
@@ -213,6 +217,7 @@ class CostEngine(PrefixEngine[int]):
             token_ids=(0,), text="", prompt_tokens=len(prompt), cached_tokens=cached,
             prefix_hash=entry.prefix_hash if entry else None, ttft_s=ttft, total_s=ttft,
             finish_reason="length", stored=stored, blended_tokens=moved,
+            approx_cached_tokens=approx_cached,
         )
         yield GenerationStep(0, 0, "", result)
 

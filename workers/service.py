@@ -320,8 +320,8 @@ class _Generation:
         self.created = int(time.time())
 
     def usage(self, r: GenerationResult) -> dict:
-        ttft_ms = (self.first - self.arrived) * 1000
-        return usage(r.prompt_tokens, len(r.token_ids), r.cached_tokens, ttft_ms, r.blended_tokens)
+        return usage(r.prompt_tokens, len(r.token_ids), r.cached_tokens,
+                     (self.first - self.arrived) * 1000, r.blended_tokens, r.approx_cached_tokens)
 
     def chunk(self, step: GenerationStep) -> dict:
         finish = step.result.finish_reason if step.result is not None else None

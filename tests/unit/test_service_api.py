@@ -114,9 +114,11 @@ def test_cache_salt_stands_for_an_unset_tenant() -> None:
 def test_usage_reports_cached_tokens_and_ttft() -> None:
     u = usage(40, 5, 32, 12.3456)
     assert u["total_tokens"] == 45
-    assert u["prompt_tokens_details"] == {"cached_tokens": 32, "blended_tokens": 0}
+    assert u["prompt_tokens_details"] == {"cached_tokens": 32, "blended_tokens": 0,
+                                          "approx_cached_tokens": 0}
     assert u["ttft_ms"] == 12.346
     assert usage(40, 5, 16, 1.0, 12)["prompt_tokens_details"]["blended_tokens"] == 12
+    assert usage(40, 5, 32, 1.0, 0, 16)["prompt_tokens_details"]["approx_cached_tokens"] == 16
 
 
 def test_completion_body_is_openai_shaped() -> None:

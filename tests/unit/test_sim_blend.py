@@ -81,8 +81,31 @@ def test_a_blend_estimated_slower_than_the_cold_prefill_is_not_run() -> None:
                                                           result.cached_tokens) / 1000
 
 
-def test_a_blended_prompt_is_not_stored_under_its_exact_hashes() -> None:
+def test_a_blended_prompt_is_stored_and_a_later_ask_reads_its_approximate_blocks() -> None:
     engine = make_engine()
     ask(engine, [0, 1, 2], 0, keep=True)
     blended = ask(engine, [2, 1, 0], 1, keep=True)
-    assert blended.blended_tokens > 0 and blended.stored is None
+    assert blended.blended_tokens > 0 and blended.stored is not None
+    again = ask(engine, [2, 1, 0], 1)
+    assert again.blended_tokens == 0 and again.cached_tokens > blended.cached_tokens
+    # Its exact head (the opening and chunk 2's whole blocks) was exact before the blend;
+    # every cached token after it is the blend's.
+    assert again.approx_cached_tokens == again.cached_tokens - blended.cached_tokens
+    assert blended.approx_cached_tokens == 0
+
+
+def test_a_blended_prompt_donates_only_its_exact_head() -> None:
+    engine = make_engine()
+    first = ask(engine, [0, 1, 2], 0, keep=True)
+    blended = ask(engine, [2, 1, 0], 1, keep=True)
+    assert blended.cached_tokens == BLOCK_SIZE  # only the opening's first block was exact
+    ids, spans = prompt([1, 0, 2], 2)
+    assert len(engine.chunk_donors("t", ids, spans, 0)) == 3  # in the exact prompt
+    # The exact prompt leaves: only the blend still holds the chunks' KV, and none of it
+    # is exact.
+    engine.cache.evict([e.prefix_hash for e in engine.cache.entries()
+                        if e.prefix_hash != blended.stored.prefix_hash])
+    engine.sync()
+    assert first.stored.prefix_hash not in engine.cache
+    assert engine.chunk_donors("t", ids, spans, 0) == {}
+    assert ask(engine, [1, 0, 2], 2).blended_tokens == 0

@@ -271,15 +271,18 @@ class PrefixEngine(ABC, Generic[H]):
         return sum(p.count for p in plans), total
 
     def _held_blocks(self, chain: tuple[str, ...]) -> int:
-        """Leading blocks of `chain` held here with their KV (a peek: touches nothing)."""
-        return self.cache.peek(chain)[1]
+        """Leading blocks of `chain` held here with their exact KV, for a chunk donor (a
+        peek: touches nothing). A blend's blocks never donate: blending from them would
+        stack one approximation on another."""
+        return min(self.cache.peek(chain)[1], self.cache.pool.exact_run(chain))
 
     def _donate(self, tenant: str, prompt: Sequence[int], spans: Sequence[ChunkSpan],
                 hashes: Sequence[str]) -> None:
         """Offer the chunks of a prompt held as `hashes` for blending elsewhere (not from a
         timing trial, which leaves everything as it found it)."""
         if self.donors is not None and spans and self.cache.touching:
-            self.donors.donate(tenant, self.model_id, prompt, spans, hashes)
+            exact = hashes[: self.cache.pool.exact_run(hashes)]  # as `_held_blocks` says
+            self.donors.donate(tenant, self.model_id, prompt, spans, exact)
 
     def generate(self, request: GenerateRequest) -> Iterator[GenerationStep]:
         keep = None

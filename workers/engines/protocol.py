@@ -46,6 +46,8 @@ class GenerationResult:
     stored: PrefillResult | None = None
     # Prompt tokens whose KV came from held chunk KV placed at their positions (blended).
     blended_tokens: int = 0
+    # Of `cached_tokens`, those read from blocks an earlier blended answer stored.
+    approx_cached_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,7 @@ class Pending:
     kv: KV | None
     first: int
     n_blocks: int
+    approx_from: int | None = None  # blocks from here on hold a blend's KV
 
 
 class TorchEngine(Tiered, PrefixEngine[Pending]):
@@ -265,7 +266,8 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         return self._chain(hashes[: self._stored_run(hashes[:matched])])
 
     def _held_blocks(self, chain: tuple[str, ...]) -> int:
-        return len(self.held_run(list(chain), hit=False))
+        held = len(self.held_run(list(chain), hit=False))
+        return min(held, self.cache.pool.exact_run(chain))
 
     def _chain(self, hashes: list[str]) -> list[BlockKV]:
         return [self._blocks[h] for h in hashes]
@@ -283,11 +285,15 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         self._donate(tenant, prompt, request.chunks, hashes[:have])
         # At least the last prompt token must run through the model to give logits.
         cached = min(have * self.block_size, len(prompt) - 1)
+        approx_cached = max(0, cached - self.cache.pool.exact_run(hashes[:have]) * self.block_size)
         past, logits, blended = self._prompt_kv(request, self._chain(hashes[:have]), cached)
         # References, not copies: decoding rebinds the layers to new tensors (torch.cat).
-        # Blended KV is approximate: it is never stored under the prompt's exact hashes.
-        exact = keep and have < len(hashes) and not blended
-        pending = Pending(_freeze(past), have, len(hashes)) if exact else None
+        # A blended prompt is stored too, its blocks past the exact head marked approximate:
+        # a later ask of it reads the KV this answer was computed from, which passed the
+        # model's blend gate; they donate no chunks and never spill (`Block.approx`).
+        store = keep and have < len(hashes)
+        approx_from = cached // self.block_size if blended else None
+        pending = Pending(_freeze(past), have, len(hashes), approx_from) if store else None
         stored: PrefillResult | None = None
         stream, out, ttft = _TextStream(self.tokenizer), [], 0.0
         # A seeded request samples from its own generator: reproducible, whatever ran before.
@@ -317,6 +323,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
                     finish_reason="stop" if stopped else "length",
                     stored=stored,
                     blended_tokens=blended,
+                    approx_cached_tokens=approx_cached,
                 )
                 yield GenerationStep(index, token, text + stream.flush(), result)
                 return
@@ -362,6 +369,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
                 ttl_s=keep.ttl_s,
                 kind="request",
                 chunk_starts={s.ref: s.start for s in spans},
+                approx_from=pending.approx_from,
             )
         except WarmupRefused:
             return None  # the answer matters more than caching its prompt

@@ -31,6 +31,9 @@ class Block:
     managed: int = 0  # holders that warmup manages (the rest are request caching)
     # Chunk refs this block's chain is known to pass through (from refs given with a position).
     through: set[ChunkKey] = field(default_factory=set)
+    # Its KV came from a blend (approximate), or extends a block whose KV did: a hit reads
+    # it like any block, but it donates no chunk KV and never spills to a tier.
+    approx: bool = False
 
     @property
     def refs(self) -> int:
@@ -125,6 +128,12 @@ class BlockPool:
             n for h, n in zip(chain, nbytes, strict=True) if h not in blocks or blocks[h].pins == 0
         )
 
+    def exact_run(self, chain: Sequence[str]) -> int:
+        """How many leading blocks of `chain` are here with exact (not blended) KV."""
+        blocks = self._blocks
+        return next((i for i, h in enumerate(chain) if h not in blocks or blocks[h].approx),
+                    len(chain))
+
     def marked(self, ref: ChunkKey) -> set[str]:
         return set(self._by_chunk.get(ref, ()))
 
@@ -164,13 +173,20 @@ class BlockPool:
         chain: Sequence[str],
         nbytes: Sequence[int],
         holding: Holding,
+        approx_from: int | None = None,
     ) -> None:
-        """Make entry `key` a holder of every block of `chain`, adding the missing blocks."""
+        """Make entry `key` a holder of every block of `chain`, adding the missing blocks;
+        those added from index `approx_from` on hold a blend's KV (`Block.approx`)."""
+        approx = False
         for index, (h, n) in enumerate(zip(chain, nbytes, strict=True)):
             block = self._blocks.get(h)
             if block is None:
-                block = self._blocks[h] = Block(h, index, tenant, n)
+                # A block already here keeps its KV (the engine stores tensors only for
+                # missing blocks), so only a new block can be approximate.
+                mark = approx or (approx_from is not None and index >= approx_from)
+                block = self._blocks[h] = Block(h, index, tenant, n, approx=mark)
                 self.bytes_used += n
+            approx = block.approx
             if key not in block.holders:
                 block.holders[key] = None
                 self._n_shared += block.refs == 2

@@ -174,11 +174,13 @@ class PrefixCache:
         command_id: str | None = None,
         kind: Kind = "managed",
         chunk_starts: Mapping[ChunkKey, int] | None = None,
+        approx_from: int | None = None,
     ) -> tuple[CacheEntry, list[CacheEntry]]:
         """Store a prefix (or refresh the identical one), evicting by policy to fit.
 
         `nbytes` is the KV size of the whole chain; blocks already in the pool keep theirs.
-        `kind="request"` stores a request's own prompt: unpinned, no TTL, evictable.
+        `kind="request"` stores a request's own prompt: unpinned, no TTL, evictable. Blocks
+        from index `approx_from` on hold a blend's KV (`Block.approx`).
         Returns (entry, evicted). Nothing changes when it raises `WarmupRefused`.
         A refresh never shortens the expiry, unpins nor demotes; it records a `stored`
         event only when the pin, kind, size or chunk refs changed.
@@ -195,24 +197,15 @@ class PrefixCache:
         refs = frozenset(chunk_refs)
         self.retired.admitting(tenant, refs, kind == "request", t)
         starts = {r: s for r, s in (chunk_starts or {}).items() if r in refs}
-        entry = build_entry(
-            chain,
-            tenant,
-            (sum(sizes), self.block_size),
-            refs,
-            starts,
-            Asked(pin, kind, ttl_s),
-            self.default_ttl_s,
-            t,
-            old,
-        )
+        entry = build_entry(chain, tenant, (sum(sizes), self.block_size), refs, starts,
+                            Asked(pin, kind, ttl_s), self.default_ttl_s, t, old)
         self._check_fit(chain, sizes, entry.pinned)
         quota_check(self.pool, self._budget, self.tenant_share, tenant, chain, sizes,
                     entry.pinned, entry.managed)
         victims, kept = self._plan_eviction(chain, sizes, old)
         # The incoming chain is held while victims leave: a block it shares with a victim
         # must not be freed (its KV and chunk marks would be lost) only to be re-added.
-        self.pool.hold(_ADMITTING, tenant, chain, sizes, _BARE)
+        self.pool.hold(_ADMITTING, tenant, chain, sizes, _BARE, approx_from)
         try:
             self._evict(victims, kept, command_id)
             self._place(entry, sizes, old)

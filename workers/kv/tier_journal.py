@@ -134,6 +134,8 @@ class TierJournal:
         chain = entry.block_hashes
         for i in indexes:
             h = chain[i]
+            if pool[h].approx:
+                break  # a blend's KV (and what extends it) is only kept where it was made
             parent = chain[i - 1] if i else None
             old = queue.get(h)
             both = marks[i] & old.marks if old is not None else marks[i]

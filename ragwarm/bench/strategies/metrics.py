@@ -15,7 +15,7 @@ JSON_KEYS = (
     "post_edit_hit_rate", "post_edit_queries", "first_ask_queries", "first_ask_ttft_p50_ms",
     "first_ask_ttft_p90_ms", "stale_hits", "kv_memory_share", "warmup_seconds",
     "first_ask_chunk_availability", "blended_queries", "blended_tokens",
-    "blended_first_token_agreement",
+    "blended_first_token_agreement", "blend_reuse_queries", "blend_reuse_first_token_agreement",
 )
 # Figures only some policies have (`Policy.figures`), in `--json` where they do.
 POLICY_JSON_KEYS = (
@@ -97,6 +97,8 @@ def first_ask_figures(rows: Sequence[Row]) -> dict[str, Any]:
     checked against the exact computation's."""
     first = [r for r in rows if not r.repeat]
     blended = [r for r in rows if r.blended_tokens]
+    # Hits on a blended answer stored earlier: approximate KV too, checked the same way.
+    reused = [r for r in rows if r.approx_cached_tokens and not r.blended_tokens]
     chunk_tokens = sum(r.chunk_tokens for r in first)
     return {
         "first_ask_queries": len(first),
@@ -110,6 +112,10 @@ def first_ask_figures(rows: Sequence[Row]) -> dict[str, Any]:
         "blended_tokens": sum(r.blended_tokens for r in blended),
         "blended_first_token_agreement": share(
             bool(r.first_token_agrees) for r in blended if r.first_token_agrees is not None
+        ),
+        "blend_reuse_queries": len(reused),
+        "blend_reuse_first_token_agreement": share(
+            bool(r.first_token_agrees) for r in reused if r.first_token_agrees is not None
         ),
         "blended_token_share": round(sum(r.blended_tokens for r in blended)
                                      / sum(r.prompt_tokens for r in blended), 4)

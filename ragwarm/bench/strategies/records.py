@@ -35,15 +35,22 @@ class QueryRow:
     restored: bool = False  # some of its cached tokens were read back from the disk tier
     since_restart: int | None = None  # its policy's queries since the restart; None: before
     blended_tokens: int = 0  # prompt tokens placed from held chunk KV (chunk reuse)
+    approx_cached_tokens: int = 0  # of `cached_tokens`, those an earlier blend stored
     queued_ms: float = 0.0  # of `ttft_ms`, the wait behind the worker's warmup prefills
     # Chunk tokens past the exact prefix, and those of them stored prompts held on arrival.
     chunk_tokens: int = 0
     chunk_tokens_held: int = 0
-    # Blended rows: whether the first token is the exact computation's; None otherwise.
+    # Rows whose KV a blend made (this one's or a stored one's): whether the first token
+    # is the exact computation's; None otherwise.
     first_token_agrees: bool | None = None
     # The prefix asked (block-chain hash): a miss traces to the app's ops on it (run.json's
     # commands, the streams counters) and to the same question's earlier asks.
     prefix_hash: str | None = None
+
+    @property
+    def approximate(self) -> bool:
+        """Some of its KV came from a blend (placed now, or stored by an earlier answer)."""
+        return bool(self.blended_tokens or self.approx_cached_tokens)
 
 
 def reuse_check(

@@ -40,6 +40,8 @@ FIRST_ASK_COLUMNS = (
     ("blended_tokens", "blended tokens", "{}"),
     ("blended_token_share", "blended token share", "{:.0%}"),
     ("blended_first_token_agreement", "first token = exact", "{:.0%}"),
+    ("blend_reuse_queries", "hits on stored blends", "{}"),
+    ("blend_reuse_first_token_agreement", "their first token = exact", "{:.0%}"),
 )
 
 STYLES = ("-", "--", "-.", ":")

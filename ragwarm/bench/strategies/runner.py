@@ -318,11 +318,12 @@ class Runner:
 
     def judge_blends(self, q: Prepared, answers: list[tuple[QueryRow, SimAnswer]],
                      shared: Measurements) -> list[QueryRow]:
-        """Rows whose prompt was blended from chunk KV, with whether their first token is
-        the one the exact computation gives (a measurement of another policy when there is
-        one, else a full prefill on the shared weights, untimed)."""
+        """Rows whose KV a blend made (blended now, or read from a blended answer stored
+        earlier), with whether their first token is the one the exact computation gives
+        (a measurement of another policy when there is one, else a full prefill on the
+        shared weights, untimed)."""
         rows = [row for row, _ in answers]
-        if not any(r.blended_tokens for r in rows):
+        if not any(r.approximate for r in rows):
             return rows
         exact = next((m.result for m in shared.values() if m.result.token_ids), None)
         if exact is None:
@@ -332,7 +333,7 @@ class Runner:
             self.measured["reference_runs"] += 1
         first = exact.token_ids[:1]
         return [replace(r, first_token_agrees=a.result.token_ids[:1] == first)
-                if r.blended_tokens else r for r, a in answers]
+                if r.approximate else r for r, a in answers]
 
     def prepare(self, step: wl.QueryStep) -> Prepared:
         retrieval = self.rig.retriever.retrieve(step.question.question, self.rig.tenant)
@@ -359,6 +360,7 @@ class Runner:
             mem_share=cache.bytes_used / total, pinned_share=cache.pinned_bytes / total,
             disk_share=None if tier is None else tier / total, restored=served.restored,
             since_restart=self.since_restart, blended_tokens=result.blended_tokens,
+            approx_cached_tokens=result.approx_cached_tokens,
             queued_ms=served.queued_s * 1000,
             chunk_tokens_held=served.chunk_kv[0], chunk_tokens=served.chunk_kv[1],
             prefix_hash=q.chain.prefix_hash,

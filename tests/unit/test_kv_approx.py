@@ -1,0 +1,62 @@
+"""A blended answer's blocks are kept, marked approximate (`Block.approx`): a hit reads
+them, but they donate no chunk KV and never go to a tier, so a blend is never built on a
+blend and what a tier restores is always exact."""
+
+from __future__ import annotations
+
+from workers.kv.block_pool import Block, BlockPool, Holding
+from workers.kv.blocks import BLOCK_SIZE
+from workers.kv.cache import Budget, PrefixCache
+from workers.kv.tier_index import TierIndex
+from workers.kv.tier_journal import TierJournal, absorb
+
+BARE = Holding(pinned=False, managed=False)
+
+
+def chain(tag: int, n: int) -> list[str]:
+    return [f"{tag:02x}{i:02x}" * 8 for i in range(n)]
+
+
+def test_new_blocks_from_the_blend_on_are_approximate_and_so_is_what_extends_them() -> None:
+    pool = BlockPool()
+    blocks = chain(1, 5)
+    pool.hold("a", "t", blocks, [1] * 5, BARE, approx_from=2)
+    assert [pool[h].approx for h in blocks] == [False, False, True, True, True]
+    assert pool.exact_run(blocks) == 2
+    # An exact prompt extending the blended one: its own new block extends approximate KV.
+    longer = [*blocks, "ff" * 16]
+    pool.hold("b", "t", longer, [1] * 6, BARE)
+    assert pool["ff" * 16].approx and pool.exact_run(longer) == 2
+
+
+def test_a_block_already_held_keeps_its_exact_kv_whoever_admits_it_blended() -> None:
+    pool = BlockPool()
+    blocks = chain(2, 4)
+    pool.hold("exact", "t", blocks[:3], [1] * 3, BARE)
+    pool.hold("blend", "t", blocks, [1] * 4, BARE, approx_from=1)
+    assert [pool[h].approx for h in blocks] == [False, False, False, True]
+    assert pool.exact_run(blocks) == 3 and pool.exact_run(["00" * 16]) == 0
+
+
+def test_a_freed_approximate_block_comes_back_exact_when_computed_exactly() -> None:
+    pool = BlockPool()
+    blocks = chain(3, 2)
+    pool.hold("blend", "t", blocks, [1, 1], BARE, approx_from=0)
+    pool.release("blend", blocks, BARE)
+    pool.hold("exact", "t", blocks, [1, 1], BARE)
+    assert pool.exact_run(blocks) == 2 and not any(pool[h].approx for h in blocks)
+    assert Block("x", 0, "t", 1).approx is False
+
+
+def test_a_blended_prompt_never_goes_to_the_tier_its_exact_head_does() -> None:
+    one = 4 * BLOCK_SIZE
+    cache = PrefixCache(Budget(max_bytes=one, max_entries=10, warm_bytes=one))
+    journal = TierJournal(write_through=False)
+    cache.tier = journal
+    blended = chain(4, 4)
+    cache.admit(tenant="t", hashes=blended, nbytes=one, kind="request", approx_from=1)
+    # Another prompt evicts it for room: only its exact first block spills.
+    cache.admit(tenant="t", hashes=chain(5, 4), nbytes=one, kind="request")
+    index = TierIndex(8 * one)
+    absorb(index, journal.drain(), set(blended))
+    assert index.run(blended) == 1 and len(index) == 1
