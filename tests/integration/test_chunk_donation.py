@@ -1,7 +1,8 @@
 """Issue 38 end to end: a worker process (real SmolLM2, real Kafka) donates the chunks of every
 prompt it caches. A question never asked, whose three chunks were computed in other prompts,
 is blended from them; after one chunk changes (an invalidation on `warmup.commands`), that
-chunk is never blended again, even where a prompt still holds its old tokens."""
+chunk is never blended again, even where a prompt still holds its old tokens. A blended
+answer's prompt is stored, and a later ask reads it (`approx_cached_tokens`)."""
 
 from __future__ import annotations
 
@@ -77,8 +78,11 @@ def ask(worker: WorkerProc, tokenizer, chunk_ids: list[str], text: str,
     })
     assert response.status_code == 200, response.text
     usage = response.json()["usage"]
-    return {"blended": usage["prompt_tokens_details"]["blended_tokens"],
-            "chunks": {s["chunk_id"]: s["end"] - s["start"] for s in spans}}
+    details = usage["prompt_tokens_details"]
+    return {"blended": details["blended_tokens"], "cached": details["cached_tokens"],
+            "approx_cached": details["approx_cached_tokens"],
+            "chunks": {s["chunk_id"]: s["end"] - s["start"] for s in spans},
+            "starts": {s["chunk_id"]: s["start"] for s in spans}}
 
 
 def held_chunk_ids(worker: WorkerProc) -> set[str]:
@@ -99,6 +103,9 @@ def test_a_first_ask_blends_chunks_other_prompts_computed_until_one_changes(
     # Never asked, its chunks in another order: no cached prefix covers any of them.
     first = ask(worker, tokenizer, ["c#0", "a#0", "b#0"], "How does Argo CD deploy?")
     assert first["blended"] == sum(first["chunks"].values()) > 0
+    # The blended answer's prompt was stored: asked again, it reads the blend's KV.
+    second = ask(worker, tokenizer, ["c#0", "a#0", "b#0"], "How does Argo CD deploy?")
+    assert second["blended"] == 0 and second["approx_cached"] == second["cached"] > 0
 
     # b changes: the app invalidates its ref on every worker (Kafka, as deployed).
     command = WarmupCommand(command_id=f"c-{uuid.uuid4().hex[:8]}", op="invalidate",
@@ -111,10 +118,16 @@ def test_a_first_ask_blends_chunks_other_prompts_computed_until_one_changes(
         time.sleep(0.5)
 
     # The same prompt (b's old tokens, the old ref) and another never asked: b not blended.
+    # The stored blend was cut where b starts: its head still serves, and what a and c have
+    # past it is blended.
     for order, text in ((["c#0", "a#0", "b#0"], "How does Argo CD deploy?"),
                         (["b#0", "c#0", "a#0"], "What does Argo CD compare?")):
         again = ask(worker, tokenizer, order, text)
-        assert again["blended"] == again["chunks"]["a#0"] + again["chunks"]["c#0"], order
+        cached, starts, sizes = again["cached"], again["starts"], again["chunks"]
+        assert cached <= starts["b#0"], order
+        past_cached = sum(max(0, starts[c] + sizes[c] - max(starts[c], cached))
+                          for c in ("a#0", "c#0"))
+        assert again["blended"] == past_cached, order
 
 
 def warm(kafka_producer: KafkaProducer, namespace: str, tokenizer, tenant: str,
