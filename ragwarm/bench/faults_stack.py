@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sqlite3
 import threading
 import time
@@ -16,18 +15,13 @@ import httpx
 
 from ragwarm.bench.faults_plan import log_marks
 from ragwarm.kafka.local import LocalKafka, LocalKafkaSettings
+from ragwarm.ports import free_port
 from ragwarm.settings import HomeSettings, KafkaSettings
-from ragwarm.stack.procs import Proc
+from ragwarm.stack.procs import Proc, excerpt
 
 Say = Callable[[str], None]
 APP_ID = "faults-streams"
 OUTAGE_S = 10.0  # the index is unwritable this long (the figure)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def own_broker(workdir: Path, say: Say) -> LocalKafka:
@@ -141,9 +135,7 @@ class FaultStack:
             if since is not None and (not timeline or timeline[-1][1] != state):
                 timeline.append((time.monotonic() - since, state))
             if proc.pid() is None:
-                from ragwarm.stack.procs import tail
-
-                raise RuntimeError(f"{proc.name} exited:\n{tail(proc.log_file)}")
+                raise RuntimeError(f"{proc.name} exited:\n{excerpt(proc.log_file)}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{proc.name} not ready after {timeout_s:.0f} s")
             time.sleep(0.5)

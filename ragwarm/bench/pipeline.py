@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 import httpx
 
+from ragwarm.ports import free_port
 from ragwarm.settings import TRACE_DIR, HomeSettings, KafkaSettings, ModelSettings
 from ragwarm.stack.procs import Proc
 from ragwarm.trace import trace_changes
@@ -50,7 +51,7 @@ class Bench:
         self.streams_all = [self._streams_proc(i, workdir, env) for i in range(streams)]
         self.streams = self.streams_all[0]
         self.streams_url = self.streams.health_url.removesuffix("/ragwarm/health")
-        wport = _free_port()
+        wport = free_port()
         self.worker_url = f"http://127.0.0.1:{wport}"
         self.worker = Proc(
             "bench-worker",
@@ -72,7 +73,7 @@ class Bench:
         self.commands: list[tuple[float, WarmupCommand]] = []
 
     def _streams_proc(self, i: int, workdir: Path, env: dict[str, str]) -> Proc:
-        port = _free_port()
+        port = free_port()
         return Proc(
             f"bench-streams-{i + 1}",
             ["streams", "--loglevel", "warning"],
@@ -194,14 +195,6 @@ class Bench:
         self.stop_streams()
         self.producer.close()
         self.events.close()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def synthetic_queries(n: int, prefixes: int, seed: int, tenants: int = 1) -> list[QueryEvent]:

@@ -14,7 +14,7 @@ from ragwarm.kafka.admin import probe
 from ragwarm.kafka.common import quiet_client_logs, unreachable_message
 from ragwarm.settings import HomeSettings, KafkaSettings, SecuritySettings, StackSettings
 from ragwarm.stack.keys import StackKeys, StackSecurity, load, load_or_create
-from ragwarm.stack.procs import Proc, bearer
+from ragwarm.stack.procs import Proc, bearer, port_conflicts
 from streams.settings import StreamsSettings
 
 # The streams app's math on one thread. Its embedder runs one torch thread already
@@ -93,6 +93,7 @@ class Stack:
         from ragwarm.kafka.admin import create_topics
         from ragwarm.kafka.local import LocalKafka
 
+        self.check_ports()
         broker = LocalKafka(self.home, self.kafka_settings)
         if broker.external:
             echo(f"kafka: using the cluster at {broker.bootstrap} (RAGWARM_KAFKA_BOOTSTRAP)")
@@ -123,6 +124,17 @@ class Stack:
         echo(f"gateway: healthy, OpenAI base URL {self.gateway_url}/v1")
         for line in security_lines(self.security):
             echo(line)
+
+    def check_ports(self) -> None:
+        """Refuse to start when the processes to start cannot all have their ports."""
+        procs = [p for p in [*self.streams_all, *self.workers, self.gateway] if p.pid() is None]
+        problems = port_conflicts(procs)
+        if problems:
+            raise click.ClickException(
+                "; ".join(problems) + ". Set RAGWARM_STREAMS_WEB_PORT, "
+                "RAGWARM_STACK_WORKER_PORT (workers count up from it) or RAGWARM_GATEWAY_PORT "
+                "to free ports."
+            )
 
     def headers(self, variable: str) -> dict[str, str]:
         """The operator header for the process reading its key from `variable`."""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -32,6 +34,10 @@ class Proc:
     @property
     def log_file(self) -> Path:
         return self.run_dir / f"{self.name}.log"
+
+    @property
+    def port(self) -> int:
+        return urlsplit(self.health_url).port or 80
 
     def pid(self) -> int | None:
         try:
@@ -76,10 +82,11 @@ class Proc:
                 if self.healthy():
                     return
                 if self.pid() is None:
-                    raise RuntimeError(f"{self.name} exited during start:\n{tail(self.log_file)}")
+                    log = excerpt(self.log_file)
+                    raise RuntimeError(f"{self.name} exited during start:\n{log}")
                 time.sleep(0.5)
         raise TimeoutError(
-            f"{self.name} not healthy after {timeout_s:.0f} s:\n{tail(self.log_file)}"
+            f"{self.name} not healthy after {timeout_s:.0f} s:\n{excerpt(self.log_file)}"
         )
 
     def stop(self, grace_s: float = 20.0) -> bool:
@@ -123,11 +130,39 @@ def _is_zombie(pid: int) -> bool:
     return False
 
 
-def tail(path: Path, lines: int = 30) -> str:
+def port_conflicts(procs: list[Proc]) -> list[str]:
+    """Why `procs` could not all bind their ports: two given the same one, or one held by
+    another process. Found before anything starts: a service that lost its port exits a
+    few seconds into a start whose health probes meanwhile reach the wrong service."""
+    problems: list[str] = []
+    owner: dict[int, str] = {}
+    for proc in procs:
+        if proc.port in owner:
+            problems.append(f"{owner[proc.port]} and {proc.name} are both given port {proc.port}")
+        elif _listening(proc.port):
+            problems.append(f"port {proc.port} of {proc.name} is in use by another process")
+        owner.setdefault(proc.port, proc.name)
+    return problems
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def excerpt(path: Path, lines: int = 30) -> str:
+    """The log's first error with what follows, then its last lines: a crashed service's
+    shutdown chatter would otherwise push the reason out of a plain tail."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
+    first = next((i for i, line in enumerate(text)
+                  if "Traceback" in line or "[ERROR]" in line or "Error:" in line), None)
+    if first is None or first >= len(text) - lines:
+        return "\n".join(text[-lines:])
+    return "\n".join([*text[first:first + lines], "...", *text[-10:]])
 
 
 def operator_headers(component: str) -> dict[str, str]:

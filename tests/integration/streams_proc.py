@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import httpx
 
+from ragwarm.ports import free_port
 from ragwarm.stack.procs import Proc
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 # Every streams app started by tests (see worker_proc.STARTED).
 STARTED: list[StreamsApp] = []

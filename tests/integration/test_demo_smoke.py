@@ -12,8 +12,8 @@ import pytest
 
 from ragwarm.kafka.admin import list_topics
 from ragwarm.models import llm_dir
+from ragwarm.ports import free_port
 from ragwarm.settings import TRACE_DIR
-from tests.integration.worker_proc import free_port
 
 pytestmark = pytest.mark.integration
 

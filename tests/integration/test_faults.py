@@ -21,11 +21,12 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from ragwarm.kafka.admin import create_topics
 from ragwarm.kafka.local import LocalKafka
+from ragwarm.ports import free_port
 from ragwarm.settings import HomeSettings, KafkaSettings
 from schemas import DeadLetter, KbChange, QueryEvent, decode, encode
 from schemas.topics import DEADLETTER, KB_CHANGES, RAG_QUERIES, TopicSpec
 from tests.integration.kafka_read import read_topic
-from tests.integration.streams_proc import StreamsApp, free_port
+from tests.integration.streams_proc import StreamsApp
 from tests.integration.test_streams_e2e import QUESTION, Client, Events, initial_docs
 from tests.integration.waiting import wait_for
 

@@ -10,10 +10,10 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from ragwarm.ports import free_port
 from ragwarm.stack.procs import Proc
 from schemas import encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES
-from tests.integration.streams_proc import free_port
 from tests.integration.test_client_routing import (
     initial_changes,
     logged_query,

@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from ragwarm.client.view import EVENTS
+from ragwarm.ports import free_port
 from ragwarm.stack.procs import Proc
 from schemas import encode
 from schemas.topics import KB_CHANGES
-from tests.integration.streams_proc import free_port
 from tests.integration.test_client_routing import QUESTION, initial_changes, ready_workers
 from tests.integration.waiting import wait_for
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +11,12 @@ from pathlib import Path
 import pytest
 
 from ragwarm.kafka.local import LocalKafka, LocalKafkaSettings
+from ragwarm.ports import free_port
 from ragwarm.settings import HomeSettings, KafkaSettings
 
 pytestmark = pytest.mark.integration
 
 RAGWARM = Path(sys.executable).parent / "ragwarm"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _brokers_under(home: Path) -> list[int]:
@@ -46,8 +40,8 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RAGWARM_KAFKA_BOOTSTRAP"}
     env.update(
         RAGWARM_HOME=str(tmp_path / "home"),
-        RAGWARM_KAFKA_PORT=str(_free_port()),
-        RAGWARM_KAFKA_CONTROLLER_PORT=str(_free_port()),
+        RAGWARM_KAFKA_PORT=str(free_port()),
+        RAGWARM_KAFKA_CONTROLLER_PORT=str(free_port()),
         RAGWARM_KAFKA_JARS_DIR=str(shared.jars_dir.parent),
     )
     return env

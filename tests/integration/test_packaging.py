@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer
 
+from ragwarm.ports import free_port
 from schemas import KbChange, decode
 from schemas.topics import KB_CHANGES
-from tests.integration.streams_proc import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ import pytest
 from ragwarm.client.emitter import QueryEmitter
 from ragwarm.kafka.admin import create_topics
 from ragwarm.kafka.local import LocalKafka, LocalKafkaSettings
+from ragwarm.ports import free_port
 from ragwarm.settings import HomeSettings, KafkaSettings
 from schemas import QueryEvent, decode
 from schemas.topics import RAG_QUERIES, TOPICS
 from tests.integration.kafka_read import read_topic
-from tests.integration.streams_proc import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,6 @@ connect with the settings the start command prints.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from pydantic import SecretStr
 
 from ragwarm.kafka.admin import probe
 from ragwarm.kafka.local import LocalKafka
+from ragwarm.ports import free_port
 from ragwarm.settings import HomeSettings, KafkaSettings
 from schemas import encode
 from schemas.signing import derive_commands_key, derive_worker_key
@@ -33,12 +33,6 @@ pytestmark = pytest.mark.integration
 
 RAGWARM = Path(sys.executable).parent / "ragwarm"
 PREFIX = "sec."
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -68,12 +62,12 @@ def _exports(stdout: str) -> dict[str, str]:
 def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
     shared = LocalKafka(HomeSettings(), KafkaSettings(bootstrap=None))
     shared.ensure_jars()
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGWARM_KAFKA_")}
     env.update(
         RAGWARM_HOME=str(tmp_path_factory.mktemp("secure-home")),
         RAGWARM_KAFKA_PORT=str(port),
-        RAGWARM_KAFKA_CONTROLLER_PORT=str(_free_port()),
+        RAGWARM_KAFKA_CONTROLLER_PORT=str(free_port()),
         RAGWARM_KAFKA_JARS_DIR=str(shared.jars_dir.parent),
     )
     started = subprocess.run([str(RAGWARM), "kafka", "start", "--secure"], env=env,

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.streams_proc import free_port
+from ragwarm.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -115,6 +115,19 @@ def test_up_with_the_documented_streams_api_key(kafka_bootstrap, namespace, tmp_
     finally:
         down = run(["down"], env)
     assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_up_refuses_ports_it_cannot_have(kafka_bootstrap, namespace, tmp_path):
+    """Two services given one port: `up` says which and how to fix it, and starts nothing
+    (before, the streams app lost its port to the worker and exited mid-start)."""
+    env = stack_env(kafka_bootstrap, namespace + "p.", tmp_path / "home")
+    env["RAGWARM_STACK_WORKER_PORT"] = env["RAGWARM_STREAMS_WEB_PORT"]
+    up = run(["up"], env)
+    assert up.returncode == 1
+    port = env["RAGWARM_STREAMS_WEB_PORT"]
+    assert f"streams and worker-1 are both given port {port}" in up.stderr
+    assert "RAGWARM_STACK_WORKER_PORT" in up.stderr and "Traceback" not in up.stderr
+    assert not list((tmp_path / "home").glob("run/*.pid"))
 
 
 def _llm_dir() -> Path:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,17 +14,13 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from ragwarm.ports import free_port
+
 RAGWARM = Path(sys.executable).with_name("ragwarm")
 
 # Every worker process started by tests, so a topic namespace can stop its users before
 # its topics go (a consumer whose topic vanished polls metadata in a tight loop).
 STARTED: list[WorkerProc] = []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
