@@ -28,16 +28,22 @@ class StopCut:
             return ""
         buf = self.held + text
         at = self._first_stop(buf)
-        if at is not None:
+        # Where a stop sequence may have begun without being complete yet: a longer one
+        # that started before a shorter, complete one ("DEE" and "E" over "DE") still wins.
+        start = len(buf) - self._open_tail(buf)
+        if at is not None and at <= start:
             self.hit, self.held = True, ""
             return buf[:at]
-        keep = self._open_tail(buf)
-        self.held = buf[len(buf) - keep:]
-        return buf[:len(buf) - keep]
+        self.held = buf[start:]
+        return buf[:start]
 
     def flush(self) -> str:
-        """What was held back, once the text has ended without completing a stop sequence."""
+        """What was held back, once the text has ended: cut at a stop sequence it holds."""
         rest, self.held = ("" if self.hit else self.held), ""
+        at = self._first_stop(rest)
+        if at is not None:
+            self.hit = True
+            return rest[:at]
         return rest
 
     def cut(self, text: str) -> str:

@@ -35,6 +35,15 @@ def test_a_held_tail_that_was_no_stop_comes_out_at_the_end() -> None:
     assert cut.flush() == "EN" and not cut.hit
 
 
+def test_a_longer_stop_begun_first_wins_over_a_shorter_one_completed_inside_it() -> None:
+    """Found by the property below: OpenAI cuts at the earliest stop's start."""
+    cut = StopCut(["E", "DEE"])
+    assert cut.feed("DE") == "" and not cut.hit
+    assert cut.feed("E") == "" and cut.hit
+    held = StopCut(["E", "DEE"])
+    assert held.feed("xDE") == "x" and held.flush() == "D" and held.hit
+
+
 pieces = st.lists(st.text(alphabet="abE\nND", max_size=6), max_size=12)
 stops = st.lists(st.text(alphabet="abE\nND", min_size=1, max_size=3), min_size=1, max_size=4)
 
