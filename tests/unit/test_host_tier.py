@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from workers.engines.disk_tier import decode_header, encode_header
 from workers.engines.host_tier import HostTier
 from workers.engines.kv_tier import Layout
 from workers.kv.tier_index import TierBlock
@@ -56,3 +57,10 @@ def test_a_block_of_another_layout_is_not_given_back() -> None:
     tier = HostTier(10 * LAYOUT.nbytes, LAYOUT, "cpu")
     tier.put(block(A), torch.zeros(LAYOUT.shape, dtype=torch.float32))  # not the layout's
     assert tier.load([A]) == [] and A not in tier.index
+
+
+def test_a_disk_blocks_header_keeps_a_blends_mark() -> None:
+    blend = TierBlock(A, None, "t", LAYOUT.nbytes, frozenset({REF}), end=True, approx=True)
+    assert decode_header(encode_header(blend, LAYOUT), LAYOUT, LAYOUT.nbytes) == blend
+    exact = TierBlock(B, A, "t", LAYOUT.nbytes)
+    assert decode_header(encode_header(exact, LAYOUT), LAYOUT, LAYOUT.nbytes) == exact

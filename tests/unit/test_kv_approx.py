@@ -1,14 +1,14 @@
 """A blended answer's blocks are kept, marked approximate (`Block.approx`): a hit reads
-them, but they donate no chunk KV and never go to a tier, so a blend is never built on a
-blend and what a tier restores is always exact."""
+them, but they donate no chunk KV, so a blend is never built on a blend. They spill to a
+tier and come back with their mark, and a tier's exact copy is never overwritten by one."""
 
 from __future__ import annotations
 
 from workers.kv.block_pool import Block, BlockPool, Holding
 from workers.kv.blocks import BLOCK_SIZE
 from workers.kv.cache import Budget, PrefixCache
-from workers.kv.tier_index import TierIndex
-from workers.kv.tier_journal import TierJournal, absorb
+from workers.kv.tier_index import TierBlock, TierIndex
+from workers.kv.tier_journal import TierJournal, TierOps, absorb
 
 BARE = Holding(pinned=False, managed=False)
 
@@ -48,15 +48,38 @@ def test_a_freed_approximate_block_comes_back_exact_when_computed_exactly() -> N
     assert Block("x", 0, "t", 1).approx is False
 
 
-def test_a_blended_prompt_never_goes_to_the_tier_its_exact_head_does() -> None:
+def test_a_blended_prompt_spills_to_the_tier_with_its_marks() -> None:
     one = 4 * BLOCK_SIZE
     cache = PrefixCache(Budget(max_bytes=one, max_entries=10, warm_bytes=one))
     journal = TierJournal(write_through=False)
     cache.tier = journal
     blended = chain(4, 4)
     cache.admit(tenant="t", hashes=blended, nbytes=one, kind="request", approx_from=1)
-    # Another prompt evicts it for room: only its exact first block spills.
+    # Another prompt evicts it for room: it spills whole, its blended blocks marked. (Kept
+    # out of the tier, a blended prompt was lost at each eviction, and re-blended at each
+    # ask: `--standard` lost 4 of 240 hits that way; docs/lab/2026-12-06-blended-answers-stored.md.)
     cache.admit(tenant="t", hashes=chain(5, 4), nbytes=one, kind="request")
     index = TierIndex(8 * one)
     absorb(index, journal.drain(), set(blended))
-    assert index.run(blended) == 1 and len(index) == 1
+    assert index.run(blended) == 4
+    assert [index.get(h).approx for h in blended] == [False, True, True, True]
+
+
+def tier_block(h: str, approx: bool) -> TierBlock:
+    return TierBlock(h, None, "t", BLOCK_SIZE, approx=approx)
+
+
+def test_a_tiers_exact_copy_is_never_overwritten_by_a_blend() -> None:
+    h = chain(6, 1)[0]
+    index = TierIndex(8 * BLOCK_SIZE)
+    absorb(index, TierOps(writes={h: tier_block(h, False)}), {h})
+    changes = absorb(index, TierOps(writes={h: tier_block(h, True)}), {h})
+    assert changes.write == [] and index.get(h).approx is False
+
+
+def test_exact_kv_written_over_a_tiers_blended_copy_replaces_it() -> None:
+    h = chain(7, 1)[0]
+    index = TierIndex(8 * BLOCK_SIZE)
+    absorb(index, TierOps(writes={h: tier_block(h, True)}), {h})
+    changes = absorb(index, TierOps(writes={h: tier_block(h, False)}), {h})
+    assert changes.write == [h] and index.get(h).approx is False

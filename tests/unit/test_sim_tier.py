@@ -47,6 +47,20 @@ def test_an_evicted_prompt_comes_back_from_the_tier_at_the_restore_cost() -> Non
     assert abs(again.ttft_s * 1000 - expected_ms) < 1e-6
 
 
+def test_a_stored_blend_comes_back_from_the_tier_still_marked_approximate() -> None:
+    engine = make_engine(tier_bytes=2 * N_BLOCKS * BLOCK_SIZE)
+    a, b = prompt(1_000), prompt(2_000)
+    hashes = engine.block_hashes(a, tenant="t")
+    # As the engines store a blended answer: its blocks past the exact head marked.
+    engine.cache.admit(tenant="t", hashes=hashes, nbytes=N_BLOCKS * BLOCK_SIZE,
+                       kind="request", approx_from=1)
+    ask(engine, b)  # evicts it: it spills with its marks
+    again = ask(engine, a)
+    assert again.cached_tokens == N_BLOCKS * BLOCK_SIZE
+    assert again.approx_cached_tokens == (N_BLOCKS - 1) * BLOCK_SIZE
+    assert engine.cache.pool.exact_run(hashes) == 1
+
+
 def test_without_a_tier_the_evicted_prompt_is_recomputed() -> None:
     engine = make_engine(tier_bytes=0)
     a, b = prompt(1_000), prompt(2_000)

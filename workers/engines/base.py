@@ -170,8 +170,12 @@ class PrefixEngine(ABC, Generic[H]):
         the cache as a request entry (evictable; a warmup may claim them later), each with
         the chunk marks the tier kept, so invalidation finds them on the device; False when
         the cache refuses it."""
+        # A blend's blocks come back marked, as they left (`TierBlock.approx`).
+        approx_from = next((i for i in range(have, len(chain))
+                            if (b := index.get(chain[i])) is not None and b.approx), None)
         try:
-            self.cache.admit(tenant=tenant, hashes=chain, nbytes=nbytes, kind="request")
+            self.cache.admit(tenant=tenant, hashes=chain, nbytes=nbytes, kind="request",
+                             approx_from=approx_from)
         except WarmupRefused:
             return False
         for h in chain[have:]:

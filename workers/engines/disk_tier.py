@@ -57,6 +57,7 @@ def encode_header(block: TierBlock, layout: Layout) -> str:
             "tenant": block.tenant,
             "marks": sorted([list(m) for m in block.marks]),
             "end": block.end,
+            "approx": block.approx,
             "dtype": layout.dtype,
             "shape": list(layout.shape),
         }
@@ -74,7 +75,8 @@ def decode_header(text: str, layout: Layout, nbytes: int) -> TierBlock | None:
         marks = frozenset((str(c), str(h)) for c, h in head["marks"])
         parent = head["parent"]
         return TierBlock(str(head["hash"]), None if parent is None else str(parent),
-                         str(head["tenant"]), nbytes, marks, bool(head.get("end", False)))
+                         str(head["tenant"]), nbytes, marks, bool(head.get("end", False)),
+                         bool(head.get("approx", False)))
     except (ValueError, KeyError, TypeError):
         return None
 

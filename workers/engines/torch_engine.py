@@ -290,7 +290,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         # References, not copies: decoding rebinds the layers to new tensors (torch.cat).
         # A blended prompt is stored too, its blocks past the exact head marked approximate:
         # a later ask of it reads the KV this answer was computed from, which passed the
-        # model's blend gate; they donate no chunks and never spill (`Block.approx`).
+        # model's blend gate; they donate no chunks and keep the mark in a tier (`Block.approx`).
         store = keep and have < len(hashes)
         approx_from = cached // self.block_size if blended else None
         pending = Pending(_freeze(past), have, len(hashes), approx_from) if store else None

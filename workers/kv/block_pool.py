@@ -32,7 +32,7 @@ class Block:
     # Chunk refs this block's chain is known to pass through (from refs given with a position).
     through: set[ChunkKey] = field(default_factory=set)
     # Its KV came from a blend (approximate), or extends a block whose KV did: a hit reads
-    # it like any block, but it donates no chunk KV and never spills to a tier.
+    # it like any block, but it donates no chunk KV; a tier keeps the mark (`TierBlock.approx`).
     approx: bool = False
 
     @property

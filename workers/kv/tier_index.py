@@ -25,6 +25,7 @@ class TierBlock:
     nbytes: int
     marks: frozenset[ChunkKey] = frozenset()
     end: bool = False  # a cached prefix ended here (a restart restores it as an entry)
+    approx: bool = False  # a blend's KV (`Block.approx`): restored, it is marked again
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,16 @@ class TierIndex:
         if not end or block.end:
             return False
         self._blocks[block_hash] = replace(block, end=True)
+        self.version += 1
+        return True
+
+    def mark_exact(self, block_hash: str) -> bool:
+        """Record that a held block's KV is now exact (the device recomputed it); whether
+        that is news."""
+        block = self._blocks[block_hash]
+        if not block.approx:
+            return False
+        self._blocks[block_hash] = replace(block, approx=False)
         self.version += 1
         return True
 

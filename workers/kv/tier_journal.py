@@ -55,9 +55,14 @@ def absorb(index: TierIndex, ops: TierOps, available: Container[str]) -> TierCha
 
     def hold(block: TierBlock) -> None:
         h = block.block_hash
-        if h in index:
-            narrowed = index.narrow(h, block.marks)
-            if index.mark_end(h, block.end) or narrowed:  # its header changed
+        held = index.get(h)
+        if held is not None and block.approx and not held.approx:
+            index.touch([h])  # the tier's exact KV stays: never overwritten by a blend's
+            return
+        if held is not None:
+            changed = index.narrow(h, block.marks)
+            changed = (not block.approx and index.mark_exact(h)) or changed
+            if index.mark_end(h, block.end) or changed:  # its header changed
                 written[h] = None
             index.touch([h])
         elif index.admissible(block.nbytes):
@@ -134,13 +139,12 @@ class TierJournal:
         chain = entry.block_hashes
         for i in indexes:
             h = chain[i]
-            if pool[h].approx:
-                break  # a blend's KV (and what extends it) is only kept where it was made
             parent = chain[i - 1] if i else None
             old = queue.get(h)
             both = marks[i] & old.marks if old is not None else marks[i]
             end = h == entry.prefix_hash or (old is not None and old.end)
-            queue[h] = TierBlock(h, parent, entry.tenant, pool[h].nbytes, both, end)
+            queue[h] = TierBlock(h, parent, entry.tenant, pool[h].nbytes, both, end,
+                                 approx=pool[h].approx)
 
 
 def chain_marks(
