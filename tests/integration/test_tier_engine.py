@@ -129,6 +129,33 @@ def test_an_evicted_prefix_spills_to_host_memory_and_comes_back_bit_for_bit(
     assert _answer(cold, ids + question, "a")[0] == tokens  # as a cold engine answers
 
 
+def test_a_stored_blends_blocks_spill_to_host_memory_and_come_back_still_marked(
+    model_path: Path
+) -> None:
+    """A blended answer's prompt is stored with its blocks past the exact head marked
+    approximate (`Block.approx`); evicted, they spill with the mark and a hit that reads
+    them back reports them as `approx_cached_tokens`, bit for bit what left."""
+    settings = WorkerSettings(device="cpu", threads=1, host_tier_bytes=64 * 2**20)
+    engine, ids = _one_prefix_engine(model_path, settings)
+    assert engine.tier is not None
+    first = engine.prefill(ids, tenant="a", kind="request")
+    hashes = engine.block_hashes(ids, tenant="a")
+    for h in hashes[3:]:  # as a blend from block 3 on stores it (white box: no gate needed)
+        engine.cache.pool[h].approx = True
+    kept = [b.data.clone() for b in engine.stored_blocks(first.prefix_hash) or []]
+    engine.prefill(ids, tenant="b", kind="request")  # the last 4 of tenant a's 6 blocks spill
+    assert [engine.tier.index.get(h).approx for h in hashes[2:]] == [False, True, True, True]
+    steps = list(engine.generate(GenerateRequest(
+        ids + engine.tokenize(" Which state does it keep?"), max_tokens=1, tenant="a")))
+    result = steps[-1].result
+    assert result is not None and result.cached_tokens == 96
+    assert result.approx_cached_tokens == 96 - 3 * engine.block_size
+    assert engine.cache.pool.exact_run(hashes) == 3
+    back = engine.stored_blocks(first.prefix_hash)
+    assert back is not None
+    assert all(torch.equal(x.data, y) for x, y in zip(back, kept, strict=True))
+
+
 def test_a_tier_directory_is_rebuilt_from_its_headers_and_strangers_are_dropped(
     tmp_path: Path,
 ) -> None:
