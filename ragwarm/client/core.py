@@ -262,6 +262,7 @@ class Answer:
     failed_workers: tuple[str, ...] = ()
     blended_tokens: int = 0  # prompt tokens the worker placed from held chunk KV
     routing: str = fallback.ROUTED  # who chose the worker: the streams app, or a fallback by load
+    approx_cached_tokens: int = 0  # of the cached, those an earlier blended answer stored
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
@@ -287,6 +288,7 @@ def build_answer(prepared: PreparedQuery, worker: WorkerRef, result: StreamResul
         prompt_tokens=int(usage.get("prompt_tokens") or len(prepared.prompt.token_ids)),
         cached_tokens=int(details.get("cached_tokens") or 0),
         blended_tokens=int(details.get("blended_tokens") or 0),
+        approx_cached_tokens=int(details.get("approx_cached_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),
         prefix_tokens=prepared.prompt.prefix_len, prefix_hash=prepared.prefix_hash,
         matched_blocks=matched, chunk_refs=prepared.prompt.chunk_refs,

@@ -268,12 +268,17 @@ def _same(given: str, expected: str) -> bool:
 
 # --- responses -----------------------------------------------------------------------------
 def usage(answer: Answer) -> dict[str, Any]:
-    """OpenAI usage with `prompt_tokens_details.cached_tokens`: what the worker reused."""
+    """OpenAI usage with `prompt_tokens_details.cached_tokens`: what the worker reused; and,
+    as the worker reports them (the SDKs keep unknown fields), `blended_tokens` (placed from
+    chunk KV other prompts computed) and `approx_cached_tokens` (of the cached, those an
+    earlier blended answer stored): how much of the answer's KV was approximate."""
+    details = {"cached_tokens": answer.cached_tokens, "blended_tokens": answer.blended_tokens,
+               "approx_cached_tokens": answer.approx_cached_tokens}
     return {
         "prompt_tokens": answer.prompt_tokens,
         "completion_tokens": answer.completion_tokens,
         "total_tokens": answer.prompt_tokens + answer.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": answer.cached_tokens},
+        "prompt_tokens_details": details,
     }
 
 

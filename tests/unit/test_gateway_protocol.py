@@ -181,7 +181,12 @@ def test_usage_reports_cached_tokens_and_the_body_is_openai_shaped() -> None:
     body = Reply.new(True, "m").body(answer())
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hi there"}
-    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 672}
+    assert body["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 672, "blended_tokens": 0, "approx_cached_tokens": 0}
+    # How much of the answer's KV was approximate, as the worker reported it.
+    mixed = Reply.new(True, "m").body(answer(blended_tokens=96, approx_cached_tokens=128))
+    assert mixed["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 672, "blended_tokens": 96, "approx_cached_tokens": 128}
     assert body["usage"]["total_tokens"] == 704
     assert body["ragwarm"]["worker_id"] == "w1"
     text = Reply.new(False, "m").body(answer())
