@@ -16,30 +16,18 @@ _HANDED_OUT: set[int] = set()
 _LOCK = threading.Lock()
 
 
-def free_port(span: int = 1) -> int:
-    """A port p with p .. p+span-1 free now and none handed out before by this process
-    (`span` > 1 for a service that numbers its instances from a base port)."""
+def free_port() -> int:
+    """A port free now that this process has not handed out before."""
     with _LOCK:
         for _ in range(200):
-            base = _bound_port()
-            ports = set(range(base, base + span))
-            if ports & _HANDED_OUT or not all(_free(p) for p in range(base + 1, base + span)):
-                continue
-            _HANDED_OUT.update(ports)
-            return base
-    raise RuntimeError(f"no run of {span} free ports found in 200 tries")
+            port = _bound_port()
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
+    raise RuntimeError("no free port found in 200 tries")
 
 
 def _bound_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag.prompt import Layout, PromptBuilder
+from rag.prompt import PromptBuilder
 from ragwarm.client.contract import PromptMismatch
 from ragwarm.client.core import ClientConfig, build_answer
-from ragwarm.client.rag import PreparedQuery, RagClient, query_event
+from ragwarm.client.rag import RagClient, query_event
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import (
     ClientError,
@@ -30,11 +30,9 @@ from ragwarm.client.wire import (
     workers_to_try,
 )
 from schemas import QueryEvent, decode, encode
-from schemas.prefix import PromptChain, block_hashes, prompt_chain
+from schemas.prefix import PromptChain, block_hashes
 from streams.shell.views.health import health_body as streams_health_body
 from tests.unit.conftest import WordTokenizer
-from tests.unit.test_chunk_spans_wire import CHUNKS as SPAN_CHUNKS
-from tests.unit.test_chunk_spans_wire import CharTokenizer
 
 HASH = "ab" * 32
 CHUNKS = [
@@ -80,10 +78,8 @@ def _chunk(text: str, finish: str | None = None) -> str:
 
 
 def test_an_answer_carries_the_workers_blended_and_approximate_token_counts():
-    prompt = PromptBuilder(CharTokenizer(), "sys", Layout.plain()).build(SPAN_CHUNKS, "why?")
-    chain = prompt_chain(prompt.token_ids, prompt.prefix_len, tenant="t", model="m",
-                         block_size=4)
-    prepared = PreparedQuery("why?", "t", (), prompt, chain, 0.0)
+    client, _ = make_client(FakeCluster("w1", {"w1": "ok"}))
+    prepared = client.prepare("How do I reset the admin password?", "acme")
     result = StreamResult(sent_at=1.0)
     result.usage = {"prompt_tokens": 40, "completion_tokens": 2, "prompt_tokens_details": {
         "cached_tokens": 32, "blended_tokens": 4, "approx_cached_tokens": 16}}

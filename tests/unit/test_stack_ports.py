@@ -18,11 +18,6 @@ def test_free_port_never_repeats_within_a_process():
     assert len(set(ports)) == 50
 
 
-def test_free_port_span_reserves_a_run():
-    base = free_port(span=3)
-    assert not {base + 1, base + 2} & {free_port() for _ in range(30)}
-
-
 def test_two_processes_given_one_port_are_refused(tmp_path):
     port = free_port()
     problems = port_conflicts([proc("streams", port, tmp_path), proc("worker-1", port, tmp_path)])
