@@ -190,7 +190,7 @@ class SimWorker:
         if restoring:
             # A read from the disk tier moves the blocks onto the device, so a trial would
             # change what the next run finds: the request runs once, as deployed.
-            marks = self._tier_marks(token_ids, tenant)
+            marks = self._tier_marks(token_ids, tenant, spans, cached)
             result = self._deployed(token_ids, tenant, keys, None, spans)
             self.restore_runs += 1
             return self._served(result, result.ttft_s, restored=marks)
@@ -260,13 +260,23 @@ class SimWorker:
         return SimAnswer(result, used | restored, ttft_s + wait, restored=True, queued_s=wait,
                          chunk_kv=self._chunk_kv)
 
-    def _tier_marks(self, token_ids: Sequence[int], tenant: str) -> frozenset[ChunkKey]:
-        """The chunks the disk tier's blocks of this prompt pass through."""
+    def _tier_marks(self, token_ids: Sequence[int], tenant: str, spans: Sequence[ChunkSpan],
+                    cached: int) -> frozenset[ChunkKey]:
+        """The versions of each chunk the tier's blocks say the KV read for it holds: the
+        marks of the block with the chunk's last cached token. Not of every block: the block
+        with a chunk's first tokens is shared with the chunk's other versions (and other
+        chunks) that open the same way, and stays when one of them changes."""
         tier = getattr(self.engine, "tier", None)
         if tier is None:
             return frozenset()
-        held = (tier.index.get(h) for h in self.engine.block_hashes(token_ids, tenant=tenant))
-        return frozenset().union(*(b.marks for b in held if b is not None))
+        hashes = self.engine.block_hashes(token_ids, tenant=tenant)
+        size = self.engine.block_size
+        marks: set[ChunkKey] = set()
+        for span in spans:
+            last = min(span.end, cached) - 1
+            held = tier.index.get(hashes[last // size]) if span.start <= last else None
+            marks |= {r for r in held.marks if r[0] == span.ref[0]} if held is not None else set()
+        return frozenset(marks)
 
     def _trial_ttft(self, token_ids: Sequence[int], tenant: str,
                     spans: Sequence[ChunkSpan] = ()) -> float:

@@ -103,6 +103,22 @@ def test_invalidation_with_positions_frees_exactly_the_blocks_after_the_chunk() 
     assert cache.bytes_used == 20 and cache.pinned_bytes == 0
 
 
+def test_a_block_a_changed_chunk_shares_with_another_chunks_opening_stays() -> None:
+    # Two chunks of one document open with the same tokens (its title): prompts with either
+    # first share the block where both start (tokens 32-47) and fork after it.
+    other = ("doc#2", "bb")
+    cache, _ = make_cache()
+    cache.watch_freed()
+    cache.admit(tenant="t1", hashes=chain(1, 2, 3, 4), nbytes=40, chunk_refs=[REF],
+                chunk_starts={REF: 40}, pin=True)
+    cache.admit(tenant="t1", hashes=chain(1, 2, 3, 5), nbytes=40, kind="request",
+                chunk_refs=[other], chunk_starts={other: 40})
+    removed = cache.invalidate([REF])
+    assert [e.prefix_hash for e in removed] == [chain(1, 2, 3, 4)[-1]]
+    assert cache.drain_freed() == [chain(1, 2, 3, 4)[-1]]  # only what the change alone marks
+    assert cache.lookup(chain(1, 2, 3, 5))[1] == 4
+
+
 def test_invalidation_without_positions_keeps_what_other_prompts_share() -> None:
     cache, _ = make_cache()
     # A warm prefix lists REF; a request shares its first two blocks and lists nothing.

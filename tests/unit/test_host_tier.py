@@ -51,6 +51,20 @@ def test_an_invalidated_chunk_leaves_the_tier_with_what_extends_it() -> None:
     removed = tier.apply(TierOps(refs={("t", REF)}), {})
     assert sorted(removed) == sorted([B, C])
     assert len(tier.load([A, B])) == 1 and B not in tier.index  # A, held before the chunk
+    # (C, without marks, proves no fork from B: it may go on through REF.)
+
+
+def test_a_changed_chunks_first_block_stays_where_another_chunk_forks_from_it() -> None:
+    # B holds the first tokens of REF and of OTHER (a document's title): C goes on with REF,
+    # D with OTHER. REF's change takes C only; B's KV is D's prompt's too.
+    other, d = ("doc#2", "h2"), "dd" * 16
+    tier = HostTier(10 * LAYOUT.nbytes, LAYOUT, "cpu")
+    tier.put(block(A), data(1.0))
+    tier.put(block(B, A, frozenset({REF})), data(2.0))
+    tier.put(block(C, B, frozenset({REF})), data(3.0))
+    tier.put(block(d, B, frozenset({other})), data(4.0))
+    assert tier.apply(TierOps(refs={("t", REF)}), {}) == [C]
+    assert tier.index.run([A, B, d]) == 3
 
 
 def test_a_block_of_another_layout_is_not_given_back() -> None:

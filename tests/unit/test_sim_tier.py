@@ -4,12 +4,15 @@ restore cost instead of recomputing them, and an edited chunk leaves the tier to
 
 from __future__ import annotations
 
+from schemas import ChunkRef
 from workers.cost_engine import CostEngine, CostModel
 from workers.engines.protocol import GenerateRequest
 from workers.kv.blocks import BLOCK_SIZE
 from workers.kv.cache import Budget, PrefixCache
+from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.tier_index import TierBlock, TierIndex
 from workers.kv.tier_journal import TierJournal, TierOps, absorb
+from workers.sim import SimWorker
 
 COST = CostModel(100.0, 1.0, restore_per_token_ms=0.1)
 N_BLOCKS = 4
@@ -109,3 +112,26 @@ class _All:
 
 
 _ALL = _All()
+
+
+def test_a_read_back_chunk_is_judged_by_its_last_block_not_its_shared_first() -> None:
+    # Chunk c starts at token 20, inside block 1, whose tokens version 1 and version 2 share:
+    # that block came to the tier with version 1's chain and keeps its mark. What the read
+    # holds of c is the chain through c's last block, marked with version 2.
+    engine = make_engine(tier_bytes=10 * N_BLOCKS * BLOCK_SIZE)
+    worker = SimWorker(engine, lambda: 0.0, worker_id="w", cache_requests=True)
+    tokens = prompt(1_000)
+    hashes = engine.block_hashes(tokens, tenant="t")
+    v1, v2 = ("c#0", "1" * 16), ("c#0", "2" * 16)
+    ops = TierOps(writes={
+        h: TierBlock(h, hashes[i - 1] if i else None, "t", BLOCK_SIZE,
+                     frozenset() if i == 0 else frozenset({v1 if i == 1 else v2}))
+        for i, h in enumerate(hashes)
+    })
+    assert engine.tier is not None
+    absorb(engine.tier.index, ops, set(hashes))
+    span = ChunkSpan(v2, 20, N_BLOCKS * BLOCK_SIZE)
+    answer = worker.serve(tokens, "t", [ChunkRef(chunk_id=v2[0], content_hash=v2[1])],
+                          spans=[span])
+    assert answer.restored and answer.result.cached_tokens == N_BLOCKS * BLOCK_SIZE
+    assert v1 not in answer.entry_refs and v2 in answer.entry_refs

@@ -4,7 +4,7 @@ invalidates and the disk tier's journal follows)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
@@ -215,14 +215,14 @@ class Stale:
         return self.tenant is None or entry.tenant == self.tenant
 
     def listed_by(self, entry: CacheEntry) -> bool:
-        return any(r in self.refs or r[0] in self.chunk_ids for r in entry.chunk_refs)
+        return any(map(self.changed, entry.chunk_refs))
+
+    def changed(self, ref: ChunkKey) -> bool:
+        return ref in self.refs or ref[0] in self.chunk_ids
 
     def unplaced_in(self, entry: CacheEntry) -> bool:
         """Whether `entry` lists a changed chunk without saying where it starts."""
-        return any(
-            (r in self.refs or r[0] in self.chunk_ids) and r not in entry.chunk_starts
-            for r in entry.chunk_refs
-        )
+        return any(self.changed(r) and r not in entry.chunk_starts for r in entry.chunk_refs)
 
 
 def doomed_blocks(
@@ -238,6 +238,7 @@ def doomed_blocks(
         doomed |= pool.marked(ref)
     for chunk_id in stale.chunk_ids:
         doomed |= pool.marked_id(chunk_id)
+    doomed = _past_fork(doomed, pool, entries, stale.changed)
     if stale.tenant is not None:
         doomed = {h for h in doomed if h in pool and any(
             stale.reaches(entries[k]) for k in pool[h].holders if k in entries)}
@@ -246,6 +247,34 @@ def doomed_blocks(
         if stale.reaches(entry) and stale.unplaced_in(entry):
             doomed.add(entry.block_hashes[inferred_start(entry, stale, pool, entries)])
     return doomed
+
+
+def _past_fork(
+    marked: set[str], pool: BlockPool, entries: Mapping[str, CacheEntry],
+    changed: Callable[[ChunkKey], bool],
+) -> set[str]:
+    """The `marked` blocks that only chains through the changed chunk go on from.
+
+    A chunk rarely starts on a block boundary: the block holding its first tokens also holds
+    the end of what precedes it, and prompts whose next chunk opens with the same tokens (a
+    document's title, its path) share that block and fork after it. Its KV is the same in
+    every one of them (hashes are over token ids), so it stays, and so do the forks' chains;
+    the changed chunk's own chains are cut from their next block, the first it marks alone.
+    A fork is known only where the next block's chunks are (marked with positions): a
+    chain stored without them may pass through the chunk, so it does not save the block.
+    """
+    def forks(h: str) -> bool:
+        block = pool[h]
+        for key in block.holders:
+            entry = entries.get(key)
+            if entry is None or block.index + 1 >= entry.n_blocks:
+                continue
+            after = pool.get(entry.block_hashes[block.index + 1])
+            if after is not None and after.through and not any(map(changed, after.through)):
+                return True
+        return False
+
+    return {h for h in marked if h in pool and not forks(h)}
 
 
 def inferred_start(

@@ -9,7 +9,7 @@ before the blocks they extend. The file I/O lives in `workers.engines.disk_tier`
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from workers.kv.block_pool import ChunkKey
@@ -216,14 +216,27 @@ class TierIndex:
     ) -> list[str]:
         """Remove every block marked with one of `refs` or `chunk_ids`, of `tenant` only when
         given (another tenant's identical chunk is not its KB), and what extends it."""
+        refs, chunk_ids = set(refs), set(chunk_ids)
         hit: set[str] = set()
         for ref in refs:
             hit |= self._by_chunk.get(ref, set())
         for chunk_id in chunk_ids:
             hit |= self._by_chunk_id.get(chunk_id, set())
+        hit = self._past_fork(hit, lambda r: r in refs or r[0] in chunk_ids)
         if tenant is not None:
             hit = {h for h in hit if self._blocks[h].tenant == tenant}
         return self.remove(sorted(hit))
+
+    def _past_fork(self, marked: set[str], changed: Callable[[ChunkKey], bool]) -> set[str]:
+        """The `marked` blocks no chain forks from into blocks the change does not mark: a
+        block holding a chunk's first tokens is shared with prompts whose chunk there opens
+        the same way, and its KV is theirs too (as `workers.kv.entries.doomed_blocks`; a
+        child without marks is no proof of a fork)."""
+        def forks(h: str) -> bool:
+            marks = (self._blocks[c].marks for c in self._children.get(h, ()) if c in self._blocks)
+            return any(m and not any(map(changed, m)) for m in marks)
+
+        return {h for h in marked if not forks(h)}
 
     def _make_room(self, nbytes: int, keep: str | None) -> list[str]:
         evicted: list[str] = []
