@@ -321,9 +321,9 @@ class Runner:
         """Rows whose KV a blend made (blended now, or read from a blended answer stored
         earlier), with whether their first token is the one the exact computation gives
         (a measurement of another policy when there is one, else a full prefill on the
-        shared weights, untimed)."""
+        shared weights, untimed). Model-free, no answer computes a token: none is judged."""
         rows = [row for row, _ in answers]
-        if not any(r.approximate for r in rows):
+        if self.rig.cost is not None or not any(r.approximate for r in rows):
             return rows
         exact = next((m.result for m in shared.values() if m.result.token_ids), None)
         if exact is None:
