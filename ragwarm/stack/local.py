@@ -80,11 +80,30 @@ class Stack:
         name = "streams" if i == 0 else f"streams-{i + 1}"
         return Proc(name, ["streams"], self.home.run_dir, f"{base}/ragwarm/health", env)
 
+    @property
+    def worker_ids(self) -> list[str]:
+        """The ids `ragwarm up` gives its workers, in the order of `workers`."""
+        return [worker_id(i) for i in range(len(self.workers))]
+
+    def commands_behind(self) -> int:
+        """`warmup.commands` records the workers have not carried out yet: a worker commits
+        a command's offset only after applying it."""
+        from ragwarm.kafka.admin import uncommitted
+        from schemas.topics import WARMUP_COMMANDS
+        from workers.commands import command_group_id
+
+        kafka = self.kafka_settings
+        groups = [command_group_id(w, kafka.topic_prefix) for w in self.worker_ids]
+        lag = uncommitted(kafka.servers, kafka.client_options(), kafka.topic(WARMUP_COMMANDS),
+                          groups)
+        return sum(sum(left.values()) for left in lag.values())
+
     def _worker_proc(self, i: int) -> Proc:
-        port, worker_id = self.settings.worker_port + i, f"w{i + 1}"
-        return Proc(f"worker-{i + 1}", ["worker", "--worker-id", worker_id, "--port", str(port)],
+        port = self.settings.worker_port + i
+        wid = worker_id(i)
+        return Proc(f"worker-{i + 1}", ["worker", "--worker-id", wid, "--port", str(port)],
                     self.home.run_dir, f"http://127.0.0.1:{port}/health/ready",
-                    self.env | self.security.worker(worker_id))
+                    self.env | self.security.worker(wid))
 
     def worker_url(self, proc: Proc) -> str:
         return proc.health_url.removesuffix("/health/ready")
@@ -278,3 +297,8 @@ def status(as_json: bool) -> None:
         figures = part.get("stats") or part.get("cache")
         if figures:
             click.echo(f"         {json.dumps(figures, default=str)[:300]}")
+
+
+def worker_id(i: int) -> str:
+    """The id of the stack's `i`-th worker (from 0)."""
+    return f"w{i + 1}"
