@@ -109,7 +109,7 @@ def pipeline(port: Port, now: float = 100.0, **settings) -> tuple[handlers.Handl
     out = Outbox()
     tables = dict_tables()
     worker = WorkerState(worker_id="w1", ready=True, mem_total=1000, last_seen=now)
-    tables.workers["w1"] = worker.model_dump(mode="json")
+    tables.worker_states["w1"] = worker
     p = handlers.HandlerDeps(
         tables=tables,
         out=out,
@@ -145,7 +145,7 @@ def ask(p: handlers.HandlerDeps, prefix_hash: str, question: str, at: float,
 def edited(p: handlers.HandlerDeps, deps: Sequence[str], at: float) -> None:
     """d.md changes from version 1 to 2 (chunk d.md#0: hash 1 -> 2) at `at`."""
     key = doc_key("default", "d.md")
-    p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": "1" * 64}).model_dump(mode="json")
+    p.tables.doc_states[key] = DocState(version=1, chunks={"d.md#0": "1" * 64})
     p.tables.doc_prefixes[key] = {h: [r.model_dump(mode="json") for r in REFS] for h in deps}
     p.clock = lambda: at
     change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")

@@ -31,7 +31,7 @@ def edited(port: ChunkPort, *, linked: bool, **settings):
     """A KB change replacing d.md#0 (OLD -> NEW); with `linked`, a tracked prefix uses it."""
     p, out = pipeline(port, prefix_ttl_s=60.0, kv_bytes_per_token=1, **settings)
     key = doc_key("default", "d.md")
-    p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": OLD}).model_dump(mode="json")
+    p.tables.doc_states[key] = DocState(version=1, chunks={"d.md#0": OLD})
     if linked:
         p.tables.doc_prefixes[key] = {"a" * 64: [{"chunk_id": "d.md#0", "content_hash": OLD}]}
     change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")

@@ -55,7 +55,7 @@ def test_the_node_comes_from_the_workers_events() -> None:
 def two_nodes(p, *, held: bool) -> None:
     for wid, node in (("w1", "n1"), ("w2", "n2")):
         row = worker(wid, node, held=[P1] if held and wid == "w1" else [])
-        p.tables.workers[wid] = row.model_dump(mode="json")
+        p.tables.worker_states[wid] = row
 
 
 def test_a_hot_prefix_held_on_one_node_is_warmed_on_the_other() -> None:

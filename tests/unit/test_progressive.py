@@ -59,7 +59,7 @@ def tracked(p: handlers.HandlerDeps, n: int) -> list[str]:
         state = PrefixState(
             tenant="default", chunk_refs=REFS, token_ids=[1] * 16, expires_at=1e9, uses=uses
         )
-        p.tables.prefixes[prefix_hash] = state.model_dump(mode="json")
+        p.tables.prefix_states[prefix_hash] = state
     return hashes[::-1]  # most used first
 
 

@@ -38,7 +38,7 @@ def test_a_stale_op_with_other_refs_or_nothing_tracked_only_skips():
 def test_queries_of_a_prefix_whose_invalidation_was_missed_stop_sending_stale_ops():
     port = Port({("default", "d.md#0"): "2" * 64})  # d.md#0 was edited
     p, out = pipeline(port)
-    p.tables.prefixes[P1] = tracked().model_dump(mode="json")  # its invalidation missed it
+    p.tables.prefix_states[P1] = tracked()  # its invalidation missed it
     run_sync(handlers.on_query(p, query()))
     [stale] = out.ops
     assert stale.op == "warm" and stale.chunk_refs == REFS

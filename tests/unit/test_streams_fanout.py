@@ -17,7 +17,7 @@ def tracked(p: h.HandlerDeps) -> None:
         state = PrefixState(
             tenant="default", chunk_refs=REFS, token_ids=[1] * 20, expires_at=1e9, uses=n
         )
-        p.tables.prefixes[prefix_hash] = state.model_dump(mode="json")
+        p.tables.prefix_states[prefix_hash] = state
 
 
 def test_each_partition_warms_only_its_own_prefixes_within_its_share() -> None:

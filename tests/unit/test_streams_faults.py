@@ -253,11 +253,11 @@ def test_restart_rewarms_tracked_prefixes():
     the ready-warmup's prefills were all skipped as 'already held'."""
     p, out = pipeline(Port({("default", "d.md#0"): "1" * 64}))
     p.settings = p.settings.model_copy(update={"hot_tokens": False})
-    p.tables.workers["w1"] = WorkerState(
+    p.tables.worker_states["w1"] = WorkerState(
         worker_id="w1", ready=True, mem_total=10**9, last_seen=100.0, prefixes=[P1], epoch=1
-    ).model_dump(mode="json")
+    )
     state = PrefixState(tenant="default", chunk_refs=REFS, token_ids=[1] * 32, expires_at=1e9)
-    p.tables.prefixes[P1] = state.model_dump(mode="json")
+    p.tables.prefix_states[P1] = state
     ready = WorkerEvent(worker_id="w1", kind="ready", epoch=2, mem_total_bytes=10**9)
     run_sync(handlers.on_worker_event(p, ready))
     assert [o.op for o in out.ops] == ["warm_on"]
@@ -268,10 +268,10 @@ def test_restart_rewarms_tracked_prefixes():
 
 def test_leftover_events_of_an_old_boot_are_ignored():
     p, _ = pipeline(Port({}))
-    p.tables.workers["w1"] = WorkerState(worker_id="w1", epoch=9).model_dump(mode="json")
+    p.tables.worker_states["w1"] = WorkerState(worker_id="w1", epoch=9)
     run_sync(handlers.on_worker_event(p, WorkerEvent(worker_id="w1", kind="stopped", epoch=3)))
     assert p.stats["stale_epoch_events"] == 1
-    assert WorkerState.model_validate(p.tables.workers["w1"]).epoch == 9
+    assert p.tables.worker_states["w1"].epoch == 9
 
 
 def _wall(p, seconds: float) -> None:
@@ -290,7 +290,7 @@ def test_a_huge_epoch_is_refused_and_does_not_lock_the_worker_out():
     ready = WorkerEvent(worker_id="w9", kind="ready", epoch=honest, mem_total_bytes=10**9,
                         url="http://w9")
     run_sync(handlers.on_worker_event(p, ready))
-    row = WorkerState.model_validate(p.tables.workers["w9"])
+    row = p.tables.worker_states["w9"]
     assert row.ready and row.epoch == honest and row.url == "http://w9"
 
 
@@ -298,31 +298,31 @@ def test_a_row_locked_by_a_huge_epoch_is_replaced_by_the_next_honest_boot():
     # A row written before the bound existed: the next honest boot takes it over.
     p, _ = pipeline(Port({}))
     _wall(p, 1_000.0)
-    p.tables.workers["w9"] = WorkerState(worker_id="w9", epoch=2**62, last_seen=100.0,
-                                         ready=False).model_dump(mode="json")
+    p.tables.worker_states["w9"] = WorkerState(worker_id="w9", epoch=2**62, last_seen=100.0,
+                                         ready=False)
     beat = WorkerEvent(worker_id="w9", kind="heartbeat", epoch=999_000_000)
     run_sync(handlers.on_worker_event(p, beat))
-    row = WorkerState.model_validate(p.tables.workers["w9"])
+    row = p.tables.worker_states["w9"]
     assert row.epoch == 999_000_000 and row.ready and p.stats["stale_epoch_events"] == 0
 
 
 def test_a_worker_whose_clock_stepped_back_comes_back_once_its_heartbeats_stopped():
     p, _ = pipeline(Port({}), worker_stale_s=30.0)  # the handlers' clock reads 100.0
     _wall(p, 1_000.0)
-    p.tables.workers["w9"] = WorkerState(worker_id="w9", epoch=900_000_000, last_seen=90.0,
-                                         ready=True).model_dump(mode="json")
+    p.tables.worker_states["w9"] = WorkerState(worker_id="w9", epoch=900_000_000, last_seen=90.0,
+                                         ready=True)
     back = WorkerEvent(worker_id="w9", kind="ready", epoch=800_000_000)
     run_sync(handlers.on_worker_event(p, back))  # heard of 10 s ago: still a leftover
-    assert WorkerState.model_validate(p.tables.workers["w9"]).epoch == 900_000_000
+    assert p.tables.worker_states["w9"].epoch == 900_000_000
     assert p.stats["stale_epoch_events"] == 1
     p.clock = lambda: 200.0  # its heartbeats stopped 110 s ago
     run_sync(handlers.on_worker_event(p, back))
-    row = WorkerState.model_validate(p.tables.workers["w9"])
+    row = p.tables.worker_states["w9"]
     assert row.epoch == 800_000_000 and row.ready and p.stats["worker_restarts"] == 1
     stopped = WorkerEvent(worker_id="w9", kind="stopped", epoch=700_000_000)
     p.clock = lambda: 400.0
     run_sync(handlers.on_worker_event(p, stopped))  # a leftover `stopped` stays one
-    assert WorkerState.model_validate(p.tables.workers["w9"]).epoch == 800_000_000
+    assert p.tables.worker_states["w9"].epoch == 800_000_000
 
 
 # --- prefill expiry and re-sends -----------------------------------------------------------
@@ -392,9 +392,9 @@ def test_a_prefill_stored_on_a_worker_reaches_its_prefix_owner():
     stored = WorkerEvent(worker_id="w1", kind="stored", prefix_hash=P1, command_id="c1")
     run_sync(handlers.on_worker_event(p, stored))
     assert [(o.op, o.prefix_hash) for o in out.ops] == [("stored", P1)]
-    p.tables.prefixes[P1] = _warm_state(prefill_at=95.0).model_dump(mode="json")
+    p.tables.prefix_states[P1] = _warm_state(prefill_at=95.0)
     run_sync(handlers.on_prefix_op(p, out.ops[0]))
-    assert PrefixState.model_validate(p.tables.prefixes[P1]).prefill_at is None
+    assert p.tables.prefix_states[P1].prefill_at is None
     # A prompt cached by a request (no command) confirms no prefill: no op.
     cached = WorkerEvent(worker_id="w1", kind="stored", prefix_hash="b" * 64)
     run_sync(handlers.on_worker_event(p, cached))
@@ -403,8 +403,8 @@ def test_a_prefill_stored_on_a_worker_reaches_its_prefix_owner():
 
 def test_resend_timer_asks_once_per_unconfirmed_prefill():
     p, out = pipeline(Port({}), prefill_resends=1)
-    p.tables.prefixes[P1] = _warm_state(prefill_at=60.0).model_dump(mode="json")
-    p.tables.prefixes["b" * 64] = _warm_state(prefill_at=60.0, resends=1).model_dump(mode="json")
+    p.tables.prefix_states[P1] = _warm_state(prefill_at=60.0)
+    p.tables.prefix_states["b" * 64] = _warm_state(prefill_at=60.0, resends=1)
     assert run_sync(handlers.resend_prefills(p)) == 1
     assert [(o.op, o.prefix_hash) for o in out.ops] == [("resend", P1)]
 
@@ -483,10 +483,10 @@ def test_a_retried_apply_indexed_still_does_its_follow_up_work():
 
     port = _FlakyRetrieval()
     p, _ = pipeline(port, hot_tokens=False)
-    p.tables.workers["w1"] = WorkerState(worker_id="w1", ready=True, mem_total=10**12,
-                                         last_seen=100.0).model_dump(mode="json")
+    p.tables.worker_states["w1"] = WorkerState(worker_id="w1", ready=True, mem_total=10**12,
+                                         last_seen=100.0)
     old = DocState(version=1, chunks={"d.md#0": "1" * 64})
-    p.tables.docs["d.md"] = old.model_dump(mode="json")
+    p.tables.doc_states["d.md"] = old
     p.asks.observe("f" * 64, "default", "another question?", REFS, 32, 100.0)
     change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
     new_chunks = {"d.md#0": "2" * 64}

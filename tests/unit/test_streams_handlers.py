@@ -28,15 +28,15 @@ def test_a_new_query_prefix_is_registered_with_its_tokens():
 def test_a_known_fresh_held_prefix_asked_again_sends_nothing():
     port = Port({("default", "d.md#0"): "1" * 64})
     p, out = pipeline(port, prefix_ttl_s=60.0)
-    p.tables.prefixes[P1] = PrefixState(
+    p.tables.prefix_states[P1] = PrefixState(
         tenant="default",
         chunk_refs=REFS,
         token_ids=[7] * 32,
         questions=["why?"],
         expires_at=150.0,
-    ).model_dump(mode="json")
+    )
     held = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=[P1], last_seen=100)
-    p.tables.workers["w1"] = held.model_dump(mode="json")
+    p.tables.worker_states["w1"] = held
     run_sync(handlers.on_query(p, query()))
     assert out.ops == [] and port.calls == []
     # A new question on it is recorded (without tokens: the state has them).
@@ -63,7 +63,7 @@ def test_a_prefill_also_warms_the_prompts_of_its_last_asked_questions():
     p, out = pipeline(port, warm_question_tails=2)
     state = PrefixState(tenant="default", chunk_refs=REFS, token_ids=[7] * 32,
                         questions=["how?", "old?"], expires_at=0.0)
-    p.tables.prefixes[P1] = state.model_dump(mode="json")
+    p.tables.prefix_states[P1] = state
     run_sync(handlers.on_query(p, query("why?")))
     [op] = out.ops
     run_sync(handlers.on_prefix_op(p, op))  # on no worker: prefilled
@@ -76,7 +76,7 @@ def test_a_prefill_also_warms_the_prompts_of_its_last_asked_questions():
             "prefill", prefix.worker_id, prefix.ttl_s, prefix.chunk_refs, False)
         assert tail.command_id != prefix.command_id and tail.prefix_hash == P1
     p2, out2 = pipeline(port, warm_question_tails=0)
-    p2.tables.prefixes[P1] = state.model_dump(mode="json")
+    p2.tables.prefix_states[P1] = state
     run_sync(handlers.on_prefix_op(p2, op))
     assert [c.token_ids for c in out2.commands] == [[7] * 32]
 
@@ -128,13 +128,13 @@ def test_a_worker_that_becomes_ready_gets_the_tracked_prefixes_most_in_use():
     p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False, kv_bytes_per_token=10,
                       warmup_steps=1)
     for name, expires, used_at in (("1", 150.0, 50.0), ("2", 90.0, 60.0), ("3", 150.0, 70.0)):
-        p.tables.prefixes[name * 64] = PrefixState(
+        p.tables.prefix_states[name * 64] = PrefixState(
             tenant="default",
             chunk_refs=REFS,
             token_ids=[7] * 32,
             expires_at=expires,
             updated_at=used_at,
-        ).model_dump(mode="json")  # "2" expired at now=100
+        )  # "2" expired at now=100
     ready = WorkerEvent(worker_id="w2", kind="ready", mem_total_bytes=10_000)
     run_sync(handlers.on_worker_event(p, ready))
     # Expired ones too (an empty worker has room); the most recently used ("3") goes last,
@@ -155,9 +155,9 @@ def test_a_ready_worker_gets_tracked_prefixes_in_the_room_the_hot_set_leaves():
     p, out = pipeline(port, prefix_ttl_s=60.0, hot_share=0.5, kv_bytes_per_token=10,
                       warmup_steps=1)
     for name in "12":
-        p.tables.prefixes[name * 64] = PrefixState(
+        p.tables.prefix_states[name * 64] = PrefixState(
             tenant="default", chunk_refs=REFS, token_ids=[7] * 32, expires_at=150.0,
-        ).model_dump(mode="json")
+        )
     # No hot prefix yet: both fit (640 bytes), though the hot share is half of 700.
     run_sync(handlers.on_worker_event(p, WorkerEvent(worker_id="w2", kind="ready",
                                               mem_total_bytes=700)))
@@ -174,7 +174,7 @@ def test_a_hot_prefix_no_worker_holds_is_warmed_again_on_the_next_plan():
     run_sync(handlers.plan_hot(p))  # nobody reported it held: asked again
     assert len(out.ops) == 2
     held = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=[P1], last_seen=100)
-    p.tables.workers["w1"] = held.model_dump(mode="json")
+    p.tables.worker_states["w1"] = held
     run_sync(handlers.plan_hot(p))  # held now: nothing more
     assert len(out.ops) == 2
 
@@ -226,12 +226,12 @@ def test_the_sweep_forgets_long_expired_prefixes_nobody_holds_and_unlinks_them()
         "4": dict(expires_at=60.0),  # held by w1 (its worker extended it): kept
     }
     for name, fields in cases.items():
-        p.tables.prefixes[name * 64] = PrefixState(
+        p.tables.prefix_states[name * 64] = PrefixState(
             tenant="default", chunk_refs=REFS, token_ids=[7] * 32, **fields
-        ).model_dump(mode="json")
+        )
     p.tables.doc_prefixes["d.md"] = {name * 64: [r.model_dump() for r in REFS] for name in cases}
     holder = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=["4" * 64])
-    p.tables.workers["w1"] = holder.model_dump(mode="json")  # not live: still a holder
+    p.tables.worker_states["w1"] = holder  # not live: still a holder
     assert run_sync(handlers.sweep_prefixes(p)) == 1
     [op] = out.ops
     assert (op.op, op.prefix_hash) == ("forget", "1" * 64)
@@ -247,9 +247,9 @@ def test_the_sweep_forgets_long_expired_prefixes_nobody_holds_and_unlinks_them()
 def test_a_prefix_used_again_after_the_sweep_chose_it_is_kept():
     port = Port({("default", "d.md#0"): "1" * 64})
     p, out = pipeline(port, forget_after_s=10.0)
-    p.tables.prefixes[P1] = PrefixState(
+    p.tables.prefix_states[P1] = PrefixState(
         tenant="default", chunk_refs=REFS, token_ids=[7] * 32, expires_at=50.0
-    ).model_dump(mode="json")
+    )
     run_sync(handlers.sweep_prefixes(p))
     [forget] = out.ops
     run_sync(handlers.on_query(p, query()))  # asked again before the forget op is handled
@@ -269,7 +269,7 @@ class RetrievingPort(Port):
 def _edit_d_md(p: handlers.HandlerDeps, dependents: tuple[str, ...]) -> None:
     """Index v2 of `d.md` (its one chunk changed) with `dependents` linked to v1's chunk."""
     key = doc_key("default", "d.md")
-    p.tables.docs[key] = DocState(version=1, chunks={"d.md#0": "1" * 64}).model_dump(mode="json")
+    p.tables.doc_states[key] = DocState(version=1, chunks={"d.md#0": "1" * 64})
     p.tables.doc_prefixes[key] = {h: [r.model_dump(mode="json") for r in REFS]
                                   for h in dependents}
     change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
@@ -284,10 +284,10 @@ def test_an_edit_rewarms_evicted_dependents_asked_recently_within_its_budget():
                       edit_rewarm_share=0.04, edit_watch=False)
     popular, rare = "1" * 64, "2" * 64
     for name, question in ((popular, "popular?"), (rare, "rare?")):
-        p.tables.prefixes[name] = PrefixState(  # tracked, held by no worker
+        p.tables.prefix_states[name] = PrefixState(  # tracked, held by no worker
             tenant="default", chunk_refs=REFS, token_ids=[7] * 32, questions=[question],
             expires_at=150.0,
-        ).model_dump(mode="json")
+        )
         asks = 3 if name == popular else 1
         for _ in range(asks):
             p.tracker.observe(name, HotPayload("default", question, tuple(REFS), 32), 100.0)
@@ -312,15 +312,15 @@ def test_an_edit_rewarms_every_dependent_where_the_workers_spill_to_a_tier(
     # 40 tokens for one edit's re-warms: the rare prefix fits only past the budget.
     p, out = pipeline(port, prefix_ttl_s=60.0, hot_tokens=False, kv_bytes_per_token=1,
                       edit_rewarm_share=0.04, edit_watch=False, edit_rewarm_rest=rest)
-    worker = WorkerState.model_validate(p.tables.workers["w1"])
+    worker = p.tables.worker_states["w1"]
     p.tables.workers["w1"] = worker.model_copy(
         update={"tier_bytes": tier_bytes}).model_dump(mode="json")
     popular, rare = "1" * 64, "2" * 64
     for name, asks in ((popular, 3), (rare, 1)):
-        p.tables.prefixes[name] = PrefixState(  # tracked, held by no worker
+        p.tables.prefix_states[name] = PrefixState(  # tracked, held by no worker
             tenant="default", chunk_refs=REFS, token_ids=[7] * 32, questions=[name],
             expires_at=150.0,
-        ).model_dump(mode="json")
+        )
         for _ in range(asks):
             p.tracker.observe(name, HotPayload("default", name, tuple(REFS), 32), 100.0)
     _edit_d_md(p, (popular, rare))
@@ -333,14 +333,14 @@ def test_an_edit_holds_dependents_asked_twice_before_the_hot_window_in_unpinned_
     # 1,000 bytes, 1 byte a token: 100 tokens for one edit; `pinned` of them held already.
     p, out = pipeline(port, now=5000.0, hot_tokens=False, kv_bytes_per_token=1,
                       edit_rewarm_share=0.1, edit_recheck_questions=0)
-    worker = WorkerState.model_validate(p.tables.workers["w1"])
-    p.tables.workers["w1"] = worker.model_copy(update={"pinned": pinned}).model_dump(mode="json")
+    worker = p.tables.worker_states["w1"]
+    p.tables.worker_states["w1"] = worker.model_copy(update={"pinned": pinned})
     twice, once = "1" * 64, "2" * 64
     for name, times in ((twice, (100.0, 900.0)), (once, (1000.0,))):
-        p.tables.prefixes[name] = PrefixState(  # tracked, held by no worker
+        p.tables.prefix_states[name] = PrefixState(  # tracked, held by no worker
             tenant="default", chunk_refs=REFS, token_ids=[7] * 32, questions=[name],
             expires_at=150.0,
-        ).model_dump(mode="json")
+        )
         for at in times:  # long before the hot window (600 s) ending at 5,000 s
             p.asks.observe(name, "default", name, REFS, 32, at)
     _edit_d_md(p, (twice, once))
@@ -367,18 +367,17 @@ def test_the_ask_an_edit_held_a_prefix_for_releases_it_and_an_unasked_hold_ends(
     p, out = pipeline(port, prefix_ttl_s=60.0, edit_hold_s=50.0)
     held_state = PrefixState(tenant="default", chunk_refs=REFS, token_ids=[7] * 32,
                              questions=["why?"], expires_at=150.0, held_at=90.0)
-    p.tables.prefixes[P1] = held_state.model_dump(mode="json")
+    p.tables.prefix_states[P1] = held_state
     w1 = WorkerState(worker_id="w1", ready=True, mem_total=1000, prefixes=[P1], last_seen=100)
-    p.tables.workers["w1"] = w1.model_dump(mode="json")
+    p.tables.worker_states["w1"] = w1
     # Known, fresh and held by a worker, but held for this ask: the op goes out.
     run_sync(handlers.on_query(p, query()))
     [op] = out.ops
     run_sync(handlers.on_prefix_op(p, op))
     assert [c.op for c in out.commands] == ["release"]
-    assert PrefixState.model_validate(p.tables.prefixes[P1]).held_at is None
+    assert p.tables.prefix_states[P1].held_at is None
     # Unasked for `edit_hold_s`: the sweep ends the hold.
-    p.tables.prefixes[P1] = held_state.model_copy(update={"held_at": 40.0}).model_dump(
-        mode="json")
+    p.tables.prefix_states[P1] = held_state.model_copy(update={"held_at": 40.0})
     out.ops.clear()
     out.commands.clear()
     run_sync(handlers.sweep_prefixes(p))

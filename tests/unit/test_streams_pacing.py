@@ -44,7 +44,7 @@ def unheld_tracked(port: Port, now: float):
     p, out = pipeline(port, now=now)
     state = PrefixState(tenant="default", chunk_refs=REFS, token_ids=[7] * 32,
                         questions=["why?"], expires_at=now + 10_000)
-    p.tables.prefixes[P1] = state.model_dump(mode="json")
+    p.tables.prefix_states[P1] = state
     return p, out
 
 

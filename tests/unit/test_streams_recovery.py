@@ -61,8 +61,8 @@ class IndexPort(Port):
 def test_recover_index_re_indexes_from_kb_changes_before_ready():
     port = IndexPort({})
     p, _ = pipeline(port)
-    p.tables.docs["a"] = _doc(2).model_dump(mode="json")
-    p.tables.docs["b"] = _doc(1).model_dump(mode="json")
+    p.tables.doc_states["a"] = _doc(2)
+    p.tables.doc_states["b"] = _doc(1)
     log = [_kb("a", 1), _kb("a", 2), _kb("b", 1)]
     asked = []
 
@@ -88,7 +88,7 @@ def test_readiness_is_open_by_default_and_closed_while_recovering():
 def test_recovery_retries_a_failing_read_until_it_passes(caplog):
     port = IndexPort({})
     p, _ = pipeline(port)
-    p.tables.docs["a"] = _doc(1).model_dump(mode="json")
+    p.tables.doc_states["a"] = _doc(1)
     p.readiness.wait_for_recovery()
     calls = []
 

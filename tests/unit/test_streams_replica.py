@@ -86,10 +86,10 @@ def test_an_invalidation_on_a_lagging_replica_rewarms_what_the_edit_retrieves():
     # the freshness check would only drop, and the edited question would stay cold).
     port = LaggingPort({("default", "d.md#0"): "1" * 64})
     p, out = pipeline(port)
-    p.tables.prefixes[P1] = PrefixState(
+    p.tables.prefix_states[P1] = PrefixState(
         tenant="default", chunk_refs=REFS, token_ids=[7] * 32, questions=["why?"],
         expires_at=1000.0, hot=True,
-    ).model_dump(mode="json")
+    )
     p.replica = Replica(port, {("default", "d.md#0"): "2" * 64}, [])
     op = PrefixOp(op="invalidate", prefix_hash=P1, chunk_refs=REFS, reason="d.md v2")
     asyncio.run(handlers.on_prefix_op(p, op))
@@ -139,8 +139,8 @@ def test_recovery_rebuilds_from_the_replica_before_it_re_indexes_anything():
 
     port = IndexPort({})  # an empty disk
     p, _ = pipeline(port)
-    p.tables.docs["a"] = DocState(version=2, tenant="default").model_dump(mode="json")
-    p.tables.docs["b"] = DocState(version=1, tenant="default").model_dump(mode="json")
+    p.tables.doc_states["a"] = DocState(version=2, tenant="default")
+    p.tables.doc_states["b"] = DocState(version=1, tenant="default")
     order: list[str] = []
 
     class Rebuilding(Replica):

@@ -68,7 +68,7 @@ def pipeline(mem_total: int, **settings) -> tuple[handlers.HandlerDeps, Outbox]:
     tables = handlers.StreamTables(docs={}, doc_prefixes={}, prefixes={}, workers={})
     worker = WorkerState(worker_id="w1", ready=True, mem_total=mem_total, last_seen=100.0,
                          epoch=1)
-    tables.workers["w1"] = worker.model_dump(mode="json")
+    tables.worker_states["w1"] = worker
     s = StreamsSettings(**({"synthetic": True, "kv_bytes_per_token": 10} | settings))
     p = handlers.HandlerDeps(tables=tables, out=out, rag=Port(), settings=s,
                              tracker=HotTracker(600.0, 60.0), clock=lambda: 100.0)
@@ -87,7 +87,7 @@ def test_a_changed_document_gets_one_synthesize_command_until_the_cooldown_passe
     assert cmd.chunk_refs == [ChunkRef(chunk_id="a.md#0", content_hash=H)]
     assert (cmd.samples, cmd.temperature, cmd.top_k, cmd.primer_tokens) == (3, 1.3, 40, 1)
     assert cmd.seed is not None and cmd.expires_at is not None
-    p.tables.docs[doc_key("default", "a.md")] = DocState(version=1, chunks={}).model_dump()
+    p.tables.doc_states[doc_key("default", "a.md")] = DocState(version=1, chunks={})
     run_sync(handlers.on_kb_change(p, change(version=2)))
     assert len(out.commands) == 1  # within the cooldown
     assert p.stats["synthetic_requests"] == 1
@@ -125,7 +125,7 @@ def test_synthesized_questions_warm_their_prefixes_on_that_worker_within_the_sha
     assert p.stats["synthetic_over_share"] == 1
     # The prefix op marks the state synthetic and sends the prefill to that worker.
     run_sync(handlers.on_prefix_op(p, out.ops[0]))
-    state = PrefixState.model_validate(p.tables.prefixes[out.ops[0].prefix_hash])
+    state = p.tables.prefix_states[out.ops[0].prefix_hash]
     assert state.synthetic and state.questions == []
 
 

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 from schemas import WorkerEvent, decode, encode
 from schemas.signing import authentic, derive_worker_key, sign
 from streams.decide.logic import choose_worker
-from streams.decide.records import WorkerState
 from streams.handle import handlers
 from streams.sim import run_sync
 from tests.unit.conftest import Port, pipeline
@@ -29,7 +28,7 @@ def heartbeat(worker_id: str, url: str, prefixes: list[str]) -> WorkerEvent:
 
 
 def route(p: handlers.HandlerDeps) -> str | None:
-    live = [WorkerState.model_validate(v) for v in p.tables.workers.values()]
+    live = p.tables.worker_states.values()
     chosen = choose_worker([w for w in live if w.ready and w.url], [P1], threshold=1.0)
     return next((w.url for w in live if w.worker_id == chosen), None)
 
