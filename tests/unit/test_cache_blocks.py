@@ -119,6 +119,21 @@ def test_a_block_a_changed_chunk_shares_with_another_chunks_opening_stays() -> N
     assert cache.lookup(chain(1, 2, 3, 5))[1] == 4
 
 
+def test_an_entry_naming_a_changed_chunk_leaves_though_its_last_block_is_shared() -> None:
+    # The old version's prefix ends in the block both versions open with: no block of it is
+    # doomed, yet it names the old version, so it leaves; its blocks stay with the new one.
+    new = ("doc#1", "bb")
+    cache, _ = make_cache()
+    cache.admit(tenant="t1", hashes=chain(1, 2, 3), nbytes=30, chunk_refs=[REF],
+                chunk_starts={REF: 40})
+    cache.admit(tenant="t1", hashes=chain(1, 2, 3, 5), nbytes=40, chunk_refs=[new],
+                chunk_starts={new: 40})
+    removed = cache.invalidate([REF])
+    assert [e.prefix_hash for e in removed] == [chain(1, 2, 3)[-1]]
+    assert cache.get(chain(1, 2, 3)[-1]) is None and cache.lookup(chain(1, 2, 3, 5))[1] == 4
+    assert all(REF not in e.chunk_refs for e in cache.entries())
+
+
 def test_invalidation_without_positions_keeps_what_other_prompts_share() -> None:
     cache, _ = make_cache()
     # A warm prefix lists REF; a request shares its first two blocks and lists nothing.

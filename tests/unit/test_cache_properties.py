@@ -107,6 +107,7 @@ class BlockStoreMachine(RuleBasedStateMachine):
         stale = [h for h in self.pool_hashes() if self.through.get(h, set()) & refs
                  and not self.forks(h, refs.__contains__)]
         assert stale == []
+        assert not any(e.chunk_refs & refs for e in self.cache.entries())  # all of them left
 
     @rule(chunk_id=st.sampled_from(["d#0", "d#1", "e#0", "x#9"]))
     def invalidate_chunks(self, chunk_id: str) -> None:
@@ -119,6 +120,7 @@ class BlockStoreMachine(RuleBasedStateMachine):
             changed(ref) and not self.forks(h, changed)
             for h in self.pool_hashes() for ref in self.through.get(h, ())
         )
+        assert not any(changed(r) for e in self.cache.entries() for r in e.chunk_refs)
 
     @rule(tenant=st.sampled_from(TENANTS), blocks=sequences)
     def release_or_evict(self, tenant: str, blocks: list[int]) -> None:

@@ -458,20 +458,25 @@ class PrefixCache:
         listing = {k for r in stale.refs for k in self._index.by_chunk.get(r, ())}
         listing |= {k for c in stale.chunk_ids for k in self._index.by_chunk_id.get(c, ())}
         doomed = doomed_blocks(stale, self.pool, self._entries, listing)
-        return self._cut(doomed, command_id, "chunk_changed", stale)
+        # Every entry naming a changed chunk leaves, also one ending in a block that the
+        # chunk's forks share (no block of it is doomed: its KV stays with theirs).
+        listed = {k for k in listing if stale.reaches(self._entries[k])}
+        return self._cut(doomed, command_id, "chunk_changed", stale, listed)
 
     def _cut(
-        self, doomed: set[str], command_id: str | None, reason: str, stale: Stale | None = None
+        self, doomed: set[str], command_id: str | None, reason: str, stale: Stale | None = None,
+        listed: Iterable[str] = (),
     ) -> list[CacheEntry]:
         """Free the `doomed` blocks and all that follow them in any chain.
 
-        Entries holding one are removed; where what they held before it would be freed
-        too, a request entry ending there keeps it (event `stored`, reason `truncated`).
+        Entries holding one are removed, and the `listed` ones; where what they held before
+        a doomed block would be freed too, a request entry ending there keeps it (event
+        `stored`, reason `truncated`).
         """
         if self.tier is not None:
             self.tier.cutting(doomed, stale)
         first = first_cuts(doomed, self.pool)
-        leaving = set(first)
+        leaving = set(first).union(listed)
         for key, index in sorted(first.items(), key=lambda kv: self._stamp[kv[0]]):
             if index > 0:
                 self._keep_head(self._entries[key], index, leaving)
