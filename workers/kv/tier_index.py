@@ -215,7 +215,8 @@ class TierIndex:
         tenant: str | None = None,
     ) -> list[str]:
         """Remove every block marked with one of `refs` or `chunk_ids`, of `tenant` only when
-        given (another tenant's identical chunk is not its KB), and what extends it."""
+        given (another tenant's identical chunk is not its KB), and what extends it; a block
+        that another chunk's chains fork from stays (`_past_fork`)."""
         refs, chunk_ids = set(refs), set(chunk_ids)
         hit: set[str] = set()
         for ref in refs:
