@@ -104,7 +104,7 @@ def test_invalidation_with_positions_frees_exactly_the_blocks_after_the_chunk() 
 
 
 def test_a_block_a_changed_chunk_shares_with_another_chunks_opening_stays() -> None:
-    # Two chunks of one document open with the same tokens (its title): prompts with either
+    # Two chunks of one document open with the same tokens (their ids' path): prompts with either
     # first share the block where both start (tokens 32-47) and fork after it.
     other = ("doc#2", "bb")
     cache, _ = make_cache()

@@ -257,8 +257,9 @@ def _past_fork(
 
     A chunk rarely starts on a block boundary: the block holding its first tokens also holds
     the end of what precedes it, and prompts whose next chunk opens with the same tokens (a
-    document's title, its path) share that block and fork after it. Its KV is the same in
-    every one of them (hashes are over token ids), so it stays, and so do the forks' chains;
+    chunk opens with its id, which starts with its document's path) share that block and
+    fork after it. Its KV is the same in every one of them (hashes are over token ids), so
+    it stays, and so do the forks' chains;
     the changed chunk's own chains are cut from their next block, the first it marks alone.
     A fork is known only where the next block's chunks are (marked with positions): a
     chain stored without them may pass through the chunk, so it does not save the block.
