@@ -165,17 +165,13 @@ class FaultStack:
             return []
 
     def commands_behind(self) -> dict[str, int]:
-        """Per worker, the `warmup.commands` records its group has not committed. A worker
-        commits a command's offset only after applying it, so 0 means every invalidation sent
-        so far has run there."""
-        from ragwarm.kafka.admin import uncommitted
-        from schemas.topics import WARMUP_COMMANDS
-        from workers.commands import command_group_id
+        """Per worker, the `warmup.commands` records its group has not committed: 0 means
+        every invalidation sent so far has run there."""
+        from ragwarm.kafka.admin import commands_behind
 
-        groups = {command_group_id(w.name.removeprefix("faults-")): w.name for w in self.workers}
-        lag = uncommitted(self.kafka.servers, self.kafka.client_options(), WARMUP_COMMANDS,
-                          groups)
-        return {groups[g]: sum(left.values()) for g, left in lag.items()}
+        ids = {w.name.removeprefix("faults-"): w.name for w in self.workers}
+        kafka = self.kafka.model_copy(update={"topic_prefix": ""})  # as its workers run
+        return {ids[w]: n for w, n in commands_behind(kafka, ids).items()}
 
     def wait_commands_applied(self, timeout_s: float = 120.0) -> None:
         """Wait until each worker has committed `warmup.commands` to its end: a fixed grace

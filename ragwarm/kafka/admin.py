@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from schemas.topics import TOPICS, TopicSpec
+
+if TYPE_CHECKING:
+    from ragwarm.settings import KafkaSettings
 
 CLIENT_ID = "ragwarm-admin"
 
@@ -170,3 +174,16 @@ def uncommitted(servers: str, options: Mapping[str, object], topic: str,
     finally:
         consumer.close()
         admin.close()
+
+
+def commands_behind(kafka: KafkaSettings, worker_ids: Iterable[str]) -> dict[str, int]:
+    """Per worker id, the `warmup.commands` records its consumer group has not committed.
+    A worker commits a command's offset only after applying it, so 0 means every command
+    sent so far has run there."""
+    from schemas.topics import WARMUP_COMMANDS
+    from workers.commands import command_group_id
+
+    groups = {command_group_id(w, kafka.topic_prefix): w for w in worker_ids}
+    lag = uncommitted(kafka.servers, kafka.client_options(), kafka.topic(WARMUP_COMMANDS),
+                      groups)
+    return {groups[g]: sum(left.values()) for g, left in lag.items()}

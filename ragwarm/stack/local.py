@@ -86,17 +86,10 @@ class Stack:
         return [worker_id(i) for i in range(len(self.workers))]
 
     def commands_behind(self) -> int:
-        """`warmup.commands` records the workers have not carried out yet: a worker commits
-        a command's offset only after applying it."""
-        from ragwarm.kafka.admin import uncommitted
-        from schemas.topics import WARMUP_COMMANDS
-        from workers.commands import command_group_id
+        """`warmup.commands` records the workers have not carried out yet (all of them)."""
+        from ragwarm.kafka.admin import commands_behind
 
-        kafka = self.kafka_settings
-        groups = [command_group_id(w, kafka.topic_prefix) for w in self.worker_ids]
-        lag = uncommitted(kafka.servers, kafka.client_options(), kafka.topic(WARMUP_COMMANDS),
-                          groups)
-        return sum(sum(left.values()) for left in lag.values())
+        return sum(commands_behind(self.kafka_settings, self.worker_ids).values())
 
     def _worker_proc(self, i: int) -> Proc:
         port = self.settings.worker_port + i
