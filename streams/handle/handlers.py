@@ -144,18 +144,15 @@ async def on_prefix_op(p: HandlerDeps, op: PrefixOp) -> None:
 
 
 async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> None:
+    """Send what the plan says, then write the prefix's new state: effects before state.
+    An op is redone whole when it did not finish (a transient failure retried here, or a
+    crash replayed by the instance taking the partition over); had the state gone first, an
+    invalidation redone would find no questions to re-warm, and the edit's re-warm is lost."""
     for cmd in plan.commands:
         await p.out.command(logic.with_expiry(cmd, p.clock(), p.settings.command_expiry_s))
     await tails.send_question_tails(p, plan)
-    if plan.state is None:
-        p.tables.prefixes.pop(op.prefix_hash, None)
-    else:
-        p.tables.prefix_states[op.prefix_hash] = plan.state
     for link in plan.links:
         await p.out.link(link)
-    p.stats.update(plan.counters)
-    if op.reason.startswith("re-prefill") and plan.counters.get("prefills"):
-        p.stats["re_prefills"] += 1
     questions = plan.rewarm_questions[: p.settings.rewarm_questions]
     if questions:
         await caught_up(p)  # retrieve over the edit that invalidated it, wherever indexed
@@ -165,6 +162,13 @@ async def apply_plan(p: HandlerDeps, plan: logic.PrefixPlan, op: PrefixOp) -> No
             if prefix is not None:
                 await p.out.op(warm_op(prefix, op.tenant, question, op, pin=plan.rewarm_pin,
                                        hold=plan.rewarm_hold))
+    if plan.state is None:
+        p.tables.prefixes.pop(op.prefix_hash, None)
+    else:
+        p.tables.prefix_states[op.prefix_hash] = plan.state
+    p.stats.update(plan.counters)
+    if op.reason.startswith("re-prefill") and plan.counters.get("prefills"):
+        p.stats["re_prefills"] += 1
 
 
 # --- ragwarm.doc-links (key tenant + doc_id) ----------------------------------------------

@@ -184,8 +184,8 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
             new = wait_for(lambda t=tenant, q=question, s=stale: _fresh(client, survivor.url,
                                                                         t, q, s), 120,
                            "retrieval to return the edited chunk")
-            wait_for(lambda h=new.prefix_hash: events.find("stored", h), 300,
-                     f"{tenant}'s edited prefix re-warmed")
+            wait_for(lambda h=new.prefix_hash: events.find("stored", h)
+                     or _show([survivor], commands, h), 300, f"{tenant}'s edited prefix re-warmed")
         # No stale hit: no worker still holds a prefix built from an edited chunk.
         for tenant, question, _ in edits:
             old = warm[tenant, question].prefix_hash
@@ -208,13 +208,20 @@ def _agreed(client: Client, apps, tenant: str, question: str) -> QueryEvent | No
     return None
 
 
-def _show(apps) -> None:
-    """Print each live instance's counters (seen when a wait times out)."""
+def _show(apps, commands: Commands | None = None, prefix_hash: str = "") -> None:
+    """Print each live instance's counters, and the commands naming `prefix_hash` (seen when
+    a wait times out)."""
     for app in apps:
         try:
             print(app.url, app.counters())
         except httpx.HTTPError:
             pass
+    if commands is not None:
+        commands.invalidating(None)  # reads what arrived
+        print(prefix_hash[:12], [(c.op, c.worker_id, c.reason) for c in commands.seen
+                                 if c.prefix_hash == prefix_hash])
+        print("last commands:", [(c.op, c.tenant, (c.prefix_hash or "")[:12], c.reason)
+                                 for c in commands.seen[-12:]])
     time.sleep(10)
 
 

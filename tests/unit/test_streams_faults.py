@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from schemas import (
+    ChunkRef,
     KbChange,
     QueryEvent,
     SchemaError,
@@ -28,8 +29,9 @@ from streams.decide.logic import (
     plan_prefix_op,
     prefill_pending,
 )
-from streams.decide.records import DocLink, PrefixOp, PrefixState, WorkerState
+from streams.decide.records import DocLink, PrefixOp, PrefixState, WorkerState, doc_key
 from streams.handle import handlers
+from streams.handle.ports import WarmPrefix
 from streams.shell import faults
 from streams.shell.routes import BY_TYPE, ROUTES, route_for
 from streams.sim import run_sync
@@ -498,6 +500,74 @@ def test_a_retried_apply_indexed_still_does_its_follow_up_work():
     assert asyncio.run(faults.retry(apply, backoff, lambda *a: None)) is None
     assert port.failures == 0 and p.stats["edit_rechecks"] == 1
     assert p.tables.docs["d.md"]["version"] == 2 and p.applying == {}
+
+
+class _FlakyQuestionRetrieval(Port):
+    """Retrieval that fails once (the store busy), then finds the edited chunk's prefix."""
+
+    def __init__(self) -> None:
+        super().__init__({("default", "d.md#0"): "2" * 64})
+        self.failures = 1
+
+    def prefix_for_question(self, question, tenant):
+        self.calls.append("prefix_for_question")
+        if self.failures:
+            self.failures -= 1
+            raise OSError("store busy")
+        refs = [ChunkRef(chunk_id="d.md#0", content_hash="2" * 64)]
+        return WarmPrefix(prefix_hash="f" * 64, token_ids=[8] * 32, chunk_refs=refs)
+
+
+def test_an_invalidation_retried_after_its_rewarm_failed_still_rewarms():
+    """The defect: the op dropped the prefix's state before retrieving its questions'
+    new prefixes; the retry (or a replay after a crash) found no state, so no question to
+    re-warm, and the edited question stayed cold."""
+    port = _FlakyQuestionRetrieval()
+    p, out = pipeline(port, hot_tokens=False)
+    p.tables.prefix_states[P1] = PrefixState(
+        tenant="default", chunk_refs=REFS, token_ids=[7] * 32, questions=["why?"],
+        expires_at=1000.0, hot=True)
+    op = PrefixOp(op="invalidate", prefix_hash=P1, chunk_refs=REFS, reason="d.md v2")
+
+    async def apply():
+        await handlers.on_prefix_op(p, op)
+
+    backoff = faults.Backoff(initial_s=0.001, max_s=0.001, attempts=3)
+    assert asyncio.run(faults.retry(apply, backoff, lambda *a: None)) is None
+    assert port.failures == 0
+    assert [(o.op, o.prefix_hash) for o in out.ops] == [("warm", "f" * 64)]
+    assert P1 not in p.tables.prefixes and p.stats["invalidations"] == 1
+
+
+class _Killed(Exception):
+    """The process dies here: nothing after it runs, what was written stays."""
+
+
+def test_a_change_replayed_after_a_crash_mid_send_still_invalidates():
+    """The docs table takes the new version before the change's ops are sent. A crash
+    between the two replays the change (its offset not committed) onto the new version, in
+    an instance without the first attempt's memory (`applying`): the dependents' links
+    still name the old chunk, so the replay invalidates them all the same."""
+    from streams.decide.records import DocState
+
+    port = Port({("default", "d.md#0"): "2" * 64})
+    p, out = pipeline(port, hot_tokens=False)
+    key = doc_key("default", "d.md")
+    p.tables.doc_states[key] = DocState(version=1, chunks={"d.md#0": "1" * 64})
+    p.tables.doc_prefixes[key] = {P1: [r.model_dump(mode="json") for r in REFS]}
+    change = KbChange(op="upsert", doc_id="d.md", version=2, text="new")
+
+    async def dying_op(op):
+        raise _Killed
+
+    out.op = dying_op
+    with pytest.raises(_Killed):
+        run_sync(handlers.apply_indexed(p, change, {"d.md#0": "2" * 64}))
+    taker, taker_out = pipeline(port, hot_tokens=False)
+    taker.tables = p.tables
+    run_sync(handlers.apply_indexed(taker, change, {"d.md#0": "2" * 64}))
+    assert [(o.op, o.prefix_hash) for o in taker_out.ops] == [("invalidate", P1)]
+    assert taker.tables.doc_states[key].version == 2
 
 
 class _FlakyRows(dict):
