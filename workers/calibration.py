@@ -47,6 +47,10 @@ class ShareFigures(Quality):
     ttft_full_ms_p50: float = Field(ge=0)
     ttft_blend_ms_p50: float = Field(ge=0)
     ttft_ratio: float = Field(ge=0)
+    # On the same cache with blending off (None in calibrations before 2026-12-07): what the
+    # blend itself gains; `ttft_ratio` also credits it with the first chunk's exact hit.
+    ttft_exact_ms_p50: float | None = Field(default=None, ge=0)
+    ttft_vs_exact: float | None = Field(default=None, ge=0)
     blended_tokens_mean: float = Field(default=0.0, ge=0)
 
 

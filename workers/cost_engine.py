@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from schemas import QueryEvent
 from schemas.prefix import prefix_kv_bytes
 from workers.engines.base import PrefixEngine, Request
 from workers.engines.protocol import GenerationResult, GenerationStep
-from workers.kv.blend_cost import moved_layer_share
+from workers.kv.blend_cost import BlendCosts, blend_computed, moved_layer_share
 from workers.kv.cache import PrefixCache, WarmupRefused
 from workers.kv.chunk_kv import plan_pieces
 from workers.kv.donors import DonorIndex
@@ -50,37 +50,51 @@ DEFAULT_COST = (127.0, 3.14)  # (ms fixed, ms per uncached prompt token)
 DEFAULT_RESTORE_PER_TOKEN_MS = 0.05
 
 
-# A moved token's cost in a blend, as a share of a computed token's: the layers the default
-# selection runs it through (hkvd checked at layers 1, 4, 10 keeping 2x, 1.41x, 1x the share
-# of 0.3, SmolLM2-135M's 30 layers: `moved_layer_share` = 0.378). It predicts a blend of
-# Argo CD's prompts (p50 582 tokens, ~87% moved) at 46% of the full prefill; `bench blend`
-# measured 40% (docs/lab/benchmarks-notebook.md, 2026-11-30), so it errs on the slow side.
-DEFAULT_MOVED_SHARE = moved_layer_share(0.3, (1, 4, 10), 2.0, 30)
+# The default selection (`workers.engines.blend.Selection`: hkvd checked at layers 1, 4, 10,
+# keeping 2x, 1.41x, 1x the share) on SmolLM2-135M's 30 layers; this module imports no torch.
+_CHECKS, _WIDEN, _LAYERS = (1, 4, 10), 2.0, 30
+DEFAULT_SHARE = 0.3  # `Selection.share`, where no calibration passes
 
 
-def calibrated_moved_share(model_id: str) -> float:
-    """A moved token's cost for `model_id`'s calibrated blend: the TTFT ratio its stored
-    calibration measured (blend over full prefill on prompts whose chunk tokens are nearly
-    all moved, at the share a default worker blends at), so the model-free bench charges a
-    blend what the worker's blend costs. DEFAULT_MOVED_SHARE where no calibration passes."""
+def moved_cost(share: float) -> float:
+    """A moved token's cost in a blend at recompute `share`, as a share of a computed one:
+    the layers the default selection runs it through (`moved_layer_share`; 0.378 at 0.3). At
+    0.3 it predicts a blend of Argo CD's prompts (p50 582 tokens, ~87% moved) at 46% of the
+    full prefill; `bench blend` measured 40% (docs/lab/benchmarks-notebook.md, 2026-11-30), so
+    it errs on the slow side. It is not the calibration's `ttft_ratio`: that one's blends
+    found the first chunk's KV as an exact prefix (chunk warmups store `opening + chunk`),
+    so it credits blending with an exact hit (docs/lab/2026-12-07-blend-cost-model.md)."""
+    return moved_layer_share(share, _CHECKS, _WIDEN, _LAYERS)
+
+
+def calibrated_share(model_id: str) -> float:
+    """The recompute share a default worker blends `model_id` at: its stored calibration's
+    chosen share (DEFAULT_SHARE where none passes), so that the model-free bench blends at
+    the worker's share and charges what that share computes (`CostModel.for_share`)."""
     from workers.calibration import load_calibration
 
     calibration = load_calibration(model_id)
-    if calibration is None or not calibration.passed or calibration.ttft_ratio is None:
-        return DEFAULT_MOVED_SHARE
-    return calibration.ttft_ratio
+    if calibration is None or not calibration.passed or calibration.share is None:
+        return DEFAULT_SHARE
+    return calibration.share
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """TTFT ≈ fixed_ms + per_token_ms × (prompt tokens − cached tokens); a blend computes
-    the tokens no chunk KV covers and pays `moved_share` of a token for each moved one."""
+    """TTFT ≈ fixed_ms + per_token_ms × (prompt tokens − cached tokens); a blend at
+    `recompute_share` computes the tokens no chunk KV covers and pays `moved_share` of a
+    token for each moved one (`moved_cost` of that share)."""
 
     fixed_ms: float
     per_token_ms: float
     fitted_on: int = 0  # measured queries behind the fit (0: the default figures)
-    moved_share: float = DEFAULT_MOVED_SHARE
+    moved_share: float = moved_cost(DEFAULT_SHARE)
     restore_per_token_ms: float = DEFAULT_RESTORE_PER_TOKEN_MS
+    recompute_share: float = DEFAULT_SHARE
+
+    def for_share(self, share: float) -> CostModel:
+        """This model for a worker blending at `share` (what it recomputes, and its cost)."""
+        return replace(self, recompute_share=share, moved_share=moved_cost(share))
 
     def ttft_ms(self, prompt_tokens: int, cached_tokens: int) -> float:
         return self.fixed_ms + self.per_token_ms * max(0, prompt_tokens - cached_tokens)
@@ -133,6 +147,7 @@ class CostEngine(PrefixEngine[int]):
         self._held: dict[str, int] = {}
         # The same donation bookkeeping as the torch engine: a blend's cost needs no tensors.
         self.donors = DonorIndex(self.block_size)
+        self.blend_costs = BlendCosts()  # the torch engine's `ChunkBlender.costs`
         self.tier = SimTier(TierIndex(tier_bytes)) if tier_bytes > 0 else None
         if self.tier is not None:
             cache.tier = TierJournal(write_through=False)  # a host tier
@@ -222,17 +237,27 @@ class CostEngine(PrefixEngine[int]):
         yield GenerationStep(0, 0, "", result)
 
     def _ttft_ms(self, request: Request, cached: int) -> tuple[float, int]:
-        """The request's TTFT and the tokens it blends: as the torch engine decides, a blend
-        only where it is estimated faster than the cold prefill (here the estimate is the
-        cost model itself, so it is exact)."""
+        """The request's TTFT and the tokens it blends, decided as the torch engine decides
+        (`ChunkBlender.blend`): by the same estimate (`BlendCosts`), fed the cost model's
+        times where the torch engine feeds it its own. So it blends where the worker would,
+        not wherever the cost model says a blend is cheaper: until two blends were timed the
+        estimate tries only blends that compute at most half the cold tokens, which at the
+        shipped calibration's share of 0.9 none does (nor would it pay: `moved_cost`)."""
+        cold_tokens = max(0, len(request.prompt) - cached)
         cold = self.cost.ttft_ms(len(request.prompt), cached)
-        if not request.chunk_reuse or not request.chunks:
-            return cold, 0
-        donors = self.chunk_donors(request.tenant, request.prompt, request.chunks, cached)
-        plans = plan_pieces(request.chunks, cached, {r: d.held for r, d in donors.items()})
-        moved = sum(plan.count for plan in plans)
-        blended = self.cost.blend_ttft_ms(len(request.prompt), cached, moved)
-        return (blended, moved) if moved and blended < cold else (cold, 0)
+        moved = 0
+        if request.chunk_reuse and request.chunks:
+            donors = self.chunk_donors(request.tenant, request.prompt, request.chunks, cached)
+            plans = plan_pieces(request.chunks, cached, {r: d.held for r, d in donors.items()})
+            moved = sum(plan.count for plan in plans)
+        computed = blend_computed(cold_tokens - moved, moved, self.cost.recompute_share)
+        if moved and self.blend_costs.worth(cold_tokens, computed, moved):
+            blended = self.cost.blend_ttft_ms(len(request.prompt), cached, moved)
+            self.blend_costs.saw_blend(computed, moved, blended / 1000)
+            return blended, moved
+        if cold_tokens >= self.block_size:  # as the torch engine samples its forwards
+            self.blend_costs.saw_prefill(cold_tokens, cold / 1000)
+        return cold, 0
 
 
 class _Everything:

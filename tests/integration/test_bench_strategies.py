@@ -194,7 +194,7 @@ def test_model_free_takes_the_same_decisions_and_says_its_ttft_is_estimated(run,
     run's, and each TTFT is the cost model's estimate (labelled so), not a measurement."""
     from ragwarm.bench.strategies.policies import model_free
     from ragwarm.settings import ModelSettings
-    from workers.cost_engine import DEFAULT_COST, CostModel, calibrated_moved_share
+    from workers.cost_engine import DEFAULT_COST, CostModel, calibrated_share
 
     folder = run["out"].parent
     out = tmp_path / "model-free"
@@ -208,8 +208,7 @@ def test_model_free_takes_the_same_decisions_and_says_its_ttft_is_estimated(run,
     report = json.loads(result.stdout)
     names = [n for n in policy_names() if model_free(policy_class(n))]
     assert list(report["policies"]) == names and "tiered" not in names
-    cost = CostModel(*DEFAULT_COST,
-                     moved_share=calibrated_moved_share(ModelSettings().llm_name))
+    cost = CostModel(*DEFAULT_COST).for_share(calibrated_share(ModelSettings().llm_name))
     assert report["ttft_estimated"] == {"fixed_ms": cost.fixed_ms,
                                         "per_token_ms": cost.per_token_ms}
     rows = [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ragwarm.bench.strategies.lanes import SimClock
 from workers.cost_engine import CostEngine, CostModel, make_cache
+from workers.kv.blend_cost import BlendCosts
 from workers.kv.memory import Budget
 from workers.sim import MeasurementMemo, Measurements, SimWorker
 
@@ -30,6 +31,8 @@ def worker(clock: SimClock, name: str, *, caching: bool = True,
            blending: bool = False) -> SimWorker:
     cache = make_cache(Budget(10**9, 1000, 10**9), clock, 16)
     engine = CountingEngine(CostModel(100.0, 1.0), cache, model_id="m", kv_bytes_per_token=1)
+    if blending:  # tries any blend computing fewer tokens (the sharing is tested, not the gate)
+        engine.blend_costs = BlendCosts(explore_ratio=1.0)
     return SimWorker(engine, clock, worker_id=name, cache_requests=caching, ttft_runs=3,
                      chunk_reuse=blending)
 

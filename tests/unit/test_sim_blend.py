@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from workers.cost_engine import CostEngine, CostModel
+import pytest
+
+from workers.cost_engine import CostEngine, CostModel, moved_cost
 from workers.engines.protocol import GenerateRequest
+from workers.kv.blend_cost import BlendCosts
 from workers.kv.blocks import BLOCK_SIZE
 from workers.kv.cache import Budget, PrefixCache
 from workers.kv.chunk_kv import ChunkSpan
@@ -20,9 +23,13 @@ CHUNKS = [[(i + 1) * 10_000 + t for t in range(5 * BLOCK_SIZE + 3)] for i in ran
 COST = CostModel(100.0, 1.0)
 
 
-def make_engine(cost: CostModel = COST) -> CostEngine:
+def make_engine(cost: CostModel = COST, *, explore_ratio: float = 1.0) -> CostEngine:
+    """By default it tries any blend computing fewer tokens than the cold prefill (the
+    worker's first guess tries only those computing at most half: tested below)."""
     cache = PrefixCache(Budget(max_bytes=1 << 30, max_entries=1000, warm_bytes=1 << 29))
-    return CostEngine(cost, cache, model_id="m", kv_bytes_per_token=1)
+    engine = CostEngine(cost, cache, model_id="m", kv_bytes_per_token=1)
+    engine.blend_costs = BlendCosts(explore_ratio=explore_ratio)
+    return engine
 
 
 def prompt(order: list[int], question: int) -> tuple[list[int], list[ChunkSpan]]:
@@ -72,13 +79,31 @@ def test_a_changed_chunk_is_never_blended_again() -> None:
     assert REFS[1] not in donors and REFS[0] in donors
 
 
-def test_a_blend_estimated_slower_than_the_cold_prefill_is_not_run() -> None:
-    engine = make_engine(replace(CostModel(100.0, 1.0), moved_share=1.2))
+def test_blends_are_decided_as_the_worker_decides_them() -> None:
+    # The worker's first guess: a blend computing more than half the cold tokens is not
+    # tried (at the shipped share of 0.9 none is).
+    engine = make_engine(replace(COST, recompute_share=0.9), explore_ratio=0.5)
     ask(engine, [0, 1, 2], 0, keep=True)
     result = ask(engine, [2, 1, 0], 1)
     assert result.blended_tokens == 0
-    assert result.ttft_s == CostModel(100.0, 1.0).ttft_ms(result.prompt_tokens,
-                                                          result.cached_tokens) / 1000
+    assert result.ttft_s == COST.ttft_ms(result.prompt_tokens, result.cached_tokens) / 1000
+    # At 0.3 it is tried; blends turn out slower than computing (1.2 of a computed token
+    # per moved one): once two of different sizes were timed, no more is run.
+    engine = make_engine(replace(COST, moved_share=1.2), explore_ratio=0.5)
+    ask(engine, [0, 1, 2], 0, keep=True)
+    explored = [ask(engine, order, q).blended_tokens for q, order in
+                enumerate(([2, 1, 0], [0, 2, 1]), start=1)]
+    assert explored[0] > explored[1] > 0 and engine.blend_costs.learned
+    result = ask(engine, [1, 2, 0], 3)
+    assert result.blended_tokens == 0
+    assert result.ttft_s == COST.ttft_ms(result.prompt_tokens, result.cached_tokens) / 1000
+
+
+def test_the_cost_of_a_moved_token_is_what_the_share_computes() -> None:
+    assert moved_cost(0.3) == COST.moved_share == pytest.approx(0.378, abs=1e-3)
+    assert moved_cost(0.9) > 0.9  # it recomputes 90% and checks the rest at three layers
+    assert COST.for_share(0.9).moved_share == moved_cost(0.9)
+    assert COST.for_share(0.9).recompute_share == 0.9
 
 
 def test_a_blended_prompt_is_stored_and_a_later_ask_reads_its_approximate_blocks() -> None:

@@ -200,10 +200,10 @@ def _run(events: list, questions: list, settings: Any, names: list[str], plan: d
     from ragwarm.bench.strategies.runner import open_rig, run_benchmark
     from ragwarm.models import ModelMissing
     from ragwarm.settings import ModelSettings
-    from workers.cost_engine import DEFAULT_COST, CostModel, calibrated_moved_share
+    from workers.cost_engine import DEFAULT_COST, CostModel, calibrated_share
 
-    moved = calibrated_moved_share(ModelSettings().llm_name)
-    cost = CostModel(*DEFAULT_COST, moved_share=moved) if plan["model_free"] else None
+    share = calibrated_share(ModelSettings().llm_name)
+    cost = CostModel(*DEFAULT_COST).for_share(share) if plan["model_free"] else None
     with tempfile.TemporaryDirectory(prefix="ragwarm-strategies-") as tmp:
         try:
             rig = open_rig(settings, Path(tmp) / "store", plan["chunk_tokens"], cost)
