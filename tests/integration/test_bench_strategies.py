@@ -210,7 +210,9 @@ def test_model_free_takes_the_same_decisions_and_says_its_ttft_is_estimated(run,
     assert list(report["policies"]) == names and "tiered" not in names
     cost = CostModel(*DEFAULT_COST).for_share(calibrated_share(ModelSettings().llm_name))
     assert report["ttft_estimated"] == {"fixed_ms": cost.fixed_ms,
-                                        "per_token_ms": cost.per_token_ms}
+                                        "per_token_ms": cost.per_token_ms,
+                                        "recompute_share": cost.recompute_share,
+                                        "moved_token_cost": round(cost.moved_share, 4)}
     rows = [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
     # A blending worker decides by its cost estimate (the engine's timings here, the cost
     # model there) and never stores a blended prompt, so its cache may differ: the exact

@@ -216,8 +216,10 @@ def _run(events: list, questions: list, settings: Any, names: list[str], plan: d
                                    tier_root=Path(tmp) / "kv-tier",
                                    share_queries=plan["share_queries"])
             if cost is not None:
-                result.meta["ttft_estimated"] = {"fixed_ms": cost.fixed_ms,
-                                                 "per_token_ms": cost.per_token_ms}
+                result.meta["ttft_estimated"] = {
+                    "fixed_ms": cost.fixed_ms, "per_token_ms": cost.per_token_ms,
+                    "recompute_share": cost.recompute_share,
+                    "moved_token_cost": round(cost.moved_share, 4)}
             return result
         finally:
             rig.store.close()
@@ -325,8 +327,12 @@ def _estimate_note(meta: dict) -> str:
     cost = meta.get("ttft_estimated")
     if cost is None:
         return ""
+    blend = ""
+    if "recompute_share" in cost:  # a blend, where the worker's own estimate would run one
+        blend = (f"; a blend at share {cost['recompute_share']} pays "
+                 f"{cost['moved_token_cost']:.2f} of a token per moved token")
     return (f" **Model-free: hits exact, every TTFT estimated** ({cost['fixed_ms']:.0f} ms + "
-            f"{cost['per_token_ms']:.2f} ms per uncached prompt token), not measured.")
+            f"{cost['per_token_ms']:.2f} ms per uncached prompt token{blend}), not measured.")
 
 
 def _command() -> str:
