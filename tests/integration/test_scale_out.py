@@ -72,9 +72,13 @@ class Commands:
                                       auto_offset_reset="earliest", consumer_timeout_ms=500)
         self.seen: list[WarmupCommand] = []
 
-    def invalidating(self, ref) -> bool:
+    def read(self) -> list[WarmupCommand]:
+        """Every command seen so far, those that arrived since the last read included."""
         self.seen.extend(decode(m.value, WarmupCommand) for m in self.consumer)
-        return any(c.op == "invalidate" and ref in c.chunk_refs for c in self.seen)
+        return self.seen
+
+    def invalidating(self, ref) -> bool:
+        return any(c.op == "invalidate" and ref in c.chunk_refs for c in self.read())
 
 
 class Load(threading.Thread):
@@ -217,11 +221,11 @@ def _show(apps, commands: Commands | None = None, prefix_hash: str = "") -> None
         except httpx.HTTPError:
             pass
     if commands is not None:
-        commands.invalidating(None)  # reads what arrived
-        print(prefix_hash[:12], [(c.op, c.worker_id, c.reason) for c in commands.seen
+        seen = commands.read()
+        print(prefix_hash[:12], [(c.op, c.worker_id, c.reason) for c in seen
                                  if c.prefix_hash == prefix_hash])
         print("last commands:", [(c.op, c.tenant, (c.prefix_hash or "")[:12], c.reason)
-                                 for c in commands.seen[-12:]])
+                                 for c in seen[-12:]])
     time.sleep(10)
 
 
