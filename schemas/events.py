@@ -309,8 +309,9 @@ class ChunkSpan(ChunkRef):
     end: int = Field(gt=0, le=MAX_TOKENS)
 
 
-class WarmupCommand(WarmupCommandV4):
-    """An order from the streams app to one worker (or all, `worker_id=None`).
+class WarmupCommandV5(WarmupCommandV4):
+    """Version 5 of `WarmupCommand` (every prefill kept in device memory); still read,
+    upgraded on decode.
 
     v5: `chunk_spans` on a `prefill`: where each of its chunks stands in `token_ids`, so
     the worker offers their KV for blending into other prompts as soon as it stores the
@@ -324,7 +325,7 @@ class WarmupCommand(WarmupCommandV4):
     chunk_spans: list[ChunkSpan] = Field(default_factory=list, max_length=256)
 
     @model_validator(mode="after")
-    def _span_fields(self) -> WarmupCommand:
+    def _span_fields(self) -> WarmupCommandV5:
         if not self.chunk_spans:
             return self
         if self.op != "prefill":
@@ -342,6 +343,27 @@ class WarmupCommand(WarmupCommandV4):
         if end > len(self.token_ids):
             raise ValueError(f"chunk_spans: end {end} is past the prompt's {len(self.token_ids)} "
                              "tokens")
+        return self
+
+
+class WarmupCommand(WarmupCommandV5):
+    """An order from the streams app to one worker (or all, `worker_id=None`).
+
+    v6: `placement` of a `prefill`: `device` (the default, as before) keeps the prefix in
+    device memory; `tier` computes it and keeps it only in the worker's KV tier below device
+    memory (host or disk), where a hit reads it back, without evicting the prefixes in use
+    from device memory. A worker without a tier refuses it.
+    """
+
+    VERSION: ClassVar[int] = 6
+
+    schema_version: Literal[6] = 6  # type: ignore[assignment]
+    placement: Literal["device", "tier"] = "device"
+
+    @model_validator(mode="after")
+    def _placement_op(self) -> WarmupCommand:
+        if self.placement != "device" and self.op != "prefill":
+            raise ValueError(f"placement: only op 'prefill' takes one, not '{self.op}'")
         return self
 
 
@@ -399,8 +421,8 @@ class WorkerEventV4(WorkerEventV3):
     node: Id | None = None
 
 
-class WorkerEvent(WorkerEventV4):
-    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+class WorkerEventV5(WorkerEventV4):
+    """Version 5 of `WorkerEvent` (no tier size); still read, upgraded on decode.
 
     v5: kind `synthesized` answers a `synthesize` command: `questions` are the questions
     its model sampled about the chunks in `chunk_refs` (cleaned, duplicates dropped; empty
@@ -414,6 +436,20 @@ class WorkerEvent(WorkerEventV4):
     questions: list[
         Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUESTION_CHARS)]
     ] = Field(default_factory=list, max_length=MAX_SYNTH_SAMPLES)
+
+
+class WorkerEvent(WorkerEventV5):
+    """What a worker reports: cache changes, readiness and heartbeats with memory figures.
+
+    v6: `tier_total_bytes`, the size of the worker's KV tier below device memory (0: it
+    keeps none), beside `tier_bytes` (what it holds), so the app can warm prefixes into the
+    tier's free room (`WarmupCommand.placement`) as well as into device memory.
+    """
+
+    VERSION: ClassVar[int] = 6
+
+    schema_version: Literal[6] = 6  # type: ignore[assignment]
+    tier_total_bytes: int = Field(default=0, ge=0)
 
 
 class DeadLetter(DeadLetterV1):
@@ -534,9 +570,11 @@ LEGACY_TYPES: tuple[type[Event], ...] = (
     WarmupCommandV2,
     WarmupCommandV3,
     WarmupCommandV4,
+    WarmupCommandV5,
     WorkerEventV1,
     WorkerEventV2,
     WorkerEventV3,
     WorkerEventV4,
+    WorkerEventV5,
     DeadLetterV1,
 )

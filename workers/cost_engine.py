@@ -162,6 +162,9 @@ class CostEngine(PrefixEngine[int]):
             return [], 0
         return self.tier.index.prefix_ends(), self.tier.index.bytes_used
 
+    def tier_total(self) -> int:
+        return 0 if self.tier is None else self.tier.index.max_bytes
+
     def restorable(self, hashes: list[str], have: int) -> int:
         return 0 if self.tier is None else self.tier.index.run(hashes, have)
 

@@ -104,15 +104,18 @@ class WorkerRuntime:
 
     def prefill(
         self, token_ids: Sequence[int], *, source: str = "api", chunks: Sequence[ChunkSpan] = (),
-        **options: Unpack[PrefillOptions],
+        to_tier: bool = False, **options: Unpack[PrefillOptions],
     ) -> PrefillResult:
         """`Engine.prefill` under the lock; raises `WarmupRefused` when it cannot fit.
-        `chunks`: where the prompt's chunks stand, when known (their KV is then donated)."""
+        `chunks`: where the prompt's chunks stand, when known (their KV is then donated);
+        `to_tier`: keep it in the KV tier only."""
         try:
             with self.lock.background() as waited:
                 self.metrics.engine_wait.labels(work="warmup").observe(waited)
                 try:
-                    result = self.engine.prefill(token_ids, chunks=chunks, **options)
+                    result = self.engine.prefill(
+                        token_ids, chunks=chunks, to_tier=to_tier, **options
+                    )
                 finally:
                     self._refresh()
         finally:
@@ -217,13 +220,14 @@ class WorkerRuntime:
         self.metrics.commands.labels(op=command.op, result=outcome).inc()
         return outcome
 
-    def _check_warmup(self, token_ids: Sequence[int]) -> None:
+    def _check_warmup(self, token_ids: Sequence[int], *, device: bool = True) -> None:
         try:
             # The bounds of POST /v1/prefill, before any compute: a command is no more trusted.
             check_prompt(token_ids, self.limits)
         except ApiError as exc:
             raise WarmupRefused(exc.message) from None
-        self.check_threshold()
+        if device:  # the threshold guards device memory; a tier placement leaves none used
+            self.check_threshold()
 
     def check_threshold(self) -> None:
         """Refuse a warmup (a command or POST /v1/prefill alike) over the memory threshold."""
@@ -235,7 +239,8 @@ class WorkerRuntime:
             raise WarmupRefused(f"pinned memory {used}/{total} is over {self.warmup_threshold}")
 
     def _cmd_prefill(self, cmd: WarmupCommand) -> str:
-        self._check_warmup(cmd.token_ids)
+        to_tier = cmd.placement == "tier"
+        self._check_warmup(cmd.token_ids, device=not to_tier)
         result = self.prefill(
             cmd.token_ids,
             tenant=cmd.tenant,
@@ -245,6 +250,7 @@ class WorkerRuntime:
             pin=cmd.pin,
             command_id=cmd.command_id,
             source="command",
+            to_tier=to_tier,
         )
         if result.prefix_hash is None:
             return "too_short"
@@ -378,6 +384,7 @@ class WorkerRuntime:
             warm_prefixes=snap.prefixes,
             tier_prefixes=list(snap.tier_prefixes[-MAX_TIER_PREFIXES:]),
             tier_bytes=snap.tier_bytes,
+            tier_total_bytes=snap.tier_total,
         )
 
     def refused_event(self, reason: str, command_id: str | None) -> WorkerEvent:
@@ -429,7 +436,8 @@ class WorkerRuntime:
         blocks = asdict(cache.block_stats())
         tier, tier_bytes = self.engine.tier_state()
         self.snapshot = Snapshot(
-            mem.used, mem.total, cache.pinned_bytes, entries, blocks, tuple(tier), tier_bytes
+            mem.used, mem.total, cache.pinned_bytes, entries, blocks, tuple(tier), tier_bytes,
+            self.engine.tier_total(),
         )
         # Queued here, under the lock, so concurrent operations publish in cache order.
         self._pending.extend((ev, self.snapshot) for ev in cache.drain_events())

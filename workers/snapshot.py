@@ -20,6 +20,7 @@ class Snapshot:
     # The disk tier's chain ends and bytes (empty without one).
     tier_prefixes: tuple[str, ...] = ()
     tier_bytes: int = 0
+    tier_total: int = 0  # what the tier may hold
 
     @property
     def prefixes(self) -> list[str]:

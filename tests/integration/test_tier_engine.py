@@ -129,6 +129,28 @@ def test_an_evicted_prefix_spills_to_host_memory_and_comes_back_bit_for_bit(
     assert _answer(cold, ids + question, "a")[0] == tokens  # as a cold engine answers
 
 
+def test_a_prefix_prefilled_into_the_host_tier_leaves_the_device_prefix_and_answers_warm(
+    model_path: Path
+) -> None:
+    """`WarmupCommand.placement == "tier"`: the prefix is computed and its blocks go straight
+    to the host tier; the prefix in device memory is not evicted for it, and an ask reads
+    the tier's KV back and answers as a cold engine does."""
+    settings = WorkerSettings(device="cpu", threads=1, host_tier_bytes=64 * 2**20)
+    engine, ids = _one_prefix_engine(model_path, settings)
+    assert engine.tier is not None and engine.tier_total() == 64 * 2**20
+    kept = engine.prefill(ids, tenant="a", kind="request")
+    used = engine.memory().used
+    placed = engine.prefill(ids, tenant="b", to_tier=True)
+    assert placed.computed_tokens == 96 and placed.prefix_hash not in engine.cache
+    assert kept.prefix_hash in engine.cache and engine.memory().used == used
+    assert len(engine.tier.index) == 6 and placed.prefix_hash in engine.tier_state()[0]
+    question = engine.tokenize(" Which state does it keep?")
+    tokens, cached = _answer(engine, ids + question, "b")
+    assert cached == 96  # read back from host memory, not recomputed
+    cold = load_torch_engine(model_path, WorkerSettings(device="cpu", threads=1))
+    assert _answer(cold, ids + question, "b")[0] == tokens
+
+
 def test_a_stored_blends_blocks_spill_to_host_memory_and_come_back_still_marked(
     model_path: Path
 ) -> None:

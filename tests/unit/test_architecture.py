@@ -19,12 +19,12 @@ MAX_FUNCTION_LINES = 60
 # module: a file is split where it holds two jobs, never to get under a number.
 LONG_MODULES: dict[str, tuple[int, str]] = {
     "workers/kv/cache.py": (
-        540,
+        550,
         "PrefixCache is one job (admit, look up, invalidate, evict over the block pool); its "
         "pure helpers already live in workers/kv/entries.py",
     ),
     "schemas/events.py": (
-        560,
+        600,
         "the wire models, one per event type and version, each read by codec's one "
         "registry; versions subclass each other, so a version's fields sit beside its base's",
     ),

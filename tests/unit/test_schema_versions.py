@@ -23,7 +23,7 @@ def test_v1_worker_event_reads_as_current_without_epoch():
     old = WorkerEventV1(worker_id="w", kind="ready", mem_total_bytes=10)
     event = decode(encode(old), WorkerEvent)
     assert type(event) is WorkerEvent
-    assert event.schema_version == 5
+    assert event.schema_version == WorkerEvent.VERSION
     assert event.epoch is None
     assert event.mem_total_bytes == 10
 
@@ -33,7 +33,7 @@ def test_worker_event_round_trips_with_epoch_tier_and_node():
         worker_id="w", kind="ready", epoch=17, tier_prefixes=["ab" * 16], tier_bytes=7,
         node="node-a",
     )
-    assert json.loads(encode(event))["schema_version"] == 5
+    assert json.loads(encode(event))["schema_version"] == WorkerEvent.VERSION
     assert decode(encode(event)) == event
 
 
@@ -47,7 +47,7 @@ def test_a_v3_ready_reads_as_current_on_no_node():
 def test_a_v4_ready_keeps_its_node_and_has_no_questions():
     old = WorkerEventV4(worker_id="w", kind="ready", epoch=5, node="node-a")
     event = decode(encode(old), WorkerEvent)
-    assert type(event) is WorkerEvent and event.schema_version == 5
+    assert type(event) is WorkerEvent and event.schema_version == WorkerEvent.VERSION
     assert event.node == "node-a" and event.questions == []
 
 
@@ -125,3 +125,26 @@ def test_chunk_prefill_needs_the_chunk_its_opening_and_exactly_one_ref():
         fields = {"token_ids": [5], "opening_ids": [1], "chunk_refs": [ref]} | kw
         with pytest.raises(ValueError, match=missing):
             WarmupCommand(command_id="c", op="prefill_chunk", **fields)
+
+
+def test_a_v5_prefill_reads_as_kept_in_device_memory():
+    from schemas.events import WarmupCommandV5
+
+    old = WarmupCommandV5(command_id="c", op="prefill", token_ids=[1, 2])
+    cmd = decode(encode(old), WarmupCommand)
+    assert cmd.schema_version == WarmupCommand.VERSION and cmd.placement == "device"
+
+
+def test_a_tier_placement_round_trips_on_a_prefill_only():
+    cmd = WarmupCommand(command_id="c", op="prefill", token_ids=[1, 2], placement="tier")
+    assert decode(encode(cmd)) == cmd
+    with pytest.raises(ValueError, match="placement"):
+        WarmupCommand(command_id="c", op="release", prefix_hash="ab" * 16, placement="tier")
+
+
+def test_a_v5_worker_event_reads_as_one_with_no_tier_size():
+    from schemas.events import WorkerEventV5
+
+    old = WorkerEventV5(worker_id="w", kind="heartbeat", tier_bytes=9)
+    event = decode(encode(old), WorkerEvent)
+    assert event.tier_total_bytes == 0 and event.tier_bytes == 9

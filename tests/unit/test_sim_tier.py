@@ -4,11 +4,13 @@ restore cost instead of recomputing them, and an edited chunk leaves the tier to
 
 from __future__ import annotations
 
+import pytest
+
 from schemas import ChunkRef
 from workers.cost_engine import CostEngine, CostModel
 from workers.engines.protocol import GenerateRequest
 from workers.kv.blocks import BLOCK_SIZE
-from workers.kv.cache import Budget, PrefixCache
+from workers.kv.cache import Budget, PrefixCache, WarmupRefused
 from workers.kv.chunk_kv import ChunkSpan
 from workers.kv.tier_index import TierBlock, TierIndex
 from workers.kv.tier_journal import TierJournal, TierOps, absorb
@@ -135,3 +137,46 @@ def test_a_read_back_chunk_is_judged_by_its_last_block_not_its_shared_first() ->
                           spans=[span])
     assert answer.restored and answer.result.cached_tokens == N_BLOCKS * BLOCK_SIZE
     assert v1 not in answer.entry_refs and v2 in answer.entry_refs
+
+
+def test_a_prefill_to_the_tier_leaves_device_memory_to_the_prompt_in_use() -> None:
+    engine = make_engine(tier_bytes=2 * N_BLOCKS * BLOCK_SIZE)
+    a, b = prompt(1_000), prompt(2_000)
+    ask(engine, a)  # device memory is full with it
+    used = engine.memory().used
+    stored = engine.prefill(b, tenant="t", to_tier=True, command_id="c1")
+    assert stored.computed_tokens == N_BLOCKS * BLOCK_SIZE
+    b_hashes = engine.block_hashes(b, tenant="t")
+    assert b_hashes[-1] not in engine.cache and engine.memory().used == used
+    assert engine.block_hashes(a, tenant="t")[-1] in engine.cache  # nothing evicted for it
+    assert b_hashes[-1] in engine.tier_state()[0]
+    kinds = [(e.kind, e.reason) for e in engine.cache.drain_events() if e.command_id == "c1"]
+    assert kinds == [("stored", ""), ("evicted", "tier")]
+    assert ask(engine, b).cached_tokens == N_BLOCKS * BLOCK_SIZE  # read back on its ask
+
+
+def test_a_prefill_to_the_tier_of_a_prefix_in_device_memory_keeps_it_there() -> None:
+    engine = make_engine(tier_bytes=2 * N_BLOCKS * BLOCK_SIZE)
+    a = prompt(1_000)
+    ask(engine, a)
+    assert engine.prefill(a, tenant="t", to_tier=True).computed_tokens == 0
+    assert engine.block_hashes(a, tenant="t")[-1] in engine.cache
+
+
+def test_a_worker_without_a_tier_refuses_a_tier_placement() -> None:
+    engine = make_engine(tier_bytes=0)
+    with pytest.raises(WarmupRefused, match="no KV tier"):
+        engine.prefill(prompt(1_000), tenant="t", to_tier=True)
+    assert engine.tier_total() == 0 and len(engine.cache) == 0
+
+
+def test_an_edited_chunk_reaches_a_prefix_placed_in_the_tier() -> None:
+    engine = make_engine(tier_bytes=2 * N_BLOCKS * BLOCK_SIZE)
+    b = prompt(2_000)
+    engine.prefill(b, tenant="t", chunk_refs=[REF_A], to_tier=True)
+    assert engine.tier_total() == 2 * N_BLOCKS * BLOCK_SIZE
+    engine.invalidate([REF_A], tenant="t")
+    engine.sync()
+    assert engine.tier is not None
+    assert engine.tier.index.run(engine.block_hashes(b, tenant="t")) == 0
+    assert ask(engine, b).cached_tokens == 0

@@ -42,7 +42,7 @@ def prefill(spans: list[ChunkSpan], n_tokens: int = 100, **kw) -> WarmupCommand:
 def test_spans_round_trip_and_a_v4_prefill_reads_with_none() -> None:
     cmd = prefill([span(0, 10, 30), span(2, 30, 55)])
     back = decode(encode(cmd), WarmupCommand)
-    assert back.chunk_spans == cmd.chunk_spans and back.schema_version == 5
+    assert back.chunk_spans == cmd.chunk_spans and back.schema_version == WarmupCommand.VERSION
     old = decode(encode(WarmupCommandV4(command_id="c", op="prefill", token_ids=[1, 2])))
     assert type(old) is WarmupCommand and old.chunk_spans == []
 

@@ -195,16 +195,20 @@ class PrefixEngine(ABC, Generic[H]):
         command_id: str | None = None,
         kind: Kind = "managed",
         chunks: Sequence[ChunkSpan] = (),
+        to_tier: bool = False,
     ) -> PrefillResult:
         # `chunks`: where the chunks stand in the prompt, when the caller knows (then their
         # KV is donated for blending, and invalidation cuts each at its first block).
         check_spans(chunks, len(token_ids) + 1)
         refs = list(chunk_refs)
-        return self._prefill(
-            list(token_ids), tuple(chunks), tenant=tenant,
-            chunk_refs=[*refs, *(s.ref for s in chunks if s.ref not in refs)], ttl_s=ttl_s,
-            pin=pin, command_id=command_id, kind=kind,
-        )
+        tokens = list(token_ids)
+        options: PrefillOptions = {
+            "tenant": tenant, "chunk_refs": [*refs, *(s.ref for s in chunks if s.ref not in refs)],
+            "ttl_s": ttl_s, "pin": pin, "command_id": command_id, "kind": kind,
+        }
+        if to_tier:
+            return self._prefill_to_tier(tokens, tuple(chunks), **options)
+        return self._prefill(tokens, tuple(chunks), **options)
 
     def prefill_chunk(
         self,
@@ -248,6 +252,42 @@ class PrefixEngine(ABC, Generic[H]):
         result = self._record(entry, held, evicted, computed, start)
         self._donate(tenant, tokens, spans, hashes)
         return result
+
+    def _prefill_to_tier(
+        self, tokens: list[int], spans: tuple[ChunkSpan, ...],
+        **options: Unpack[PrefillOptions],
+    ) -> PrefillResult:
+        """Compute a prefix for the KV tier below device memory only: its blocks go down as
+        an eviction's would, and the prefixes in device memory stay (none is evicted for it;
+        it passes the budget only while it is computed). One already in device memory stays
+        there. Its chunks are not donated: their KV leaves the device."""
+        if self.cache.tier is None:
+            raise WarmupRefused("placement 'tier': this worker keeps no KV tier below device "
+                                "memory")
+        start = time.perf_counter()
+        self.sync()
+        tenant = options["tenant"]
+        hashes = self.block_hashes(tokens, tenant=tenant)
+        if not hashes or hashes[-1] in self.cache:
+            return self._prefill(tokens, spans, **options)
+        if options.get("pin"):
+            raise WarmupRefused("placement 'tier': a prefix kept in the tier cannot be pinned")
+        n_tokens = len(hashes) * self.block_size
+        held, computed = self._prefix_kv(tokens[:n_tokens], hashes, tenant)
+        entry, _ = self.cache.admit(
+            hashes=hashes, nbytes=self._held_bytes(held),
+            chunk_starts={s.ref: s.start for s in spans}, transient=True, **options
+        )
+        self._keep(entry, held)
+        self.cache.spill(entry.prefix_hash, command_id=options.get("command_id"))
+        self.sync()  # writes the blocks to the tier, then frees them here
+        elapsed = time.perf_counter() - start
+        return PrefillResult(entry.prefix_hash, entry.n_tokens, entry.nbytes, computed, (),
+                             elapsed)
+
+    def tier_total(self) -> int:
+        """Bytes the KV tier below device memory may hold (0: no tier)."""
+        return 0
 
     def chunk_donors(self, tenant: str, prompt: Sequence[int], spans: Sequence[ChunkSpan],
                      cached: int) -> dict[ChunkKey, Donor]:

@@ -163,12 +163,14 @@ class Engine(Protocol):
         command_id: str | None = None,
         kind: Kind = "managed",
         chunks: Sequence[ChunkSpan] = (),
+        to_tier: bool = False,
     ) -> PrefillResult:
         """Compute and store KV for the block-aligned prefix of `token_ids`.
 
         `kind="request"` stores it as request caching (evictable, no TTL) rather than
         warmup. `chunks`: where the prompt's chunks stand, when the caller knows; their KV
-        is then offered for blending into other prompts at once. Raises
+        is then offered for blending into other prompts at once. `to_tier`: keep it in the
+        KV tier below device memory only (`WarmupCommand.placement`). Raises
         `workers.kv.cache.WarmupRefused` when the prefix cannot fit the budget.
         """
         ...
@@ -230,6 +232,10 @@ class Engine(Protocol):
 
     def tier_state(self) -> tuple[list[str], int]:
         """Ends of the chains a disk tier below device memory holds, and its bytes."""
+        ...
+
+    def tier_total(self) -> int:
+        """Bytes that tier may hold (0: none)."""
         ...
 
     def restore_tier(self, max_bytes: int) -> int:

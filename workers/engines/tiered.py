@@ -35,6 +35,9 @@ class Tiered:
             self._tier_view = (index.version, index.prefix_ends())
         return list(self._tier_view[1]), index.bytes_used
 
+    def tier_total(self) -> int:
+        return 0 if self.tier is None else self.tier.index.max_bytes
+
     def _apply_tier(self) -> None:
         """Write what the cache's journal queued (tensors still here) and drop what it cut;
         called by `sync` before it drops the tensors of freed blocks."""

@@ -175,13 +175,16 @@ class PrefixCache:
         kind: Kind = "managed",
         chunk_starts: Mapping[ChunkKey, int] | None = None,
         approx_from: int | None = None,
+        transient: bool = False,
     ) -> tuple[CacheEntry, list[CacheEntry]]:
         """Store a prefix (or refresh the identical one), evicting by policy to fit.
 
         `nbytes` is the KV size of the whole chain; blocks already in the pool keep theirs.
         `kind="request"` stores a request's own prompt: unpinned, no TTL, evictable. Blocks
         from index `approx_from` on hold a blend's KV (`Block.approx`).
-        Returns (entry, evicted). Nothing changes when it raises `WarmupRefused`.
+        `transient`: evict nothing for it (it may pass the budget), as it leaves at once for
+        the tier (`spill`). Returns (entry, evicted). Nothing changes when it raises
+        `WarmupRefused`.
         A refresh never shortens the expiry, unpins nor demotes; it records a `stored`
         event only when the pin, kind, size or chunk refs changed.
         """
@@ -202,7 +205,7 @@ class PrefixCache:
         self._check_fit(chain, sizes, entry.pinned)
         quota_check(self.pool, self._budget, self.tenant_share, tenant, chain, sizes,
                     entry.pinned, entry.managed)
-        victims, kept = self._plan_eviction(chain, sizes, old)
+        victims, kept = ([], 0) if transient else self._plan_eviction(chain, sizes, old)
         # The incoming chain is held while victims leave: a block it shares with a victim
         # must not be freed (its KV and chunk marks would be lost) only to be re-added.
         self.pool.hold(_ADMITTING, tenant, chain, sizes, _BARE, approx_from)
@@ -276,6 +279,13 @@ class PrefixCache:
             self._rehold(entry, False, entry.kind, entry.expires_at)
         self._record("released", entry, command_id, "", self._clock())
         return entry
+
+    def spill(self, prefix_hash: str, *, command_id: str | None = None) -> CacheEntry | None:
+        """Send an entry down to the KV tier as an eviction for room would (event `evicted`,
+        reason `tier`); None when it is not here."""
+        if self.tier is None or prefix_hash not in self._entries:
+            return None
+        return self._remove(prefix_hash, "evicted", command_id, "tier", by_policy=True)
 
     def evict(
         self, prefix_hashes: Iterable[str], *, command_id: str | None = None

@@ -62,6 +62,7 @@ class BlockRequestCache(PrefixCache):
         kind: Kind = "managed",
         chunk_starts: Mapping[ChunkKey, int] | None = None,
         approx_from: int | None = None,
+        transient: bool = False,
     ) -> tuple[CacheEntry, list[CacheEntry]]:
         """As `PrefixCache.admit`; a request's prompt also stores each shorter leading run
         of its blocks as a request entry, longest first, so that the eviction order (by
@@ -70,9 +71,9 @@ class BlockRequestCache(PrefixCache):
         entry, evicted = super().admit(
             tenant=tenant, hashes=hashes, nbytes=nbytes, chunk_refs=chunk_refs, ttl_s=ttl_s,
             pin=pin, command_id=command_id, kind=kind, chunk_starts=chunk_starts,
-            approx_from=approx_from,
+            approx_from=approx_from, transient=transient,
         )
-        if kind == "request" and not entry.managed:
+        if kind == "request" and not entry.managed and not transient:
             evicted += self._store_runs(entry, command_id)
         return entry, evicted
 
