@@ -72,6 +72,13 @@ class StreamsSettings(BaseSettings):
         "the next one after each heartbeat while its KV use is within the memory threshold "
         "(0.7). 1: everything that fits at once.",
     )
+    tier_warmup: bool = Field(
+        default=True,
+        description="After a ready worker's re-warm fills device memory, warm the next most "
+        "used tracked prefixes into its KV tier below it (host or disk; workers reporting "
+        "one), within the tier's free room: a first ask of a question asked on an earlier "
+        "day reads it back instead of computing it.",
+    )
     rewarm_questions: int = Field(default=4, description="Hot questions re-warmed per prefix.")
     warm_question_tails: int = Field(
         default=2, ge=0,

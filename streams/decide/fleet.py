@@ -113,6 +113,7 @@ def apply_worker_event(state: WorkerState | None, event: WorkerEvent, now: float
             pinned=event.pinned_bytes,
             entries=event.entries,
             tier_bytes=event.tier_bytes,
+            tier_total=event.tier_total_bytes,
         )
         if event.kind == "heartbeat" or event.warm_prefixes or event.tier_prefixes:
             # A v3 worker's disk tier survived its restart: it serves those prefixes too.

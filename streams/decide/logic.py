@@ -377,6 +377,7 @@ def _prefill(op: PrefixOp, state: PrefixState, worker: str, ttl_s: float, pin: b
         ttl_s=ttl_s,
         pin=pin,
         reason=op.reason,
+        placement="tier" if op.tier and op.op == "warm_on" and not pin else "device",
     )
 
 

@@ -53,3 +53,8 @@ def next_step(worker: WorkerState, threshold: float = MEMORY_THRESHOLD) -> int |
     if not worker.warm_step or not worker.ready:
         return None
     return worker.warm_step if worker.mem_ratio <= threshold else None
+
+
+def tier_room(worker: WorkerState) -> int:
+    """Free bytes of the worker's KV tier below device memory (0: it keeps none)."""
+    return max(0, worker.tier_total - worker.tier_bytes)

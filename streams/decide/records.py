@@ -70,6 +70,7 @@ class WorkerState(_Record):
     epoch: int | None = None  # the boot it last reported from (None: a v1 worker)
     node: str | None = None  # the machine it runs on (None: a worker before v4 events)
     tier_bytes: int = 0  # KV in its tier below device memory (0: none, or nothing spilled yet)
+    tier_total: int = 0  # what that tier may hold (0: it keeps none)
     # Its progressive warmup (streams.decide.progressive): the step its next heartbeat sends (0:
     # none pending), of how many, and the budget every step's plan shares.
     warm_step: int = 0
@@ -118,6 +119,8 @@ class PrefixOp(_Record):
     # An edit's re-warm: pin the prefix until its next ask, so the worker's LRU does not
     # evict it first. On a `cool` op: end that hold (not the hot-set pin).
     hold: bool = False
+    # warm_on only: into the worker's KV tier below device memory (`WarmupCommand.placement`).
+    tier: bool = False
     reason: str = ""
     origin_ts: float | None = None
 
@@ -144,6 +147,9 @@ class ReadyRewarm(_Record):
     partitions: int = 1
     skip: list[str] = Field(default_factory=list)
     # Which of the progressive warmup's steps this is (streams.decide.progressive); one step of one
-    # (every prefix that fits) for records sent before steps existed.
-    step: int = 1
+    # (every prefix that fits) for records sent before steps existed; 0: none (tier only).
+    step: int = Field(default=1, ge=0)
     steps: int = 1
+    # Room in the worker's KV tier to fill with the next most used prefixes after those
+    # device memory takes: with the last step, or when the steps stop.
+    tier_bytes: int = Field(default=0, ge=0)

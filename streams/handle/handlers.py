@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
-from streams.decide import logic, progressive
+from streams.decide import logic
 from streams.decide.fleet import fold_worker_event
 from streams.decide.hot import HotPayload
 from streams.decide.records import (
@@ -31,6 +31,12 @@ from streams.handle.deps import (  # noqa: F401 - re-exported: the handlers' inp
     Table,
 )
 from streams.handle.ports import WarmPrefix
+from streams.handle.ready import (  # noqa: F401 - the routes' handler of worker-ready
+    hot_sent,
+    next_warm_step,
+    on_ready_rewarm,
+    tier_share,
+)
 
 log = logging.getLogger(__name__)
 
@@ -238,73 +244,16 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
     sent = hot_sent(p)
     # Tracked prefixes are in every partition of the prefixes table: each owner warms its own.
     steps = p.settings.warmup_steps
+    row = p.tables.worker_states[event.worker_id]
     req = ReadyRewarm(
-        worker_id=event.worker_id, budget_bytes=max(0, budget), skip=sent, steps=steps
+        worker_id=event.worker_id, budget_bytes=max(0, budget), skip=sent, steps=steps,
+        tier_bytes=tier_share(p, row) if steps == 1 else 0,
     )
     # The later steps go after its heartbeats (`next_warm_step`), with the same budget.
-    row = p.tables.worker_states[event.worker_id]
     progress = {"warm_step": 2 if steps > 1 else 0, "warm_steps": steps,
                 "warm_budget": req.budget_bytes}
     p.tables.worker_states[event.worker_id] = row.model_copy(update=progress)
     await p.out.ready(req)
-
-
-def hot_sent(p: HandlerDeps) -> list[str]:
-    """What a ready worker gets as the hot set, by the hash queries reported and the one its
-    ops name (a newer prefix): the re-warm skips both."""
-    return sorted(set(p.tracker.hot) | {op.prefix_hash for op in p.tracker.hot.values()})
-
-
-async def next_warm_step(p: HandlerDeps, state: WorkerState) -> None:
-    """After a heartbeat, the worker's next progressive step if one is pending and its KV
-    use is within the threshold (`streams.decide.progressive`); above it, none of the rest."""
-    if not state.warm_step:
-        return
-    step = progressive.next_step(state)
-    following = state.warm_step + 1 if step is not None and step < state.warm_steps else 0
-    update = {"warm_step": following}
-    p.tables.worker_states[state.worker_id] = state.model_copy(update=update)
-    if step is None:
-        p.stats["warm_steps_stopped"] += 1
-        return
-    p.stats["warm_steps"] += 1
-    await p.out.ready(ReadyRewarm(
-        worker_id=state.worker_id, budget_bytes=state.warm_budget, skip=hot_sent(p),
-        step=step, steps=state.warm_steps,
-    ))
-
-
-async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
-    """Warm on `req.worker_id` the tracked prefixes most used of this partition (or of every
-    local one) while they fit its share of the budget; least used first, so the worker's
-    LRU evicts those before the ones most in use (they are unpinned)."""
-    now = p.clock()
-    per_token = p.kv_bytes_per_token()
-    tracked = [
-        (h, state) for h, state in p.tables.prefix_states.items()
-        if req.partition is None or p.partition_of(h, req.partitions) == req.partition
-    ]
-    counts = {h: c for h, c, _ in p.tracker.ranked(now)}
-    states = dict(tracked)
-    share = req.budget_bytes // max(1, req.partitions if req.partition is not None else 1)
-    chosen = logic.plan_rewarm(tracked, now, share, per_token, req.skip, counts)
-    if req.steps > 1:
-        # Step `req.step` of the plan: the plan is made again at each step (the counts move a
-        # little meanwhile; a prefix sent twice is a no-op on a worker holding it).
-        sizes = [(h, len(states[h].token_ids) * per_token) for h in chosen]
-        chosen = progressive.wave(sizes, share, req.step, req.steps)
-    for prefix_hash in reversed(chosen):
-        state = states[prefix_hash]
-        await p.out.op(
-            PrefixOp(
-                op="warm_on",
-                prefix_hash=prefix_hash,
-                tenant=state.tenant,
-                chunk_refs=state.chunk_refs,
-                target_worker=req.worker_id,
-                reason="worker ready",
-            )
-        )
 
 
 async def sweep_prefixes(p: HandlerDeps) -> int:
