@@ -180,3 +180,37 @@ def test_an_edited_chunk_reaches_a_prefix_placed_in_the_tier() -> None:
     assert engine.tier is not None
     assert engine.tier.index.run(engine.block_hashes(b, tenant="t")) == 0
     assert ask(engine, b).cached_tokens == 0
+
+
+def _worker(tier_bytes: int) -> tuple[SimWorker, list]:
+    """A simulated worker and the `worker.events` it sends from now on."""
+    worker = SimWorker(make_engine(tier_bytes), lambda: 0.0, worker_id="w", cache_requests=True)
+    events: list = []
+    worker.listeners.append(events.append)
+    return worker, events
+
+
+def test_a_tier_placement_command_is_stored_in_the_tier_and_reported() -> None:
+    from schemas import WarmupCommand
+
+    worker, events = _worker(tier_bytes=2 * N_BLOCKS * BLOCK_SIZE)
+    cmd = WarmupCommand(command_id="c1", op="prefill", token_ids=prompt(2_000), tenant="t",
+                        placement="tier")
+    assert worker.apply(cmd) == "stored"
+    # Stored, then gone from device memory: routers see it only in the tier's list.
+    assert [e.kind for e in events if e.command_id == "c1"] == ["stored", "evicted"]
+    beat = worker.runtime.status_event("heartbeat")
+    assert beat.tier_total_bytes == 2 * N_BLOCKS * BLOCK_SIZE and beat.warm_prefixes == []
+    assert beat.tier_prefixes == [worker.engine.block_hashes(prompt(2_000), tenant="t")[-1]]
+
+
+def test_a_worker_without_a_tier_refuses_a_tier_placement_command_with_its_reason() -> None:
+    from schemas import WarmupCommand
+
+    worker, events = _worker(tier_bytes=0)
+    cmd = WarmupCommand(command_id="c1", op="prefill", token_ids=prompt(2_000), tenant="t",
+                        placement="tier")
+    assert worker.apply(cmd) == "refused"
+    [refused] = [e for e in events if e.kind == "refused"]
+    assert refused.command_id == "c1" and "no KV tier" in (refused.reason or "")
+    assert worker.runtime.status_event("heartbeat").tier_total_bytes == 0
