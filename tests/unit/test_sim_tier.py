@@ -161,6 +161,10 @@ def test_a_prefill_to_the_tier_of_a_prefix_in_device_memory_keeps_it_there() -> 
     ask(engine, a)
     assert engine.prefill(a, tenant="t", to_tier=True).computed_tokens == 0
     assert engine.block_hashes(a, tenant="t")[-1] in engine.cache
+    head = a[: 2 * BLOCK_SIZE]  # its blocks are held by the longer prompt
+    assert engine.prefill(head, tenant="t", to_tier=True).computed_tokens == 0
+    assert engine.block_hashes(head, tenant="t")[-1] in engine.cache
+    assert engine.tier_state() == ([], 0)
 
 
 def test_a_worker_without_a_tier_refuses_a_tier_placement() -> None:

@@ -260,7 +260,8 @@ class PrefixEngine(ABC, Generic[H]):
         """Compute a prefix for the KV tier below device memory only: its blocks go down as
         an eviction's would, and the prefixes in device memory stay (none is evicted for it;
         it passes the budget only while it is computed). One already in device memory stays
-        there. Its chunks are not donated: their KV leaves the device."""
+        there, as does one whose blocks a longer prefix holds. Its chunks are not donated:
+        their KV leaves the device."""
         if self.cache.tier is None:
             raise WarmupRefused("placement 'tier': this worker keeps no KV tier below device "
                                 "memory")
@@ -268,8 +269,8 @@ class PrefixEngine(ABC, Generic[H]):
         self.sync()
         tenant = options["tenant"]
         hashes = self.block_hashes(tokens, tenant=tenant)
-        if not hashes or hashes[-1] in self.cache:
-            return self._prefill(tokens, spans, **options)
+        if not hashes or self.cache.peek(hashes)[1] == len(hashes):
+            return self._prefill(tokens, spans, **options)  # held here: it stays here
         if options.get("pin"):
             raise WarmupRefused("placement 'tier': a prefix kept in the tier cannot be pinned")
         n_tokens = len(hashes) * self.block_size
