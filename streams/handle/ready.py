@@ -75,6 +75,7 @@ async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
         for prefix_hash in below:  # most used first: the tier's LRU keeps those longest
             await _warm_on(p, req.worker_id, prefix_hash, states[prefix_hash],
                            "worker ready (KV tier)", tier=True)
+        p.stats["ready_tier_warms"] += len(below)  # ragwarm_streams_decisions_total
 
 
 async def _warm_on(p: HandlerDeps, worker_id: str, prefix_hash: str, state: PrefixState,

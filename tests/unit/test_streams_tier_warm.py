@@ -36,6 +36,7 @@ def test_a_ready_worker_with_a_tier_gets_the_next_prefixes_placed_there() -> Non
     # bytes the next two, most used first; the least used stays cold.
     assert sent == [("4", False), ("5", False), ("3", True), ("2", True)]
     assert {o.reason for o in out.ops if o.tier} == {"worker ready (KV tier)"}
+    assert p.stats["ready_tier_warms"] == 2
     for op in out.ops:
         run_sync(handlers.on_prefix_op(p, op))
     placements = {c.prefix_hash[0]: c.placement for c in out.commands}
