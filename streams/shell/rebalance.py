@@ -68,6 +68,26 @@ def seeking_uncommitted_too(
     return seek_all
 
 
+def flow_state(app: Any) -> dict[str, Any]:
+    """The consumer's flow as an operator needs it to tell a stalled instance: whether it
+    fetches (`flow_active`), whether a rebalance is under way, and its assigned and paused
+    partitions (with none assigned yet, or before the consumer starts: zeros)."""
+    consumer = getattr(app, "_consumer", None)
+    if consumer is None:
+        return {"flow_active": False, "rebalancing": bool(app.rebalancing), "assigned": 0,
+                "paused": 0}
+    try:
+        assigned = len(consumer.assignment())
+    except Exception:  # noqa: BLE001 - not started yet
+        assigned = 0
+    return {
+        "flow_active": bool(consumer.flow_active),
+        "rebalancing": bool(app.rebalancing),
+        "assigned": assigned,
+        "paused": len(getattr(consumer, "_paused_partitions", ())),
+    }
+
+
 def register_rebalance_seek(app: Any) -> None:
     """When a rebalance completes (before Faust resumes the stream partitions, seeks them
     and resumes the flow): stop the consumer's flow, and make every later seek to the

@@ -15,15 +15,24 @@ import time
 
 import httpx
 import pytest
-from kafka import KafkaConsumer
+from kafka import KafkaAdminClient, KafkaConsumer
 
 from rag.prompt import PromptBuilder
 from rag.settings import RagSettings
 from ragwarm.models import llm_dir, load_tokenizer
 from ragwarm.settings import ModelSettings
-from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand, decode, encode
+from schemas import ChunkRef, KbChange, QueryEvent, SchemaError, WarmupCommand, decode, encode
+from schemas.chunks import decode_record
+from schemas.events import IndexedDoc
 from schemas.prefix import block_hashes
-from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS, kb_key
+from schemas.topics import (
+    KB_CHANGES,
+    RAG_CHUNKS,
+    RAG_QUERIES,
+    WARMUP_COMMANDS,
+    WORKER_EVENTS,
+    kb_key,
+)
 from tests.integration.streams_proc import STARTED, StreamsApp
 from tests.integration.test_streams_e2e import QUESTION, Chunk, Events, edited, initial_docs
 from tests.integration.waiting import wait_for
@@ -185,11 +194,21 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
             wait_for(lambda s=stale: commands.invalidating(s), 300,
                      f"the invalidation of {tenant}'s {stale.chunk_id}")
         for tenant, question, stale in edits:
-            new = wait_for(lambda t=tenant, q=question, s=stale: _fresh(client, survivor.url,
-                                                                        t, q, s), 120,
-                           "retrieval to return the edited chunk")
-            wait_for(lambda h=new.prefix_hash: events.find("stored", h)
-                     or _show([survivor], commands, h), 300, f"{tenant}'s edited prefix re-warmed")
+            try:
+                new = wait_for(lambda t=tenant, q=question, s=stale: _fresh(
+                    client, survivor.url, t, q, s), 120, "retrieval to return the edited chunk")
+            except AssertionError:
+                _show_chunk(kafka_bootstrap, namespace, survivor, tenant, stale)
+                _show_lag(kafka_bootstrap, namespace + "scale")
+                raise
+            old = warm[tenant, question].prefix_hash
+            try:
+                wait_for(lambda h=new.prefix_hash, o=old: events.find("stored", h)
+                         or _show([survivor], commands, h, old=o), 300,
+                         f"{tenant}'s edited prefix re-warmed")
+            except AssertionError:
+                _show_lag(kafka_bootstrap, namespace + "scale")
+                raise
         # No stale hit: no worker still holds a prefix built from an edited chunk.
         for tenant, question, _ in edits:
             old = warm[tenant, question].prefix_hash
@@ -212,12 +231,20 @@ def _agreed(client: Client, apps, tenant: str, question: str) -> QueryEvent | No
     return None
 
 
-def _show(apps, commands: Commands | None = None, prefix_hash: str = "") -> None:
-    """Print each live instance's counters, and the commands naming `prefix_hash` (seen when
-    a wait times out)."""
+def _show(apps, commands: Commands | None = None, prefix_hash: str = "", old: str = "") -> None:
+    """Print each live instance's counters, its view of the workers and of the prefixes
+    `old` (the edited one) and `prefix_hash` (its replacement), and the commands naming
+    `prefix_hash` (seen when a wait times out)."""
     for app in apps:
         try:
-            print(app.url, app.counters())
+            print(app.url, app.counters(), app.get("/ragwarm/stats").get("consumer"))
+            for w in app.get("/ragwarm/workers").get("workers", []):
+                print("  worker", w.get("worker_id"), "ready", w.get("ready"), "seen",
+                      w.get("last_seen"), "holds old", old in (w.get("prefixes") or []),
+                      "holds new", prefix_hash in (w.get("prefixes") or []))
+            for h in (old, prefix_hash):
+                if h:
+                    print("  prefix", h[:12], app.get(f"/ragwarm/prefixes/{h}"))
         except httpx.HTTPError:
             pass
     if commands is not None:
@@ -227,6 +254,49 @@ def _show(apps, commands: Commands | None = None, prefix_hash: str = "") -> None
         print("last commands:", [(c.op, c.tenant, (c.prefix_hash or "")[:12], c.reason)
                                  for c in seen[-12:]])
     time.sleep(10)
+
+
+def _show_chunk(bootstrap: str, namespace: str, app: StreamsApp, tenant: str, stale) -> None:
+    """Print what `rag.chunks` holds of the edited chunk and its document, and the instance's
+    counters and docs table row (seen when its retrieval keeps the stale chunk)."""
+    doc_id = stale.chunk_id.rpartition("#")[0]
+    consumer = KafkaConsumer(namespace + RAG_CHUNKS, bootstrap_servers=bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=2000)
+    print(f"stale {tenant} {stale.chunk_id} {stale.content_hash[:8]}; on rag.chunks:")
+    for m in consumer:
+        try:
+            record = decode_record(m.key, m.value, list(m.headers or ()))
+        except SchemaError as exc:
+            print("  bad record", m.partition, m.offset, exc)
+            continue
+        if record.tenant != tenant or record.doc_id != doc_id:
+            continue
+        if isinstance(record, IndexedDoc) or record.chunk_id == stale.chunk_id:
+            print("  ", m.partition, m.offset, type(record).__name__, record.version,
+                  getattr(record, "content_hash", "")[:8])
+    consumer.close()
+    try:
+        print(app.url, app.counters(), app.get("/ragwarm/stats").get("consumer"))
+        rows = app.get("/ragwarm/docs").get("docs", {})
+        print("  docs table", {k: v for k, v in rows.items() if doc_id in k and tenant in k})
+    except httpx.HTTPError as exc:
+        print("  no answer:", exc)
+
+
+def _show_lag(bootstrap: str, group: str) -> None:
+    """Print, per partition of the app's consumer group, its committed offset and the end
+    offset where they differ (a partition left behind after the takeover shows here)."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        committed = admin.list_group_offsets({group: None}).get(group, {})
+        ends = consumer.end_offsets(list(committed))
+        behind = {f"{tp.topic}[{tp.partition}]": (meta.offset, ends.get(tp))
+                  for tp, meta in sorted(committed.items()) if meta.offset != ends.get(tp)}
+        print(f"group {group}: {len(committed)} partitions committed; behind:", behind)
+    finally:
+        consumer.close()
+        admin.close()
 
 
 def _ready(app: StreamsApp) -> bool:

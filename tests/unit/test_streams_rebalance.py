@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from streams.shell.rebalance import seeking_uncommitted_too, uncommitted
+from streams.shell.rebalance import flow_state, seeking_uncommitted_too, uncommitted
 
 TP = namedtuple("TP", "topic partition")
 
@@ -56,3 +56,28 @@ async def test_a_seek_to_the_committed_offsets_also_rewinds_the_uncommitted_part
     # Every call, not only the first after a rebalance.
     assert await seek_all() == {kb2: None, kb3: 8, log0: None}
     assert sought[2:] == [(kb3, 8), (kb2, 0)]
+
+
+class _Consumer:
+    def __init__(self, flow_active: bool, assigned: int, paused: int) -> None:
+        self.flow_active = flow_active
+        self._assigned = {TP("t", n) for n in range(assigned)}
+        self._paused_partitions = set(list(self._assigned)[:paused])
+
+    def assignment(self):
+        return self._assigned
+
+
+class _App:
+    def __init__(self, consumer, rebalancing: bool = False) -> None:
+        self._consumer, self.rebalancing = consumer, rebalancing
+
+
+def test_flow_state_shows_a_stopped_flow_with_its_partitions():
+    state = flow_state(_App(_Consumer(False, 4, 4)))
+    assert state == {"flow_active": False, "rebalancing": False, "assigned": 4, "paused": 4}
+
+
+def test_flow_state_before_the_consumer_starts():
+    assert flow_state(_App(None, rebalancing=True)) == {
+        "flow_active": False, "rebalancing": True, "assigned": 0, "paused": 0}

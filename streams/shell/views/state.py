@@ -6,6 +6,7 @@ from faust.web import Request, Response
 
 from streams.decide.logic import holders_of
 from streams.handle.handlers import HandlerDeps
+from streams.shell.rebalance import flow_state
 from streams.shell.views.bodies import Page
 
 TOP = 20
@@ -68,7 +69,7 @@ def prefix_body(p: HandlerDeps, prefix_hash: str) -> dict:
 
 def pages(p: HandlerDeps) -> dict[str, Page]:
     async def stats(web, request: Request) -> Response:
-        return web.json(stats_body(p))
+        return web.json(stats_body(p) | {"consumer": flow_state(web.app)})
 
     async def workers(web, request: Request) -> Response:
         return web.json(workers_body(p))
