@@ -23,6 +23,7 @@ class StreamsApp:
         app_id: str,
         workdir: Path,
         extra_env: dict[str, str] | None = None,
+        loglevel: str = "warning",
     ):
         self.topic_prefix = prefix
         self.port = free_port()
@@ -42,7 +43,7 @@ class StreamsApp:
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.proc = Proc(
             f"streams-{app_id}",
-            ["streams", "--loglevel", "warning"],
+            ["streams", "--loglevel", loglevel],
             workdir,
             f"{self.url}/ragwarm/health",
             env,

@@ -122,8 +122,9 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
     kafka_bootstrap, kafka_producer, namespace, worker_factory, tmp_path
 ):
     # One app id, each instance in a workdir of its own (its pid file, log, disk).
-    apps = [StreamsApp(kafka_bootstrap, namespace, "scale", tmp_path / f"i{i}", APP_ENV)
-            for i in (1, 2)]
+    # At info level: a takeover that stalls shows Faust's recovery steps in the log.
+    apps = [StreamsApp(kafka_bootstrap, namespace, "scale", tmp_path / f"i{i}", APP_ENV,
+                       loglevel="info") for i in (1, 2)]
     for app in apps:
         app.proc.start()
         STARTED.append(app)
@@ -200,6 +201,7 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
             except AssertionError:
                 _show_chunk(kafka_bootstrap, namespace, survivor, tenant, stale)
                 _show_lag(kafka_bootstrap, namespace + "scale")
+                print(_faust_log(survivor))
                 raise
             old = warm[tenant, question].prefix_hash
             try:
@@ -208,6 +210,7 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
                          f"{tenant}'s edited prefix re-warmed")
             except AssertionError:
                 _show_lag(kafka_bootstrap, namespace + "scale")
+                print(_faust_log(survivor))
                 raise
         # No stale hit: no worker still holds a prefix built from an edited chunk.
         for tenant, question, _ in edits:
@@ -297,6 +300,16 @@ def _show_lag(bootstrap: str, group: str) -> None:
     finally:
         consumer.close()
         admin.close()
+
+
+def _faust_log(app: StreamsApp) -> str:
+    """Faust's rebalance and recovery lines of the instance's log, and the warnings."""
+    try:
+        lines = app.proc.log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    keep = ("Recovery", "Consumer", "Fetcher", "rebalanc", "WARNING", "ERROR", "Seek")
+    return "\n".join(ln[:240] for ln in lines if any(k in ln for k in keep))[-12000:]
 
 
 def _ready(app: StreamsApp) -> bool:
