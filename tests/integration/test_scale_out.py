@@ -130,13 +130,13 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
         STARTED.append(app)
     for app in apps:
         app.proc.wait_healthy(240)
-        wait_for(lambda a=app: _ready(a), 240, "both instances ready")
+        _timed(lambda a=app: _ready(a), 240, "both instances ready")
     docs = {(t, d.doc_id): d.model_copy(update={"tenant": t})
             for t in TENANTS for d in initial_docs().values()}
     for (tenant, doc_id), doc in docs.items():
         kafka_producer.send(namespace + KB_CHANGES, key=kb_key(tenant, doc_id), value=encode(doc))
     kafka_producer.flush()
-    wait_for(lambda: sum_counter(apps, "kb_events") >= len(docs), 300, "both tenants indexed")
+    _timed(lambda: sum_counter(apps, "kb_events") >= len(docs), 300, "both tenants indexed")
     shares = [app.counters().get("kb_events", 0) for app in apps]
     print(f"\nKB events per instance: {shares}")
 
@@ -152,7 +152,7 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
         for question in QUESTIONS:
             # Any instance retrieves the whole KB (once its replica has caught up): both
             # name the same prefix.
-            event = wait_for(lambda t=tenant, q=question: _agreed(client, apps, t, q), 120,
+            event = _timed(lambda t=tenant, q=question: _agreed(client, apps, t, q), 120,
                              f"both instances to retrieve the same top-k for {tenant}")
             for _ in range(3):
                 kafka_producer.send(namespace + RAG_QUERIES, key=tenant.encode(),
@@ -160,13 +160,13 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
             warm[tenant, question] = event
     kafka_producer.flush()
     for event in warm.values():
-        wait_for(lambda e=event: events.find("stored", e.prefix_hash) or _show(apps), 480,
+        _timed(lambda e=event: events.find("stored", e.prefix_hash) or _show(apps), 480,
                  f"{event.tenant}'s prefix {event.prefix_hash[:12]} on w1")
 
     # A worker that reports ready gets the tracked prefixes of every partition (two owners).
     w2 = worker("w2")
     for event in warm.values():
-        wait_for(lambda e=event: e.prefix_hash in w2.get("/v1/cache").text, 240,
+        _timed(lambda e=event: e.prefix_hash in w2.get("/v1/cache").text, 240,
                  f"{event.tenant}'s prefix warmed on the new worker w2")
 
     # Under query load: edit a warm chunk of every (tenant, question), then SIGKILL one
@@ -192,11 +192,11 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
     os.killpg(killed.proc.pid(), signal.SIGKILL)
     try:
         for tenant, _, stale in edits:
-            wait_for(lambda s=stale: commands.invalidating(s), 300,
+            _timed(lambda s=stale: commands.invalidating(s), 300,
                      f"the invalidation of {tenant}'s {stale.chunk_id}")
         for tenant, question, stale in edits:
             try:
-                new = wait_for(lambda t=tenant, q=question, s=stale: _fresh(
+                new = _timed(lambda t=tenant, q=question, s=stale: _fresh(
                     client, survivor.url, t, q, s), 120, "retrieval to return the edited chunk")
             except AssertionError:
                 _show_chunk(kafka_bootstrap, namespace, survivor, tenant, stale)
@@ -205,7 +205,7 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
                 raise
             old = warm[tenant, question].prefix_hash
             try:
-                wait_for(lambda h=new.prefix_hash, o=old: events.find("stored", h)
+                _timed(lambda h=new.prefix_hash, o=old: events.find("stored", h)
                          or _show([survivor], commands, h, old=o), 300,
                          f"{tenant}'s edited prefix re-warmed")
             except AssertionError:
@@ -222,6 +222,15 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
     finally:
         load.done.set()
         load.join(10)
+
+
+def _timed(predicate, timeout_s: float, what: str):
+    """`wait_for`, printing how long it took (read with `pytest -rP` when a passing run is
+    slow: a takeover that recovered late shows which wait it held up)."""
+    start = time.monotonic()
+    value = wait_for(predicate, timeout_s, what)
+    print(f"{time.strftime('%H:%M:%S')} waited {time.monotonic() - start:.1f} s for {what}")
+    return value
 
 
 def _agreed(client: Client, apps, tenant: str, question: str) -> QueryEvent | None:
