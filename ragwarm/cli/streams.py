@@ -69,6 +69,7 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     from streams.shell.recovery import KbChangesReader, register_recovery
     from streams.shell.replica import register_replica
     from streams.shell.tables import define_tables
+    from streams.shell.taskdump import register_task_dump
     from streams.shell.topics import define_topics
     from streams.shell.views import register_views
 
@@ -105,6 +106,7 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     register_replica(app, replica)
     register_recovery(app, deps, reader)
     register_rebalance_seek(app)
+    register_task_dump(app)
     install_auth(app, keyring(streams.api_key, streams.tenant_keys))
     return StreamsApp(app, topics, tables, deps)
 

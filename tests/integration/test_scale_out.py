@@ -190,10 +190,13 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
     # The instance that indexed more dies: its partitions certainly carry work.
     killed, survivor = (apps[1], apps[0]) if shares[1] >= shares[0] else (apps[0], apps[1])
     os.killpg(killed.proc.pid(), signal.SIGKILL)
+    # A takeover that stalls: a minute on, the survivor's stacks, state and lag are printed.
+    stalled = threading.Timer(60, _show_stall, (survivor, kafka_bootstrap, namespace + "scale"))
+    stalled.start()
     try:
         for tenant, _, stale in edits:
             _timed(lambda s=stale: commands.invalidating(s), 300,
-                     f"the invalidation of {tenant}'s {stale.chunk_id}")
+                   f"the invalidation of {tenant}'s {stale.chunk_id}")
         for tenant, question, stale in edits:
             try:
                 new = _timed(lambda t=tenant, q=question, s=stale: _fresh(
@@ -206,8 +209,8 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
             old = warm[tenant, question].prefix_hash
             try:
                 _timed(lambda h=new.prefix_hash, o=old: events.find("stored", h)
-                         or _show([survivor], commands, h, old=o), 300,
-                         f"{tenant}'s edited prefix re-warmed")
+                       or _show([survivor], commands, h, old=o), 300,
+                       f"{tenant}'s edited prefix re-warmed")
             except AssertionError:
                 _show_lag(kafka_bootstrap, namespace + "scale")
                 print(_faust_log(survivor))
@@ -220,6 +223,7 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
         assert survivor.counters().get("kb_events", 0) > 0
         assert load.sent > 0
     finally:
+        stalled.cancel()
         load.done.set()
         load.join(10)
 
@@ -309,6 +313,24 @@ def _show_lag(bootstrap: str, group: str) -> None:
     finally:
         consumer.close()
         admin.close()
+
+
+def _show_stall(app: StreamsApp, bootstrap: str, group: str) -> None:
+    """Print the instance's asyncio tasks (SIGUSR2 makes it log each one's await chain),
+    its counters and consumer state, and the group's lag."""
+    log = app.proc.log_file
+    size = log.stat().st_size if log.exists() else 0
+    os.kill(app.proc.pid(), signal.SIGUSR2)
+    time.sleep(3)
+    print(f"{time.strftime('%H:%M:%S')} still waiting a minute after the kill:")
+    try:
+        print(app.url, app.counters(), app.get("/ragwarm/stats").get("consumer"))
+    except httpx.HTTPError as exc:
+        print("  no answer:", exc)
+    _show_lag(bootstrap, group)
+    with log.open("rb") as f:
+        f.seek(size)
+        print(f.read().decode(errors="replace")[-20000:])
 
 
 def _faust_log(app: StreamsApp) -> str:
