@@ -26,9 +26,7 @@ def await_chain(coro: Any) -> list[str]:
         seen.add(id(coro))
         frame = next((f for f in (getattr(coro, a, None) for a in ("cr_frame", "gi_frame",
                                                                      "ag_frame")) if f), None)
-        if frame is None and not out:
-            return [f"waits on {coro!r}"[:200]]
-        if frame is None:
+        if frame is None:  # a future or a task: nothing further down to follow
             out.append(f"waits on {coro!r}"[:200])
             break
         out.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")

@@ -153,7 +153,7 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
             # Any instance retrieves the whole KB (once its replica has caught up): both
             # name the same prefix.
             event = _timed(lambda t=tenant, q=question: _agreed(client, apps, t, q), 120,
-                             f"both instances to retrieve the same top-k for {tenant}")
+                           f"both instances to retrieve the same top-k for {tenant}")
             for _ in range(3):
                 kafka_producer.send(namespace + RAG_QUERIES, key=tenant.encode(),
                                     value=encode(event))
@@ -161,13 +161,13 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
     kafka_producer.flush()
     for event in warm.values():
         _timed(lambda e=event: events.find("stored", e.prefix_hash) or _show(apps), 480,
-                 f"{event.tenant}'s prefix {event.prefix_hash[:12]} on w1")
+               f"{event.tenant}'s prefix {event.prefix_hash[:12]} on w1")
 
     # A worker that reports ready gets the tracked prefixes of every partition (two owners).
     w2 = worker("w2")
     for event in warm.values():
         _timed(lambda e=event: e.prefix_hash in w2.get("/v1/cache").text, 240,
-                 f"{event.tenant}'s prefix warmed on the new worker w2")
+               f"{event.tenant}'s prefix warmed on the new worker w2")
 
     # Under query load: edit a warm chunk of every (tenant, question), then SIGKILL one
     # instance before it can have finished them.
@@ -203,8 +203,7 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
                     client, survivor.url, t, q, s), 120, "retrieval to return the edited chunk")
             except AssertionError:
                 _show_chunk(kafka_bootstrap, namespace, survivor, tenant, stale)
-                _show_lag(kafka_bootstrap, namespace + "scale")
-                print(_faust_log(survivor))
+                _show_takeover(survivor, kafka_bootstrap, namespace + "scale")
                 raise
             old = warm[tenant, question].prefix_hash
             try:
@@ -212,8 +211,7 @@ def test_two_instances_two_workers_survive_a_sigkill_and_lose_no_invalidation(
                        or _show([survivor], commands, h, old=o), 300,
                        f"{tenant}'s edited prefix re-warmed")
             except AssertionError:
-                _show_lag(kafka_bootstrap, namespace + "scale")
-                print(_faust_log(survivor))
+                _show_takeover(survivor, kafka_bootstrap, namespace + "scale")
                 raise
         # No stale hit: no worker still holds a prefix built from an edited chunk.
         for tenant, question, _ in edits:
@@ -253,7 +251,7 @@ def _show(apps, commands: Commands | None = None, prefix_hash: str = "", old: st
     `prefix_hash` (seen when a wait times out)."""
     for app in apps:
         try:
-            print(app.url, app.counters(), app.get("/ragwarm/stats").get("consumer"))
+            print(_state(app))
             for w in app.get("/ragwarm/workers").get("workers", []):
                 print("  worker", w.get("worker_id"), "ready", w.get("ready"), "seen",
                       w.get("last_seen"), "holds old", old in (w.get("prefixes") or []),
@@ -270,6 +268,12 @@ def _show(apps, commands: Commands | None = None, prefix_hash: str = "", old: st
         print("last commands:", [(c.op, c.tenant, (c.prefix_hash or "")[:12], c.reason)
                                  for c in seen[-12:]])
     time.sleep(10)
+
+
+def _state(app: StreamsApp) -> str:
+    """The instance's counters and consumer state, from one read of its stats view."""
+    stats = app.get("/ragwarm/stats")
+    return f"{app.url} {stats['counters']} {stats.get('consumer')}"
 
 
 def _show_chunk(bootstrap: str, namespace: str, app: StreamsApp, tenant: str, stale) -> None:
@@ -292,7 +296,7 @@ def _show_chunk(bootstrap: str, namespace: str, app: StreamsApp, tenant: str, st
                   getattr(record, "content_hash", "")[:8])
     consumer.close()
     try:
-        print(app.url, app.counters(), app.get("/ragwarm/stats").get("consumer"))
+        print(_state(app))
         rows = app.get("/ragwarm/docs").get("docs", {})
         print("  docs table", {k: v for k, v in rows.items() if doc_id in k and tenant in k})
     except httpx.HTTPError as exc:
@@ -324,7 +328,7 @@ def _show_stall(app: StreamsApp, bootstrap: str, group: str) -> None:
     time.sleep(3)
     print(f"{time.strftime('%H:%M:%S')} still waiting a minute after the kill:")
     try:
-        print(app.url, app.counters(), app.get("/ragwarm/stats").get("consumer"))
+        print(_state(app))
     except httpx.HTTPError as exc:
         print("  no answer:", exc)
     _show_lag(bootstrap, group)
@@ -333,14 +337,17 @@ def _show_stall(app: StreamsApp, bootstrap: str, group: str) -> None:
         print(f.read().decode(errors="replace")[-20000:])
 
 
-def _faust_log(app: StreamsApp) -> str:
-    """Faust's rebalance and recovery lines of the instance's log, and the warnings."""
+def _show_takeover(app: StreamsApp, bootstrap: str, group: str) -> None:
+    """Print the group's lag, then Faust's rebalance and recovery lines of the instance's
+    log and its warnings (when a wait after the takeover timed out)."""
+    _show_lag(bootstrap, group)
     try:
         lines = app.proc.log_file.read_text(errors="replace").splitlines()
     except OSError:
-        return "(no log)"
+        print("(no log)")
+        return
     keep = ("Recovery", "Consumer", "Fetcher", "rebalanc", "WARNING", "ERROR", "Seek")
-    return "\n".join(ln[:240] for ln in lines if any(k in ln for k in keep))[-12000:]
+    print("\n".join(ln[:240] for ln in lines if any(k in ln for k in keep))[-12000:])
 
 
 def _ready(app: StreamsApp) -> bool:
