@@ -242,6 +242,13 @@ class StreamsSettings(BaseSettings):
         "(issue 40). Heartbeats go every 3 s from the event loop, which blocking store work "
         "(in a thread) does not hold.",
     )
+    recovery_stall_s: float = Field(
+        default=30.0, ge=0.0, le=600.0,
+        description="After a rebalance, an active changelog partition that gets no record "
+        "for this long while still behind its highwater is sought again from where its table "
+        "stands (Faust only warns, and the instance handles nothing until every table is "
+        "rebuilt). Checked every half of it; 0: no watchdog.",
+    )
     standby_replicas: int = Field(
         default=1, ge=0, le=4,
         description="Standby copies of each table partition that other instances keep up to "

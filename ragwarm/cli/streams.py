@@ -67,6 +67,7 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     from streams.shell.metrics_view import register_metrics
     from streams.shell.rebalance import register_rebalance_seek
     from streams.shell.recovery import KbChangesReader, register_recovery
+    from streams.shell.recovery_watch import register_recovery_watch
     from streams.shell.replica import register_replica
     from streams.shell.tables import define_tables
     from streams.shell.taskdump import register_task_dump
@@ -106,6 +107,7 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     register_replica(app, replica)
     register_recovery(app, deps, reader)
     register_rebalance_seek(app)
+    register_recovery_watch(app, streams.recovery_stall_s, deps.stats)
     register_task_dump(app)
     install_auth(app, keyring(streams.api_key, streams.tenant_keys))
     return StreamsApp(app, topics, tables, deps)
