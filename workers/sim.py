@@ -305,13 +305,18 @@ class SimWorker:
         outcome = self.runtime.apply(command)
         if warmup:
             spent = time.perf_counter() - started
-            self.warm_seconds += spent
             if outcome == "stored" or command.op == "synthesize":
                 # Sampling runs as one turn; a prefill in the engine's passes over its
                 # uncached tokens.
                 passes = 1 if command.op == "synthesize" else len(
                     chunk_spans(len(tokens) - cached, self.pass_tokens))
-                self.occupy(self._compute_s(len(tokens), cached, spent), passes)
+                compute_s = self._compute_s(len(tokens), cached, spent)
+                self.occupy(compute_s, passes)
+            else:  # skipped (already cached, stale): the cost engine computed nothing
+                compute_s = 0.0 if self._modelled else spent
+            # Warmup time on the clock the requests see: the cost model's, not the time
+            # the cost engine's bookkeeping took (that varied between identical runs).
+            self.warm_seconds += compute_s
         self.outcomes[f"{command.op}:{outcome}"] += 1
         self._drain()
         return outcome
@@ -355,6 +360,11 @@ class SimWorker:
                 job[1] += compute_s
         self.queued_seconds += wait
         return wait
+
+    @property
+    def _modelled(self) -> bool:
+        """The engine is the cost engine: its times come from the cost model."""
+        return isinstance(getattr(self.engine, "cost", None), CostModel)
 
     def _compute_s(self, prompt_tokens: int, cached: int, measured_s: float) -> float:
         # The cost engine's own estimate (it computes nothing); a real engine's wall time.

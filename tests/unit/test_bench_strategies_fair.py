@@ -89,6 +89,15 @@ def test_a_prefill_of_what_is_cached_costs_nothing_and_warmup_before_traffic_is_
     assert w.busy_seconds == before
 
 
+def test_warmup_seconds_are_the_cost_models_not_the_bookkeepings_wall_time():
+    clock = SimClock()
+    w = worker(clock)
+    prefill(w, list(range(100)))  # 100 ms + 100 tokens x 1 ms
+    assert prefill(w, list(range(96))) == "already_cached"  # nothing computed
+    prefill(w, list(range(200, 300)))
+    assert w.warm_seconds == pytest.approx(0.4) and w.busy_seconds == pytest.approx(0.4)
+
+
 def test_per_block_caching_evicts_a_prompts_tail_first_and_keeps_its_head():
     clock = SimClock()
     # Room for 8 blocks of 16 tokens at one byte a token.
