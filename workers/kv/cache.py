@@ -489,16 +489,20 @@ class PrefixCache:
         leaving = set(first).union(listed)
         for key, index in sorted(first.items(), key=lambda kv: self._stamp[kv[0]]):
             if index > 0:
-                self._keep_head(self._entries[key], index, leaving)
+                self._keep_head(self._entries[key], index, leaving, stale)
         return self._remove_all(leaving, "invalidated", command_id, reason)
 
-    def _keep_head(self, entry: CacheEntry, index: int, leaving: set[str]) -> None:
-        """Keep `entry`'s first `index` blocks as a request entry unless another holds them."""
+    def _keep_head(
+        self, entry: CacheEntry, index: int, leaving: set[str], stale: Stale | None = None
+    ) -> None:
+        """Keep `entry`'s first `index` blocks as a request entry unless another holds them
+        (listing no chunk of `stale`)."""
         head = entry.block_hashes[:index]
         if self.pool[head[-1]].holders.keys() - leaving:
             return
         sizes = [self.pool[h].nbytes for h in head]
-        kept = head_entry(entry, sizes, self.block_size, self._clock())
+        kept = head_entry(entry, sizes, self.block_size, self._clock(),
+                          stale.changed if stale is not None else lambda ref: False)
         self._place(kept, sizes, None)
         self._record("stored", kept, None, "truncated", kept.created_at)
 
