@@ -9,6 +9,18 @@ from kafka.consumer.fetcher import ConsumerRecord
 
 from ragwarm.settings import KafkaSettings
 
+# kafka-python assigns a subscribed topic's partitions from its cluster metadata; a consumer
+# whose first metadata lacked them reads nothing until the next refresh, by default 300 s
+# on (test_scale_out under load: an invalidation sent within a minute was seen after
+# 300.0 s, and the three sent with it at once). The tests' readers refresh every 3 s.
+METADATA_MAX_AGE_MS = 3000
+
+
+def subscriber(bootstrap: str, topic: str, **options) -> KafkaConsumer:
+    """A consumer of `topic` from its beginning, in no group (`options`: kafka-python's)."""
+    return KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                         metadata_max_age_ms=METADATA_MAX_AGE_MS, **options)
+
 
 def partitions(consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
     """The topic's partitions; a new consumer may not have its metadata yet, so ask again."""

@@ -8,13 +8,13 @@ import signal
 
 import httpx
 import pytest
-from kafka import KafkaConsumer
 
 from ragwarm.client.rag import RagClient
 from ragwarm.client.settings import ClientSettings
 from ragwarm.settings import TRACE_DIR, KafkaSettings
 from schemas import KbChange, QueryEvent, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES
+from tests.integration.kafka_read import subscriber
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -41,8 +41,7 @@ def ready_workers(app) -> set[str]:
 
 
 def logged_query(bootstrap: str, topic: str, qid: str) -> QueryEvent:
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=20_000)
+    consumer = subscriber(bootstrap, topic, consumer_timeout_ms=20_000)
     try:
         for message in consumer:
             event = decode(message.value, QueryEvent)

@@ -25,7 +25,7 @@ from ragwarm.ports import free_port
 from ragwarm.settings import HomeSettings, KafkaSettings
 from schemas import DeadLetter, KbChange, QueryEvent, decode, encode
 from schemas.topics import DEADLETTER, KB_CHANGES, RAG_QUERIES, TopicSpec
-from tests.integration.kafka_read import read_topic
+from tests.integration.kafka_read import read_topic, subscriber
 from tests.integration.streams_proc import StreamsApp
 from tests.integration.test_streams_e2e import QUESTION, Client, Events, initial_docs
 from tests.integration.waiting import wait_for
@@ -42,9 +42,7 @@ def send_docs(producer: KafkaProducer, topic: str, docs: list[KbChange]) -> None
 
 
 def letters(bootstrap: str, topic: str) -> list[DeadLetter]:
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=3000
-    )
+    consumer = subscriber(bootstrap, topic, consumer_timeout_ms=3000)
     found = [decode(m.value, DeadLetter) for m in consumer]
     consumer.close()
     return found

@@ -12,11 +12,11 @@ import venv
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer
 
 from ragwarm.ports import free_port
 from schemas import KbChange, decode
 from schemas.topics import KB_CHANGES
+from tests.integration.kafka_read import subscriber
 
 pytestmark = pytest.mark.integration
 
@@ -78,8 +78,7 @@ def test_the_base_install_sends_kb_changes_without_torch_or_faust(
     topic = namespace + KB_CHANGES
     sent = _run(base_venv, "python", "-c", SEND, kafka_bootstrap, topic)
     assert sent.returncode == 0 and "sent" in sent.stdout, sent.stderr[-3000:]
-    consumer = KafkaConsumer(topic, bootstrap_servers=kafka_bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=20_000)
+    consumer = subscriber(kafka_bootstrap, topic, consumer_timeout_ms=20_000)
     try:
         got = [decode(m.value, KbChange) for m in consumer]
     finally:

@@ -33,6 +33,7 @@ from schemas.topics import (
     WORKER_EVENTS,
     kb_key,
 )
+from tests.integration.kafka_read import subscriber
 from tests.integration.streams_proc import STARTED, StreamsApp
 from tests.integration.test_streams_e2e import QUESTION, Chunk, Events, edited, initial_docs
 from tests.integration.waiting import wait_for
@@ -77,8 +78,7 @@ class Commands:
     """Reads `warmup.commands` of the namespace from the start."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap,
-                                      auto_offset_reset="earliest", consumer_timeout_ms=500)
+        self.consumer = subscriber(bootstrap, topic, consumer_timeout_ms=500)
         self.seen: list[WarmupCommand] = []
 
     def read(self) -> list[WarmupCommand]:
@@ -280,8 +280,7 @@ def _show_chunk(bootstrap: str, namespace: str, app: StreamsApp, tenant: str, st
     """Print what `rag.chunks` holds of the edited chunk and its document, and the instance's
     counters and docs table row (seen when its retrieval keeps the stale chunk)."""
     doc_id = stale.chunk_id.rpartition("#")[0]
-    consumer = KafkaConsumer(namespace + RAG_CHUNKS, bootstrap_servers=bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=2000)
+    consumer = subscriber(bootstrap, namespace + RAG_CHUNKS, consumer_timeout_ms=2000)
     print(f"stale {tenant} {stale.chunk_id} {stale.content_hash[:8]}; on rag.chunks:")
     for m in consumer:
         try:

@@ -14,7 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-from kafka import KafkaConsumer
 
 from rag.prompt import PromptBuilder
 from rag.settings import RagSettings
@@ -24,6 +23,7 @@ from schemas import KbChange, QueryEvent, WarmupCommand, WorkerEvent, decode, en
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS
 from streams.decide.records import PrefixOp
 from streams.shell.topics import PREFIX_OPS
+from tests.integration.kafka_read import subscriber
 from tests.integration.test_streams_pipeline import EVENTS
 from tests.integration.waiting import wait_for
 from workers.kv.blocks import block_hashes
@@ -97,13 +97,7 @@ class Events:
 
     def __init__(self, bootstrap: str, topic: str, options: dict | None = None,
                  parse: Callable[[bytes], Any] = lambda v: decode(v, WorkerEvent)):  # fmt: skip
-        self.consumer = KafkaConsumer(
-            topic,
-            bootstrap_servers=bootstrap,
-            auto_offset_reset="earliest",
-            consumer_timeout_ms=500,
-            **(options or {}),
-        )
+        self.consumer = subscriber(bootstrap, topic, consumer_timeout_ms=500, **(options or {}))
         self.parse = parse
         self.seen: list[tuple[float, Any]] = []
 

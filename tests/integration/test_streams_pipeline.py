@@ -6,11 +6,11 @@ import json
 import random
 
 import pytest
-from kafka import KafkaConsumer
 
 from ragwarm.settings import TRACE_DIR
 from schemas import DeadLetter, KbChange, decode, encode
 from schemas.topics import DEADLETTER, KB_CHANGES
+from tests.integration.kafka_read import subscriber
 from tests.integration.streams_proc import StreamsApp
 from tests.integration.waiting import wait_for
 
@@ -86,12 +86,7 @@ def test_malformed_records_go_to_dead_letters_and_valid_ones_are_processed(
     finally:
         app.stop()
 
-    consumer = KafkaConsumer(
-        namespace + DEADLETTER,
-        bootstrap_servers=kafka_bootstrap,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=5000,
-    )
+    consumer = subscriber(kafka_bootstrap, namespace + DEADLETTER, consumer_timeout_ms=5000)
     letters = [decode(m.value, DeadLetter) for m in consumer]
     consumer.close()
     assert len(letters) == 1000
