@@ -40,6 +40,9 @@ NAMED_COUNTERS: dict[str, tuple[str, str]] = {
                    "Queries asking a question for the first time (synthetic warmup on)."),
     "synthetic_first_hits": ("ragwarm_streams_synthetic_first_hits_total",
                              "First asks served whole from a synthetic prefix."),
+    "recovery_reseeks": ("ragwarm_streams_recovery_reseeks_total",
+                         "Changelog partitions the table-recovery watchdog sought again after "
+                         "they got no record while behind (a stalled takeover); alert on any."),
 }
 PENDING_MAX = 10_000
 # Figures kept among the counters that are not counts: a size, a level (parked records);
