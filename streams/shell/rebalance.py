@@ -70,19 +70,22 @@ def seeking_uncommitted_too(
 
 def flow_state(app: Any) -> dict[str, Any]:
     """The consumer's flow as an operator needs it to tell a stalled instance: whether it
-    fetches (`flow_active`), whether a rebalance is under way, and its assigned and paused
-    partitions (with none assigned yet, or before the consumer starts: zeros)."""
+    fetches (`flow_active`), whether a rebalance is under way, whether tables are being
+    rebuilt from their changelogs (`recovering`: the stream partitions wait for it), and its
+    assigned and paused partitions (with none assigned yet, or before the consumer starts:
+    zeros)."""
+    flags = {"rebalancing": bool(app.rebalancing),
+             "recovering": bool(getattr(app, "in_recovery", False))}
     consumer = getattr(app, "_consumer", None)
     if consumer is None:
-        return {"flow_active": False, "rebalancing": bool(app.rebalancing), "assigned": 0,
-                "paused": 0}
+        return {"flow_active": False, **flags, "assigned": 0, "paused": 0}
     try:
         assigned = len(consumer.assignment())
     except Exception:  # noqa: BLE001 - not started yet
         assigned = 0
     return {
         "flow_active": bool(consumer.flow_active),
-        "rebalancing": bool(app.rebalancing),
+        **flags,
         "assigned": assigned,
         "paused": len(getattr(consumer, "_paused_partitions", ())),
     }

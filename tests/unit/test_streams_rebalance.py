@@ -69,15 +69,17 @@ class _Consumer:
 
 
 class _App:
-    def __init__(self, consumer, rebalancing: bool = False) -> None:
-        self._consumer, self.rebalancing = consumer, rebalancing
+    def __init__(self, consumer, rebalancing: bool = False, in_recovery: bool = False) -> None:
+        self._consumer, self.rebalancing, self.in_recovery = consumer, rebalancing, in_recovery
 
 
 def test_flow_state_shows_a_stopped_flow_with_its_partitions():
-    state = flow_state(_App(_Consumer(False, 4, 4)))
-    assert state == {"flow_active": False, "rebalancing": False, "assigned": 4, "paused": 4}
+    state = flow_state(_App(_Consumer(False, 4, 4), rebalancing=True, in_recovery=True))
+    assert state == {"flow_active": False, "rebalancing": True, "recovering": True,
+                     "assigned": 4, "paused": 4}
 
 
 def test_flow_state_before_the_consumer_starts():
     assert flow_state(_App(None, rebalancing=True)) == {
-        "flow_active": False, "rebalancing": True, "assigned": 0, "paused": 0}
+        "flow_active": False, "rebalancing": True, "recovering": False, "assigned": 0,
+        "paused": 0}
