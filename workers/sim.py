@@ -313,7 +313,7 @@ class SimWorker:
                 compute_s = self._compute_s(len(tokens), cached, spent)
                 self.occupy(compute_s, passes)
             else:  # skipped (already cached, stale): the cost engine computed nothing
-                compute_s = 0.0 if self._modelled else spent
+                compute_s = 0.0 if self._cost_model() else spent
             # Warmup time on the clock the requests see: the cost model's, not the time
             # the cost engine's bookkeeping took (that varied between identical runs).
             self.warm_seconds += compute_s
@@ -361,17 +361,15 @@ class SimWorker:
         self.queued_seconds += wait
         return wait
 
-    @property
-    def _modelled(self) -> bool:
-        """The engine is the cost engine: its times come from the cost model."""
-        return isinstance(getattr(self.engine, "cost", None), CostModel)
+    def _cost_model(self) -> CostModel | None:
+        """The cost engine's model (its times come from it); None for a real engine."""
+        cost = getattr(self.engine, "cost", None)
+        return cost if isinstance(cost, CostModel) else None
 
     def _compute_s(self, prompt_tokens: int, cached: int, measured_s: float) -> float:
         # The cost engine's own estimate (it computes nothing); a real engine's wall time.
-        cost = getattr(self.engine, "cost", None)
-        if isinstance(cost, CostModel):
-            return cost.ttft_ms(prompt_tokens, cached) / 1000.0
-        return measured_s
+        cost = self._cost_model()
+        return measured_s if cost is None else cost.ttft_ms(prompt_tokens, cached) / 1000.0
 
     def expire(self) -> None:
         self.runtime.tick()

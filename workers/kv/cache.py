@@ -501,8 +501,7 @@ class PrefixCache:
         if self.pool[head[-1]].holders.keys() - leaving:
             return
         sizes = [self.pool[h].nbytes for h in head]
-        kept = head_entry(entry, sizes, self.block_size, self._clock(),
-                          stale.changed if stale is not None else lambda ref: False)
+        kept = head_entry(entry, sizes, self.block_size, self._clock(), stale)
         self._place(kept, sizes, None)
         self._record("stored", kept, None, "truncated", kept.created_at)
 

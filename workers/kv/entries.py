@@ -155,18 +155,17 @@ def build_entry(
 
 
 def head_entry(
-    entry: CacheEntry, sizes: list[int], block_size: int, t: float,
-    changed: Callable[[ChunkKey], bool] = lambda ref: False,
+    entry: CacheEntry, sizes: list[int], block_size: int, t: float, stale: Stale | None = None
 ) -> CacheEntry:
     """A request entry for the first `len(sizes)` blocks of `entry` (what survives a cut).
 
-    It lists the chunks that start within those blocks, but not a `changed` one: a head
+    It lists the chunks that start within those blocks, but not one `stale` changed: a head
     kept through a change ends in the block the changed chunk shares with its forks (the
     same tokens in every version), so it holds none of the changed version's own KV.
     """
     index = len(sizes)
     starts = {r: s for r, s in entry.chunk_starts.items()
-              if s < index * block_size and not changed(r)}
+              if s < index * block_size and not (stale is not None and stale.changed(r))}
     return CacheEntry(
         prefix_hash=entry.block_hashes[index - 1],
         tenant=entry.tenant,
