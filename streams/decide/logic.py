@@ -300,8 +300,9 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
     if target is not None and target in holders or target is None and holders:
         if op.hold and (state is None or state.held_at is None) and not pin:
             # Held in place: the same KV, pinned until its next ask.
-            plan.commands = [_prefill(op, new_state, holders[0], ttl_s,
-                                      hold_pins(holders[0], workers))]
+            hold_pin = hold_pins(holders[0], workers)
+            plan.commands = [_prefill(op, new_state, holders[0], ttl_s, hold_pin,
+                                      _tier_placed(op, hold_pin))]
             plan.counters = {"holds": 1}
         # Already warm where it is wanted. A prefix still in use must not expire under its
         # users: past half its TTL, the holders' copies get the new expiry too.
@@ -315,11 +316,13 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
     if worker is None:
         plan.counters = {"no_worker": 1}
         return plan
-    plan.state = new_state.model_copy(update={"worker_id": worker, "prefill_at": now, "resends": 0})
+    pin = pin or op.hold and hold_pins(worker, workers)
+    plan.state = new_state.model_copy(update={
+        "worker_id": worker, "prefill_at": now, "resends": 0, "tier": _tier_placed(op, pin),
+    })
     # An ask always finds it held (the op that brought it here), so a release never
     # precedes this prefill; `_end_hold`'s command is dropped with the stale KV.
-    plan.commands = [_prefill(op, plan.state, worker, ttl_s,
-                              pin or op.hold and hold_pins(worker, workers))]
+    plan.commands = [_prefill(op, plan.state, worker, ttl_s, pin, plan.state.tier)]
     plan.counters = {"prefills": 1, "holds": int(op.hold)}
     return plan
 
@@ -364,7 +367,14 @@ def _end_hold(op: PrefixOp, state: PrefixState) -> tuple[list[WarmupCommand], di
     return [cmd], {"releases": 1}
 
 
-def _prefill(op: PrefixOp, state: PrefixState, worker: str, ttl_s: float, pin: bool):
+def _tier_placed(op: PrefixOp, pin: bool) -> bool:
+    """Whether a warm op's prefill goes to the worker's KV tier only: a ready worker's
+    re-warm filling its tier (`warm_on` with `tier`); never a pinned prefix."""
+    return op.tier and op.op == "warm_on" and not pin
+
+
+def _prefill(op: PrefixOp, state: PrefixState, worker: str, ttl_s: float, pin: bool,
+             tier: bool = False):
     return WarmupCommand(
         command_id=command_id(),
         op="prefill",
@@ -377,7 +387,7 @@ def _prefill(op: PrefixOp, state: PrefixState, worker: str, ttl_s: float, pin: b
         ttl_s=ttl_s,
         pin=pin,
         reason=op.reason,
-        placement="tier" if op.tier and op.op == "warm_on" and not pin else "device",
+        placement="tier" if tier and not pin else "device",
     )
 
 
@@ -422,7 +432,9 @@ def _resend(op, state, workers, now, ttl_s) -> PrefixPlan:
         update={"worker_id": worker, "prefill_at": now, "resends": state.resends + 1}
     )
     ttl = max(1.0, state.expires_at - now)  # a resend does not lengthen the prefix's life
-    cmd = _prefill(op, new_state, worker, ttl, state.hot)
+    # Where the lost prefill was going: a tier fill resent as a device prefill would push
+    # out the prefixes the worker keeps in device memory.
+    cmd = _prefill(op, new_state, worker, ttl, state.hot, state.tier)
     return PrefixPlan(commands=[cmd], state=new_state, counters={"prefill_resends": 1})
 
 

@@ -49,6 +49,7 @@ class PrefixState(_Record):
     updated_at: float = 0.0  # last op on it (a use, a warm, a TTL extension)
     prefill_at: float | None = None  # when the last prefill command was sent
     resends: int = 0  # re-sends of that prefill no worker confirmed (the resend timer)
+    tier: bool = False  # that prefill went to the worker's KV tier only (a resend keeps it)
     uses: int = 0  # queries that reported it (a held, fresh prefix's repeats are not sent)
     synthetic: bool = False  # first warmed for a question a worker's model made up
     # Pinned by an edit's re-warm until its next ask (or `edit_hold_s` after this time).

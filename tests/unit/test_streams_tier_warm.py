@@ -5,7 +5,8 @@ within its free room, and none that device memory takes or the worker holds."""
 from __future__ import annotations
 
 from schemas import WorkerEvent
-from streams.decide.records import PrefixState, WorkerState
+from streams.decide import logic
+from streams.decide.records import PrefixOp, PrefixState, WorkerState
 from streams.handle import handlers
 from streams.sim import run_sync
 from tests.unit.conftest import REFS, Port, pipeline
@@ -82,3 +83,25 @@ def test_a_worker_past_the_threshold_still_gets_its_tier_share() -> None:
     assert p.stats["warm_steps_stopped"] == 1
     state = p.tables.worker_states["w2"]
     assert isinstance(state, WorkerState) and state.warm_step == 0 and state.tier_total == 1_000
+
+
+def test_a_lost_tier_prefill_is_resent_to_a_tier_and_a_device_one_to_the_device() -> None:
+    p, out = pipeline(Port({("default", "d.md#0"): "1" * 64}), prefix_ttl_s=60.0,
+                      hot_tokens=False, kv_bytes_per_token=PER_TOKEN, warmup_steps=1)
+    _tracked(p, "12345")
+    run_sync(handlers.on_worker_event(p, _ready(tier_total_bytes=1_000, tier_bytes=300)))
+    for op in out.ops:
+        run_sync(handlers.on_prefix_op(p, op))
+    sent = {c.prefix_hash: c.placement for c in out.commands}
+    assert sorted(sent.values()) == ["device", "device", "tier", "tier"]
+    assert {h[0] for h, place in sent.items() if p.tables.prefix_states[h].tier} == {"2", "3"}
+    # No worker confirmed any of them: each is sent again where it was going.
+    for prefix_hash, placement in sent.items():
+        state = p.tables.prefix_states[prefix_hash]
+        plan = logic.plan_prefix_op(PrefixOp(op="resend", prefix_hash=prefix_hash), state,
+                                    [WorkerState(worker_id="w2", ready=True, mem_total=700,
+                                                 tier_total=1_000)],
+                                    state.prefill_at + 30.0, 60.0)
+        (cmd,) = plan.commands
+        assert (cmd.op, cmd.placement, plan.state.tier) == ("prefill", placement,
+                                                            placement == "tier")
