@@ -195,13 +195,12 @@ def _invalidate(op, state, workers, now, ttl_s) -> PrefixPlan:
     # The stale refs only: every entry built from one is stale (whatever its prefix), but
     # another prefix that shares one of this prefix's unchanged chunks is still valid.
     # Broadcast: any worker may hold it (a reactive cache or a previous placement).
-    refs = op.chunk_refs
     cmd = WarmupCommand(
         command_id=command_id(),
         op="invalidate",
         prefix_hash=op.prefix_hash,
         tenant=op.tenant,
-        chunk_refs=refs,
+        chunk_refs=op.chunk_refs,
         reason=op.reason,
     )
     plan = PrefixPlan(commands=[cmd], counters={"invalidations": 1})
@@ -300,9 +299,8 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
     if target is not None and target in holders or target is None and holders:
         if op.hold and (state is None or state.held_at is None) and not pin:
             # Held in place: the same KV, pinned until its next ask.
-            hold_pin = hold_pins(holders[0], workers)
-            plan.commands = [_prefill(op, new_state, holders[0], ttl_s, hold_pin,
-                                      _tier_placed(op, hold_pin))]
+            plan.commands = [_prefill(op, new_state, holders[0], ttl_s,
+                                      hold_pins(holders[0], workers), op.tier)]
             plan.counters = {"holds": 1}
         # Already warm where it is wanted. A prefix still in use must not expire under its
         # users: past half its TTL, the holders' copies get the new expiry too.
@@ -317,12 +315,11 @@ def _warm(op, state, workers, now, ttl_s) -> PrefixPlan:
         plan.counters = {"no_worker": 1}
         return plan
     pin = pin or op.hold and hold_pins(worker, workers)
-    plan.state = new_state.model_copy(update={
-        "worker_id": worker, "prefill_at": now, "resends": 0, "tier": _tier_placed(op, pin),
-    })
+    plan.state = new_state.model_copy(update={"worker_id": worker, "prefill_at": now,
+                                              "resends": 0, "tier": op.tier and not pin})
     # An ask always finds it held (the op that brought it here), so a release never
     # precedes this prefill; `_end_hold`'s command is dropped with the stale KV.
-    plan.commands = [_prefill(op, plan.state, worker, ttl_s, pin, plan.state.tier)]
+    plan.commands = [_prefill(op, plan.state, worker, ttl_s, pin, op.tier)]
     plan.counters = {"prefills": 1, "holds": int(op.hold)}
     return plan
 
@@ -367,14 +364,8 @@ def _end_hold(op: PrefixOp, state: PrefixState) -> tuple[list[WarmupCommand], di
     return [cmd], {"releases": 1}
 
 
-def _tier_placed(op: PrefixOp, pin: bool) -> bool:
-    """Whether a warm op's prefill goes to the worker's KV tier only: a ready worker's
-    re-warm filling its tier (`warm_on` with `tier`); never a pinned prefix."""
-    return op.tier and op.op == "warm_on" and not pin
-
-
 def _prefill(op: PrefixOp, state: PrefixState, worker: str, ttl_s: float, pin: bool,
-             tier: bool = False):
+             tier: bool):  # tier: into the worker's KV tier only (never a pinned prefix)
     return WarmupCommand(
         command_id=command_id(),
         op="prefill",
@@ -432,9 +423,7 @@ def _resend(op, state, workers, now, ttl_s) -> PrefixPlan:
         update={"worker_id": worker, "prefill_at": now, "resends": state.resends + 1}
     )
     ttl = max(1.0, state.expires_at - now)  # a resend does not lengthen the prefix's life
-    # Where the lost prefill was going: a tier fill resent as a device prefill would push
-    # out the prefixes the worker keeps in device memory.
-    cmd = _prefill(op, new_state, worker, ttl, state.hot, state.tier)
+    cmd = _prefill(op, new_state, worker, ttl, state.hot, state.tier)  # where it was going
     return PrefixPlan(commands=[cmd], state=new_state, counters={"prefill_resends": 1})
 
 
