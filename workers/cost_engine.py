@@ -24,6 +24,7 @@ from workers.kv.cache import PrefixCache, WarmupRefused
 from workers.kv.chunk_kv import plan_pieces
 from workers.kv.donors import DonorIndex
 from workers.kv.memory import Budget
+from workers.kv.plan import KVPlan
 from workers.kv.request_blocks import make_prefix_cache
 from workers.kv.tier_index import TierIndex
 from workers.kv.tier_journal import TierJournal, absorb
@@ -152,10 +153,10 @@ class CostEngine(PrefixEngine[int]):
         if self.tier is not None:
             cache.tier = TierJournal(write_through=False)  # a host tier
 
-    def sync(self) -> int:
-        if self.tier is not None and self.cache.tier is not None:
-            absorb(self.tier.index, self.cache.tier.drain(), _Everything())  # no tensors to miss
-        return super().sync()
+    def apply(self, plan: KVPlan) -> int:
+        if self.tier is not None:
+            absorb(self.tier.index, plan.store, _Everything())  # no tensors to miss
+        return super().apply(plan)
 
     def tier_state(self) -> tuple[list[str], int]:
         if self.tier is None:

@@ -28,15 +28,24 @@ def test_a_request_reuses_the_longest_chain_whoever_stored_it() -> None:
 
 def test_blocks_are_freed_only_with_their_last_holder() -> None:
     cache, _ = make_cache()
-    cache.watch_freed()
     cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=20)
     cache.admit(tenant="t1", hashes=chain(1, 3), nbytes=20, kind="request")
     cache.evict([chain(1, 2)[-1]])
-    assert cache.drain_freed() == [chain(1, 2)[-1]]
+    plan = cache.take_plan()
+    assert plan.free == (chain(1, 2)[-1],) and plan.gone == (chain(1, 2)[-1],)
     assert chain(1)[-1] in cache.pool and cache.bytes_used == 20
+    assert not cache.take_plan()  # each change is planned once
     cache.evict([chain(1, 3)[-1]])
-    assert sorted(cache.drain_freed()) == sorted([chain(1)[-1], chain(1, 3)[-1]])
+    assert sorted(cache.take_plan().free) == sorted([chain(1)[-1], chain(1, 3)[-1]])
     assert cache.bytes_used == 0 and len(cache.pool) == 0
+
+
+def test_a_plan_leaves_out_what_came_back_before_it_was_taken() -> None:
+    cache, _ = make_cache()
+    cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=20)
+    cache.evict([chain(1, 2)[-1]])
+    cache.admit(tenant="t1", hashes=chain(1, 2), nbytes=20)  # back before the engine looked
+    assert not cache.take_plan()
 
 
 def test_a_pinned_chain_leaves_only_unshared_room() -> None:
@@ -78,7 +87,6 @@ def test_expiry_makes_managed_blocks_request_blocks() -> None:
 
 def test_invalidation_with_positions_frees_exactly_the_blocks_after_the_chunk() -> None:
     cache, _ = make_cache()
-    cache.watch_freed()
     # Chunk REF starts at token 40: blocks 0 and 1 precede it, block 2 on pass through it.
     warm, _ = cache.admit(
         tenant="t1",
@@ -92,7 +100,7 @@ def test_invalidation_with_positions_frees_exactly_the_blocks_after_the_chunk() 
     cache.drain_events()
     removed = cache.invalidate([REF])
     assert removed == [warm, request]  # the request passes through the chunk too
-    assert sorted(cache.drain_freed()) == sorted(chain(1, 2, 3, 4)[2:] + chain(1, 2, 3, 5)[3:])
+    assert sorted(cache.take_plan().free) == sorted(chain(1, 2, 3, 4)[2:] + chain(1, 2, 3, 5)[3:])
     # Blocks 1, 2 stay, as a request entry ending there.
     kept = cache.get(chain(1, 2)[-1])
     assert kept is not None and kept.kind == "request" and cache.lookup(chain(1, 2, 9))[1] == 2
@@ -108,14 +116,13 @@ def test_a_block_a_changed_chunk_shares_with_another_chunks_opening_stays() -> N
     # first share the block where both start (tokens 32-47) and fork after it.
     other = ("doc#2", "bb")
     cache, _ = make_cache()
-    cache.watch_freed()
     cache.admit(tenant="t1", hashes=chain(1, 2, 3, 4), nbytes=40, chunk_refs=[REF],
                 chunk_starts={REF: 40}, pin=True)
     cache.admit(tenant="t1", hashes=chain(1, 2, 3, 5), nbytes=40, kind="request",
                 chunk_refs=[other], chunk_starts={other: 40})
     removed = cache.invalidate([REF])
     assert [e.prefix_hash for e in removed] == [chain(1, 2, 3, 4)[-1]]
-    assert cache.drain_freed() == [chain(1, 2, 3, 4)[-1]]  # only what the change alone marks
+    assert cache.take_plan().free == (chain(1, 2, 3, 4)[-1],)  # only what the change alone marks
     assert cache.lookup(chain(1, 2, 3, 5))[1] == 4
 
 

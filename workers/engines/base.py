@@ -30,6 +30,7 @@ from workers.kv.chunk_kv import (
 )
 from workers.kv.donors import Donor, DonorIndex
 from workers.kv.entries import Kind
+from workers.kv.plan import KVPlan
 from workers.kv.tier_index import TierIndex
 
 
@@ -104,8 +105,13 @@ class PrefixEngine(ABC, Generic[H]):
         )
 
     def sync(self) -> int:
-        stale = [key for key in self._held if key not in self.cache]
-        return sum(self._held_bytes(self._held.pop(key)) for key in stale)
+        """Carry out what the cache planned since the last call; the bytes of KV freed."""
+        return self.apply(self.cache.take_plan())
+
+    def apply(self, plan: KVPlan) -> int:
+        """Free what `plan` says: here what is held per prefix (engines keeping KV per block
+        or a tier below device memory do more)."""
+        return sum(self._held_bytes(self._held.pop(k)) for k in plan.gone if k in self._held)
 
     def reset(self) -> int:
         # A clean slate for a test or a benchmark step; `sync` so the KV goes with them.

@@ -199,7 +199,10 @@ class Engine(Protocol):
         ...
 
     def sync(self) -> int:
-        """Free the KV of entries the cache no longer holds; returns the bytes freed."""
+        """Carry out what the cache (the KV manager) planned since the last call
+        (`workers.kv.plan.KVPlan`: tier writes and spills, then the KV to free); returns the
+        bytes freed. The engines call it after each change; a caller changing `cache`
+        itself calls it after."""
         ...
 
     def reset(self) -> int:

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from workers.engines.base import Request, ServerKVEngine, keep_by_prefill
 from workers.engines.protocol import GenerationResult, GenerationStep
 from workers.kv.cache import CacheEntry
+from workers.kv.plan import KVPlan
 from workers.kv.sizing import DTYPE_BYTES, cache_for, kv_bytes_per_token
 from workers.settings import WorkerSettings
 
@@ -147,9 +148,9 @@ class RemoteEngine(ServerKVEngine):
         super()._keep(entry, held)
         self._tenants[entry.prefix_hash] = entry.tenant
 
-    def sync(self) -> int:
-        dropped = {k: self._tenants.pop(k, "default") for k in self._held if k not in self.cache}
-        freed = super().sync()
+    def apply(self, plan: KVPlan) -> int:
+        dropped = {k: self._tenants.pop(k, "default") for k in plan.gone if k in self._held}
+        freed = super().apply(plan)
         if dropped and self.erase_slots:
             self.erased_slots += self._erase_slots(dropped)
         return freed

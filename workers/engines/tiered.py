@@ -10,6 +10,7 @@ from typing import Any
 from workers.engines.kv_blocks import BlockKV, as_block
 from workers.engines.kv_tier import KVTier
 from workers.kv.cache import PrefixCache, WarmupRefused
+from workers.kv.tier_journal import TierOps
 
 
 class Tiered:
@@ -38,14 +39,10 @@ class Tiered:
     def tier_total(self) -> int:
         return 0 if self.tier is None else self.tier.index.max_bytes
 
-    def _apply_tier(self) -> None:
-        """Write what the cache's journal queued (tensors still here) and drop what it cut;
-        called by `sync` before it drops the tensors of freed blocks."""
-        journal = self.cache.tier
-        if self.tier is None or journal is None:
-            return
-        ops = journal.drain()
-        if ops:
+    def _store(self, ops: TierOps) -> None:
+        """Write what a plan stores (tensors still here) and drop what it cut; called by
+        `apply` before it drops the tensors of freed blocks."""
+        if self.tier is not None and ops:
             queued = [*ops.writes, *ops.spills]
             tensors = {h: self._blocks[h].data for h in queued if h in self._blocks}
             self.tier.apply(ops, tensors)

@@ -39,6 +39,7 @@ from workers.kv.budgets import (
 )
 from workers.kv.cache import CacheEntry, PrefixCache, WarmupRefused
 from workers.kv.donors import DonorIndex
+from workers.kv.plan import KVPlan
 from workers.kv.sizing import cache_for, kv_bytes_per_token
 from workers.kv.tier_journal import TierJournal
 from workers.settings import WorkerSettings
@@ -162,7 +163,6 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         # waiting request go first), returns the seconds it gave away; None: back to back.
         self.between_passes: Callable[[], float] | None = None
         self._blocks: dict[str, BlockKV] = {}
-        self.cache.watch_freed()
         self.tier = tier
         self._tier_view: tuple[int, list[str]] = (-1, [])
         if tier is not None:
@@ -210,15 +210,11 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
         blocks = self.stored_blocks(prefix_hash)
         return None if blocks is None else join(blocks, self.model.dtype)
 
-    def sync(self) -> int:
-        """Drop the tensors of blocks the cache freed (spilling the evicted ones to the disk
-        tier first, and dropping stale ones from it); returns the bytes freed."""
-        self._apply_tier()
-        freed = 0
-        for h in self.cache.drain_freed():
-            if h not in self.cache.pool and h in self._blocks:
-                freed += self._blocks.pop(h).nbytes
-        return freed
+    def apply(self, plan: KVPlan) -> int:
+        """Write the blocks the plan stores to the KV tier (the evicted ones spill, stale
+        ones leave it), then drop the tensors of the blocks it frees; the bytes freed."""
+        self._store(plan.store)
+        return sum(self._blocks.pop(h).nbytes for h in plan.free if h in self._blocks)
 
     def _held_bytes(self, held: Pending) -> int:
         return held.n_blocks * self.block_bytes

@@ -70,8 +70,7 @@ class BlockPool:
         self._blocks: dict[str, Block] = {}
         self._by_chunk: dict[ChunkKey, set[str]] = {}
         self._by_chunk_id: dict[str, set[str]] = {}
-        self._freed: list[str] = []
-        self._keep_freed = False
+        self._freed: list[str] = []  # for the engine's next plan (`PrefixCache.take_plan`)
         self.bytes_used = 0
         self.pinned_bytes = 0
         self.managed_bytes = 0
@@ -154,10 +153,6 @@ class BlockPool:
         )
 
     # -- freed hashes, for the engine ------------------------------------------------
-
-    def watch_freed(self) -> None:
-        """Start queueing freed hashes (an engine holding tensors calls this once)."""
-        self._keep_freed = True
 
     def drain_freed(self) -> list[str]:
         """Hashes that left the pool since the last drain (a hash may have come back since)."""
@@ -250,8 +245,7 @@ class BlockPool:
         for ref in block.through:
             _discard(self._by_chunk, ref, block.block_hash)
             _discard(self._by_chunk_id, ref[0], block.block_hash)
-        if self._keep_freed:
-            self._freed.append(block.block_hash)
+        self._freed.append(block.block_hash)
 
 
 def _add(totals: dict[str, int], tenant: str, delta: int) -> None:

@@ -33,9 +33,10 @@ from workers.kv.entries import (
 )
 from workers.kv.eviction import EvictionPolicy, make_policy
 from workers.kv.memory import Budget
+from workers.kv.plan import KVPlan
 from workers.kv.quota import capped, quota_check, tenant_quota
 from workers.kv.retired import Retired
-from workers.kv.tier_journal import TierJournal
+from workers.kv.tier_journal import TierJournal, TierOps
 
 __all__ = ["Budget", "CacheEntry", "CacheEvent", "ChunkKey", "PrefixCache", "WarmupRefused"]
 
@@ -50,7 +51,7 @@ class PrefixCache:
     Hashes passed in must be chains from `block_hashes`: a block hash then identifies its
     whole leading chain, which is what makes lookup a binary search over dict probes.
     Every block in the pool is held by at least one entry, and by every entry whose chain
-    contains it; blocks leave the pool with their last holder (`drain_freed` names them).
+    contains it; blocks leave the pool with their last holder (the engine's `take_plan`).
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class PrefixCache:
         self.pool = BlockPool()
         self._expiry: list[tuple[float, str]] = []
         self._events: list[CacheEvent] = []
+        self._gone: list[str] = []  # prefixes removed since the last plan
         self.tier: TierJournal | None = None  # set by an engine keeping a disk tier
         self.touching = True  # False: lookups are dry runs that touch nothing (timing trials)
         self.retired = Retired()  # chunk versions invalidated lately: no request caches them
@@ -152,13 +154,12 @@ class PrefixCache:
         events, self._events = self._events, []
         return events
 
-    def watch_freed(self) -> None:
-        """Queue the hashes of freed blocks for `drain_freed` (for an engine holding KV)."""
-        self.pool.watch_freed()
-
-    def drain_freed(self) -> list[str]:
-        """Block hashes freed since the last drain; one may be back in the pool since."""
-        return self.pool.drain_freed()
+    def take_plan(self) -> KVPlan:
+        """What the engine must do to its KV since the last plan (`workers.kv.plan`)."""
+        free = tuple(dict.fromkeys(h for h in self.pool.drain_freed() if h not in self.pool))
+        gone = tuple(dict.fromkeys(k for k in self._gone if k not in self._entries))
+        self._gone = []
+        return KVPlan(self.tier.drain() if self.tier is not None else TierOps(), free, gone)
 
     # -- write side ------------------------------------------------------------------
 
@@ -507,6 +508,7 @@ class PrefixCache:
 
     def _detach(self, entry: CacheEntry, *, by_policy: bool) -> None:
         del self._entries[entry.prefix_hash], self._stamp[entry.prefix_hash]
+        self._gone.append(entry.prefix_hash)
         self._index.remove(entry)
         if by_policy and self.tier is not None:
             self.tier.evicting(entry, self.pool, self._entries)

@@ -1,0 +1,28 @@
+"""What an engine does to its KV after the KV manager changed: one value, `KVPlan`.
+
+`PrefixCache` decides (admit, evict, invalidate, spill, expire) and only keeps books; the
+engine holds the KV (tensors, or a server's slots) and carries out the plan it takes from
+the cache with `PrefixCache.take_plan` (`PrefixEngine.sync`). Loads stay the engine's: a
+block is read back from the tier only on the lookup that wants it, which then admits it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from workers.kv.tier_journal import TierOps
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """In this order: `store` (writes and spills to the tier below device memory, and what
+    leaves it; the tensors are still here), then `free` (blocks whose KV leaves the device,
+    none of them back in the pool since) and `gone` (prefixes the cache no longer holds, for
+    engines that keep state per prefix: a server's entry sizes and slots)."""
+
+    store: TierOps = field(default_factory=TierOps)
+    free: tuple[str, ...] = ()
+    gone: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.store or self.free or self.gone)
