@@ -16,7 +16,6 @@ import httpx
 from rag.prompt import PromptBuilder
 from rag.settings import RagSettings
 from ragwarm.client import fallback
-from ragwarm.client.contract import check_prompt
 from ragwarm.client.core import (
     COMPLETIONS,
     HEALTH,
@@ -30,6 +29,7 @@ from ragwarm.client.core import (
     PreparedQuery,
     attempt_failed,
     health_body,
+    opened_health,
     pool_options,
     prepared_query,
     retrieve_body,
@@ -97,15 +97,12 @@ class AsyncRagClient(ClientCore[httpx.AsyncClient]):
         async with AsyncExitStack() as undo:
             streams = make_async_pool(config.settings, url, headers=config.headers)
             undo.push_async_callback(streams.aclose)
-            down: StreamsUnavailable | None = None
+            found: dict | StreamsUnavailable
             try:
-                health = await check_streams(streams, url)
+                found = await check_streams(streams, url)
             except StreamsUnavailable as exc:
-                if not streams_optional:
-                    raise
-                down = exc
-            else:  # fail fast, before the slow tokenizer load, when the stack differs
-                check_prompt(health, config.params, url)
+                found = exc
+            down = opened_health(found, config.params, url, optional=streams_optional)
             tokenizer = await asyncio.to_thread(load_tokenizer, llm_dir(models=config.models))
             retrieval = emitter = None
             if config.retrieval == "qdrant":

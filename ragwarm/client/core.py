@@ -175,6 +175,20 @@ def streams_down(url: str, exc: Exception) -> StreamsUnavailable:
     return StreamsUnavailable(f"the streams app does not answer at {url} ({exc}); {UP_HINT}")
 
 
+def opened_health(found: dict | StreamsUnavailable, params: PromptParams, url: str, *,
+                  optional: bool) -> StreamsUnavailable | None:
+    """What `open` makes of the streams app's health view (or the outage asking for it
+    raised): the prompt check when it answered (PromptMismatch fails fast, before the slow
+    tokenizer load); the outage itself when the client may open without the app; else it
+    is raised."""
+    if isinstance(found, StreamsUnavailable):
+        if not optional:
+            raise found
+        return found
+    check_prompt(found, params, url)
+    return None
+
+
 def health_body(response: httpx.Response, url: str) -> dict:
     """The streams app's health view; StreamsUnavailable, with the fix, if it is not one."""
     try:

@@ -15,7 +15,6 @@ import httpx
 from rag.prompt import PromptBuilder
 from rag.settings import RagSettings
 from ragwarm.client import fallback
-from ragwarm.client.contract import check_prompt
 from ragwarm.client.core import (
     COMPLETIONS,
     HEALTH,
@@ -30,6 +29,7 @@ from ragwarm.client.core import (
     build_answer,
     completion_body,
     health_body,
+    opened_health,
     pool_options,
     prepared_query,
     query_event,
@@ -100,16 +100,12 @@ class RagClient(ClientCore[httpx.Client]):
         with ExitStack() as undo:  # closes what was opened if a later step fails
             streams = make_pool(config.settings, url, headers=config.headers)
             undo.callback(streams.close)
-            # Fail fast, before the slow tokenizer load, when the stack is not up or differs.
-            down: StreamsUnavailable | None = None
+            found: dict | StreamsUnavailable
             try:
-                health = check_streams(streams, url)
+                found = check_streams(streams, url)
             except StreamsUnavailable as exc:
-                if not streams_optional:
-                    raise
-                down = exc
-            else:  # fail fast, before the slow tokenizer load, when the stack differs
-                check_prompt(health, config.params, url)
+                found = exc
+            down = opened_health(found, config.params, url, optional=streams_optional)
             prompts = PromptBuilder(load_tokenizer(llm_dir(models=config.models)),
                                     config.system_prompt)
             retrieval = emitter = None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ragwarm.client.contract import PromptMismatch, check_prompt
+from ragwarm.client.core import opened_health
+from ragwarm.client.wire import StreamsUnavailable
 from schemas.prefix import PromptParams
 from streams.shell.views.health import health_body
 
@@ -35,3 +37,15 @@ def test_a_differing_parameter_is_named(change, setting):
 def test_an_app_that_publishes_no_parameters_is_refused():
     with pytest.raises(PromptMismatch, match="publishes no prompt parameters"):
         check_prompt({"status": "ok"}, OURS, "http://s")
+
+
+def test_opening_checks_the_prompt_or_keeps_the_outage_only_where_it_may():
+    down = StreamsUnavailable("the streams app at http://s does not answer")
+    assert opened_health(health_body("app", OURS), OURS, "http://s", optional=False) is None
+    assert opened_health(down, OURS, "http://s", optional=True) is down  # opens without it
+    with pytest.raises(StreamsUnavailable):
+        opened_health(down, OURS, "http://s", optional=False)
+    theirs = PromptParams.of(system_prompt="Answer.", top_k=2, model="m", block_size=16)
+    for optional in (False, True):  # an app that answers otherwise is refused either way
+        with pytest.raises(PromptMismatch, match="RAGWARM_RAG_TOP_K"):
+            opened_health(health_body("app", theirs), OURS, "http://s", optional=optional)
