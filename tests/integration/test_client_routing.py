@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
@@ -11,46 +10,14 @@ import pytest
 
 from ragwarm.client.rag import RagClient
 from ragwarm.client.settings import ClientSettings
-from ragwarm.settings import TRACE_DIR, KafkaSettings
-from schemas import KbChange, QueryEvent, decode, encode
-from schemas.topics import KB_CHANGES, RAG_QUERIES
-from tests.integration.kafka_read import subscriber
+from ragwarm.settings import KafkaSettings
+from schemas.topics import RAG_QUERIES
+from tests.integration.kb_stack import QUESTION, index_docs, logged_query
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-EVENTS = TRACE_DIR / "events.jsonl"
 DOCS = ("docs/faq.md", "docs/developer-guide/ci.md")
-QUESTION = "I forgot the admin password, how do I reset it?"
-
-
-def initial_changes(doc_ids: tuple[str, ...]) -> list[KbChange]:
-    changes = []
-    with EVENTS.open() as f:
-        for line in f:
-            e = json.loads(line)
-            if e["initial"] and e["doc_id"] in doc_ids:
-                changes.append(KbChange(op="upsert", doc_id=e["doc_id"], version=e["seq"],
-                                        text=e["text"]))
-    return changes
-
-
-def ready_workers(app) -> set[str]:
-    return {w["worker_id"] for w in app.get("/ragwarm/workers")["workers"]
-            if w.get("ready") and w.get("url")}
-
-
-def logged_query(bootstrap: str, topic: str, qid: str) -> QueryEvent:
-    consumer = subscriber(bootstrap, topic, consumer_timeout_ms=20_000)
-    try:
-        for message in consumer:
-            event = decode(message.value, QueryEvent)
-            if event.qid == qid:
-                assert message.key == event.tenant.encode()
-                return event
-    finally:
-        consumer.close()
-    raise AssertionError(f"query {qid} not found on {topic}")
 
 
 def test_client_uses_the_worker_holding_the_prefix_and_survives_losing_it(
@@ -64,15 +31,7 @@ def test_client_uses_the_worker_holding_the_prefix_and_survives_losing_it(
                for wid in ("w1", "w2")}
     for proc in workers.values():
         proc.start()
-    changes = initial_changes(DOCS)
-    for change in changes:
-        kafka_producer.send(namespace + KB_CHANGES, key=change.doc_id.encode(),
-                            value=encode(change))
-    kafka_producer.flush()
-    for proc in workers.values():
-        proc.wait_ready()
-    wait_for(lambda: app.counters().get("kb_events", 0) >= len(changes), 300, "indexing")
-    wait_for(lambda: ready_workers(app) == set(workers), 120, "both workers in the table")
+    index_docs(app, workers.values(), kafka_producer, namespace, DOCS)
 
     settings = ClientSettings(streams_url=app.url, max_tokens=4)
     kafka = KafkaSettings(bootstrap=kafka_bootstrap, topic_prefix=namespace)

@@ -10,16 +10,9 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from ragwarm.ports import free_port
 from ragwarm.stack.procs import Proc
-from schemas import encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES
-from tests.integration.test_client_routing import (
-    initial_changes,
-    logged_query,
-    ready_workers,
-)
-from tests.integration.waiting import wait_for
+from tests.integration.kb_stack import gateway_proc, index_docs, logged_query
 
 pytestmark = pytest.mark.integration
 
@@ -30,17 +23,11 @@ ANSWER_TOKENS = 12  # long enough to hold a stop sequence, short on two shared C
 
 
 def start_gateway(workdir, app, bootstrap: str, namespace: str) -> Proc:
-    port = free_port()
-    env = {"RAGWARM_CLIENT_STREAMS_URL": app.url, "RAGWARM_KAFKA_BOOTSTRAP": bootstrap,
-           "RAGWARM_KAFKA_TOPIC_PREFIX": namespace,
-           "RAGWARM_GATEWAY_KEYS": json.dumps({"default": KEY}),
-           "RAGWARM_GATEWAY_MODEL_ALIASES": "gpt-4o-mini,gpt-4o",
-           "RAGWARM_CLIENT_MAX_TOKENS": "4"}
-    proc = Proc("gateway", ["gateway", "--port", str(port)], workdir,
-                f"http://127.0.0.1:{port}/health/ready", env)
-    proc.start()
-    proc.wait_healthy(180)
-    return proc
+    return gateway_proc(workdir, {
+        "RAGWARM_CLIENT_STREAMS_URL": app.url, "RAGWARM_KAFKA_BOOTSTRAP": bootstrap,
+        "RAGWARM_KAFKA_TOPIC_PREFIX": namespace,
+        "RAGWARM_GATEWAY_KEYS": json.dumps({"default": KEY}),
+        "RAGWARM_GATEWAY_MODEL_ALIASES": "gpt-4o-mini,gpt-4o", "RAGWARM_CLIENT_MAX_TOKENS": "4"})
 
 
 @pytest.mark.timeout(1200)  # a stack, then ten requests on the real model
@@ -51,14 +38,7 @@ def test_the_openai_sdk_gets_warm_answers_through_the_gateway(
     app = streams_factory(namespace, "gateway", env).start()
     worker = worker_factory("g1", kafka_bootstrap=kafka_bootstrap, topic_prefix=namespace)
     worker.start()
-    changes = initial_changes(DOCS)
-    for change in changes:
-        kafka_producer.send(namespace + KB_CHANGES, key=change.doc_id.encode(),
-                            value=encode(change))
-    kafka_producer.flush()
-    worker.wait_ready()
-    wait_for(lambda: app.counters().get("kb_events", 0) >= len(changes), 300, "indexing")
-    wait_for(lambda: ready_workers(app) == {"g1"}, 120, "the worker in the table")
+    changes = index_docs(app, [worker], kafka_producer, namespace, DOCS)
     gateway = start_gateway(tmp_path, app, kafka_bootstrap, namespace)
     try:
         base_url = gateway.health_url.removesuffix("/health/ready") + "/v1"

@@ -13,11 +13,8 @@ import httpx
 import pytest
 
 from ragwarm.client.view import EVENTS
-from ragwarm.ports import free_port
 from ragwarm.stack.procs import Proc
-from schemas import encode
-from schemas.topics import KB_CHANGES
-from tests.integration.test_client_routing import QUESTION, initial_changes, ready_workers
+from tests.integration.kb_stack import QUESTION, gateway_proc, index_docs
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -33,15 +30,8 @@ def own_path_env(app, bootstrap: str, namespace: str) -> dict[str, str]:
 
 
 def start_gateway(workdir, app, bootstrap: str, namespace: str) -> Proc:
-    port = free_port()
-    env = own_path_env(app, bootstrap, namespace) | {
-        "RAGWARM_GATEWAY_KEYS": json.dumps({"default": KEY})}
-    workdir.mkdir(exist_ok=True)
-    proc = Proc("gateway", ["gateway", "--port", str(port)], workdir,
-                f"http://127.0.0.1:{port}/health/ready", env)
-    proc.start()
-    proc.wait_healthy(180)
-    return proc
+    return gateway_proc(workdir, own_path_env(app, bootstrap, namespace) | {
+        "RAGWARM_GATEWAY_KEYS": json.dumps({"default": KEY})})
 
 
 def ask(base_url: str, model: str, question: str) -> httpx.Response:
@@ -65,14 +55,7 @@ def test_the_gateway_answers_warm_after_the_streams_app_stops(
     app = streams_factory(namespace, "gwdown", env).start()
     worker = worker_factory("gd1", kafka_bootstrap=kafka_bootstrap, topic_prefix=namespace)
     worker.start()
-    changes = initial_changes(("docs/faq.md",))
-    for change in changes:
-        kafka_producer.send(namespace + KB_CHANGES, key=change.doc_id.encode(),
-                            value=encode(change))
-    kafka_producer.flush()
-    worker.wait_ready()
-    wait_for(lambda: app.counters().get("kb_events", 0) >= len(changes), 300, "indexing")
-    wait_for(lambda: ready_workers(app) == {"gd1"}, 120, "the worker in the table")
+    index_docs(app, [worker], kafka_producer, namespace, ("docs/faq.md",))
     gateway = start_gateway(tmp_path, app, kafka_bootstrap, namespace)
     base_url = gateway.health_url.removesuffix("/health/ready")
     try:

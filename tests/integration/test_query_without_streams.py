@@ -10,10 +10,7 @@ from ragwarm.client.rag import RagClient
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import StreamsUnavailable
 from ragwarm.settings import KafkaSettings
-from schemas import encode
-from schemas.topics import KB_CHANGES
-from tests.integration.test_client_routing import QUESTION, initial_changes, ready_workers
-from tests.integration.waiting import wait_for
+from tests.integration.kb_stack import QUESTION, index_docs
 
 pytestmark = pytest.mark.integration
 
@@ -24,14 +21,7 @@ def test_a_prepared_query_is_answered_warm_after_the_streams_app_stops(
     env = {"RAGWARM_STREAMS_WORKER_STALE_S": "900", "RAGWARM_STREAMS_HOT_MIN_COUNT": "1000"}
     app = streams_factory(namespace, "fallback", env).start()
     worker = worker_factory("w1", kafka_bootstrap=kafka_bootstrap, topic_prefix=namespace).start()
-    changes = initial_changes(("docs/faq.md",))
-    for change in changes:
-        kafka_producer.send(namespace + KB_CHANGES, key=change.doc_id.encode(),
-                            value=encode(change))
-    kafka_producer.flush()
-    worker.wait_ready()
-    wait_for(lambda: app.counters().get("kb_events", 0) >= len(changes), 300, "indexing")
-    wait_for(lambda: ready_workers(app) == {"w1"}, 120, "the worker in the table")
+    index_docs(app, [worker], kafka_producer, namespace, ("docs/faq.md",))
 
     # Retrieval through the streams app: the query is prepared while it is up.
     settings = ClientSettings(streams_url=app.url, max_tokens=4, retrieval="streams")
