@@ -25,9 +25,9 @@ from ragwarm.ports import free_port
 from ragwarm.settings import HomeSettings, KafkaSettings
 from schemas import DeadLetter, KbChange, QueryEvent, decode, encode
 from schemas.topics import DEADLETTER, KB_CHANGES, RAG_QUERIES, TopicSpec
+from tests.integration.e2e_kit import QUESTION, Client, Events, initial_docs
 from tests.integration.kafka_read import read_topic, subscriber
 from tests.integration.streams_proc import StreamsApp
-from tests.integration.test_streams_e2e import QUESTION, Client, Events, initial_docs
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration

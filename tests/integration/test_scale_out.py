@@ -33,9 +33,9 @@ from schemas.topics import (
     WORKER_EVENTS,
     kb_key,
 )
+from tests.integration.e2e_kit import QUESTION, Chunk, Events, edited, initial_docs
 from tests.integration.kafka_read import subscriber
 from tests.integration.streams_proc import STARTED, StreamsApp
-from tests.integration.test_streams_e2e import QUESTION, Chunk, Events, edited, initial_docs
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration

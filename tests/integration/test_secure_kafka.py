@@ -25,8 +25,8 @@ from ragwarm.settings import HomeSettings, KafkaSettings
 from schemas import encode
 from schemas.signing import derive_commands_key, derive_worker_key
 from schemas.topics import KB_CHANGES
+from tests.integration.e2e_kit import initial_docs, run_scenario
 from tests.integration.streams_proc import StreamsApp
-from tests.integration.test_streams_e2e import initial_docs, run_scenario
 from tests.integration.worker_proc import WorkerProc
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ import pytest
 from schemas import ChunkRef, KbChange, WarmupCommand, WorkerEvent, encode
 from schemas.signing import derive_commands_key, derive_worker_key
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS
+from tests.integration.e2e_kit import QUESTION, Client, Events, initial_docs
 from tests.integration.test_fuzz_commands_signed import labelled
-from tests.integration.test_streams_e2e import QUESTION, Client, Events, initial_docs
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration

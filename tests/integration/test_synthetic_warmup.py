@@ -9,7 +9,7 @@ import pytest
 
 from schemas import KbChange, WarmupCommand, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS
-from tests.integration.test_streams_e2e import Client, Events, initial_docs
+from tests.integration.e2e_kit import Client, Events, initial_docs
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
