@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+from aiohttp.test_utils import TestClient
 
 from schemas import ChunkRef, KbChange, QueryEvent, WarmupCommand
 from streams.decide.hot import HotTracker
@@ -13,6 +16,7 @@ from streams.handle import handlers
 from streams.handle.ports import WarmPrefix
 from streams.settings import StreamsSettings
 from streams.sim import dict_tables, run_sync
+from tests.unit.worker_fakes import GatedLifecycle, serve, wait_ready
 
 # GPT-2 style pre-tokenization: a word keeps its leading space, whitespace runs stay apart.
 _PIECES = re.compile(r"'(?:[sdmt]|ll|ve|re)| ?\w+| ?[^\s\w]+|\s+(?!\S)|\s+")
@@ -162,3 +166,14 @@ def answer(**kw):
                 completion_tokens=4, prefix_tokens=680, prefix_hash="h", matched_blocks=42,
                 chunk_refs=(), doc_ids=("docs/faq.md",), finish_reason="length")
     return Answer(**{**base, **kw})
+
+
+@pytest.fixture
+async def booted() -> AsyncIterator[tuple[TestClient, GatedLifecycle]]:
+    """A worker service over the toy engine (`worker_fakes`), booted and ready."""
+    lifecycle = GatedLifecycle()
+    lifecycle.gate.set()
+    client = await serve(lifecycle)
+    await wait_ready(client)
+    yield client, lifecycle
+    await client.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_cache import chain, make_cache
+from tests.unit.cache_kit import chain, make_cache
 from workers.kv.block_pool import split_bytes
 from workers.kv.cache import WarmupRefused
 

@@ -9,11 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag.prompt import PromptBuilder
 from ragwarm.client.contract import PromptMismatch
-from ragwarm.client.core import ClientConfig, build_answer
-from ragwarm.client.rag import RagClient, query_event
-from ragwarm.client.settings import ClientSettings
+from ragwarm.client.core import build_answer
+from ragwarm.client.rag import query_event
 from ragwarm.client.wire import (
     ClientError,
     Failover,
@@ -29,30 +27,14 @@ from ragwarm.client.wire import (
     status_error,
     workers_to_try,
 )
-from schemas import QueryEvent, decode, encode
 from schemas.prefix import PromptChain, block_hashes
 from streams.shell.views.health import health_body as streams_health_body
-from tests.unit.conftest import WordTokenizer
-
-HASH = "ab" * 32
-CHUNKS = [
-    {
-        "chunk_id": "docs/faq.md#0",
-        "content_hash": HASH,
-        "doc_id": "docs/faq.md",
-        "text": "Reset the admin password with argocd account update-password.",
-        "score": 0.9,
-        "version": 27,
-    },
-    {
-        "chunk_id": "docs/faq.md#1",
-        "content_hash": "cd" * 32,
-        "doc_id": "docs/faq.md",
-        "text": "Disable the admin user with admin.enabled false.",
-        "score": 0.8,
-        "version": 27,
-    },
-]
+from tests.unit.client_fakes import (
+    BROKEN,
+    FakeCluster,
+    make_client,
+    sse_chunk,
+)
 
 
 # --- SSE ------------------------------------------------------------------------------------
@@ -73,10 +55,6 @@ def test_sse_data_round_trips_any_payloads(payloads):
     assert list(sse_data(lines)) == payloads
 
 
-def _chunk(text: str, finish: str | None = None) -> str:
-    return json.dumps({"choices": [{"index": 0, "text": text, "finish_reason": finish}]})
-
-
 def test_an_answer_carries_the_workers_blended_and_approximate_token_counts():
     client, _ = make_client(FakeCluster("w1", {"w1": "ok"}))
     prepared = client.prepare("How do I reset the admin password?", "acme")
@@ -95,8 +73,8 @@ def test_stream_result_collects_text_first_token_time_and_usage():
         "prompt_tokens_details": {"cached_tokens": 32},
         "ttft_ms": 5.0,
     }
-    assert result.feed(_chunk("Hel"), 1.25) == "Hel"
-    assert result.feed(_chunk("lo", "length"), 1.5) == "lo"
+    assert result.feed(sse_chunk("Hel"), 1.25) == "Hel"
+    assert result.feed(sse_chunk("lo", "length"), 1.5) == "lo"
     result.feed(json.dumps({"choices": [], "usage": usage}), 1.6)
     result.feed("[DONE]", 1.7)
     result.check_complete()
@@ -107,8 +85,8 @@ def test_stream_result_collects_text_first_token_time_and_usage():
 @pytest.mark.parametrize(
     "events",
     [
-        [_chunk("a")],  # no finish reason, no [DONE]
-        [_chunk("a", "stop")],  # no [DONE]
+        [sse_chunk("a")],  # no finish reason, no [DONE]
+        [sse_chunk("a", "stop")],  # no [DONE]
         ["[DONE]"],  # nothing generated
     ],
 )
@@ -188,97 +166,6 @@ def test_candidates_never_repeat_and_respect_the_limit(workers, chosen, limit):
 
 
 # --- the client over fake servers ---------------------------------------------------------------
-def sse_body(text: str = "Hi there", cached: int = 16) -> bytes:
-    usage = {
-        "prompt_tokens": 60,
-        "completion_tokens": 2,
-        "prompt_tokens_details": {"cached_tokens": cached},
-        "ttft_ms": 3.5,
-    }
-    events = [
-        _chunk("Hi"),
-        _chunk(text[2:], "length"),
-        json.dumps({"choices": [], "usage": usage}),
-        "[DONE]",
-    ]
-    return "".join(f"data: {e}\n\n" for e in events).encode()
-
-
-class FakeCluster:
-    """The streams app's views and the workers as one httpx MockTransport handler."""
-
-    def __init__(self, chosen: str | None, behaviour: dict[str, object]):
-        self.chosen = chosen
-        self.behaviour = behaviour  # worker id -> "ok" | status code | bytes | Exception
-        self.calls: list[str] = []
-        self.bodies: list[dict] = []
-
-    def url(self, worker_id: str) -> str:
-        return f"http://{worker_id}.test"
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        host, path = request.url.host, request.url.path
-        self.calls.append(f"{host}{path}")
-        if host == "streams.test":
-            return self.streams(path, request)
-        worker = host.removesuffix(".test")
-        if path.startswith("/health"):
-            return httpx.Response(200, json={"status": "live"})
-        self.bodies.append(json.loads(request.content))
-        outcome = self.behaviour[worker]
-        if isinstance(outcome, Exception):
-            raise outcome
-        if isinstance(outcome, int):
-            return httpx.Response(outcome, json={"error": {"message": f"status {outcome}"}})
-        content = outcome if isinstance(outcome, bytes) else sse_body()
-        return httpx.Response(200, content=content, headers={"content-type": "text/event-stream"})
-
-    def streams(self, path: str, request: httpx.Request) -> httpx.Response:
-        workers = [{"worker_id": w, "url": self.url(w), "ready": True} for w in self.behaviour]
-        if path == "/ragwarm/retrieve":
-            return httpx.Response(200, json={"chunks": CHUNKS})
-        if path == "/ragwarm/route":
-            chosen = self.chosen
-            return httpx.Response(
-                200,
-                json={
-                    "worker_id": chosen,
-                    "url": self.url(chosen) if chosen else None,
-                    "matched_blocks": 2 if chosen else 0,
-                    "workers": [{"worker_id": w["worker_id"], "url": w["url"]} for w in workers],
-                },
-            )
-        if path == "/ragwarm/workers":
-            return httpx.Response(200, json={"workers": workers})
-        return httpx.Response(200, json={"status": "ok"})
-
-
-class ListEmitter:
-    def __init__(self):
-        self.events: list[QueryEvent] = []
-
-    def emit(self, event: QueryEvent) -> None:
-        self.events.append(decode(encode(event), QueryEvent))
-
-    def close(self) -> None:
-        pass
-
-
-def make_client(cluster: FakeCluster, **settings) -> tuple[RagClient, ListEmitter]:
-    transport = httpx.MockTransport(cluster)
-    config = ClientSettings(streams_url="http://streams.test", max_tokens=4, **settings)
-    streams = httpx.Client(base_url=config.streams_url, transport=transport)
-    emitter = ListEmitter()
-    client = RagClient(
-        ClientConfig(config, "m"),
-        PromptBuilder(WordTokenizer(), "Answer from context."),
-        streams,
-        emitter=emitter,
-        transport=transport,
-    )  # type: ignore[arg-type]
-    return client, emitter
-
-
 def test_warm_pools_opens_a_connection_to_the_streams_app_and_every_worker():
     cluster = FakeCluster("w1", {"w1": "ok", "w2": "ok"})
     client, _ = make_client(cluster)
@@ -308,7 +195,6 @@ def test_query_goes_to_the_routed_worker_and_emits_its_query_event():
     assert body["prompt"] == list(prepared.prompt.token_ids)
 
 
-BROKEN = b"data: " + _chunk("Hi").encode() + b"\n\n"  # cut off before finish and [DONE]
 ERROR = b'data: {"error": {"message": "generation failed"}}\n\ndata: [DONE]\n\n'
 
 

@@ -22,8 +22,8 @@ from ragwarm.client.wire import (
 )
 from ragwarm.settings import ModelSettings
 from schemas.prefix import BLOCK_SIZE, PromptParams
+from tests.unit.client_fakes import BROKEN, FakeCluster, make_client
 from tests.unit.conftest import WordTokenizer
-from tests.unit.test_client import BROKEN, FakeCluster, make_client
 
 QUESTION = "How do I reset the admin password?"
 

@@ -25,8 +25,8 @@ from ragwarm.client.fallback import (
 from ragwarm.client.settings import ClientSettings
 from ragwarm.client.wire import ClientError, StreamsUnavailable, WorkerRef
 from ragwarm.gateway.protocol import extension
+from tests.unit.client_fakes import DownCluster, FakeCluster, make_client
 from tests.unit.conftest import WordTokenizer
-from tests.unit.test_client import FakeCluster, make_client
 
 W1, W2, W3 = (WorkerRef(w, f"http://{w}.test") for w in ("w1", "w2", "w3"))
 DOWN = StreamsUnavailable("the streams app does not answer at http://streams.test")
@@ -97,21 +97,6 @@ def test_qdrant_retrieval_without_a_url_is_refused_naming_the_variable():
 
 
 # --- the clients over a fake cluster whose streams app goes down -----------------------------
-class DownCluster(FakeCluster):
-    """A FakeCluster whose streams app can be taken down: refused, timing out or 5xx."""
-
-    def __init__(self, chosen, behaviour):
-        super().__init__(chosen, behaviour)
-        self.down: object = None  # None (up) | an exception to raise | a status code
-
-    def streams(self, path, request):
-        if self.down is None:
-            return super().streams(path, request)
-        if isinstance(self.down, Exception):
-            raise self.down
-        return httpx.Response(int(self.down), text="the app is restarting")
-
-
 OUTAGES = [httpx.ConnectError("refused"), httpx.ReadTimeout("timed out"), 503, 500]
 
 

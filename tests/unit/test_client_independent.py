@@ -32,8 +32,8 @@ from ragwarm.client.wire import NoWorker, RetrievedChunk, WorkerRef
 from schemas import WorkerEvent, encode
 from schemas.signing import derive_worker_key, sign
 from streams.decide.fleet import route_answer
+from tests.unit.client_fakes import DownCluster
 from tests.unit.conftest import WordTokenizer
-from tests.unit.test_client_fallback import DownCluster
 
 MASTER = "the-master-signing-secret"
 NOW = 1_000_000.0  # wall clock, seconds

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_cache import chain, make_cache
+from tests.unit.cache_kit import chain, make_cache
 from workers.kv.tier_index import RestoreCosts, TierBlock, TierIndex
 from workers.kv.tier_journal import TierJournal
 

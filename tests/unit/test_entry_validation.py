@@ -15,7 +15,7 @@ from ragwarm.client.ingest import Skipped, file_change
 from schemas import DeadLetter, SchemaError, WarmupCommand, decode, encode
 from schemas.deadletter import Origin
 from schemas.events import MAX_TTL_S, MAX_VERSION, KbChange
-from tests.unit.test_service_http import GatedLifecycle
+from tests.unit.worker_fakes import GatedLifecycle
 from workers.commands import CommandConsumer, addressing
 
 HASH = "ab" * 16

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_cache import Clock, chain
+from tests.unit.cache_kit import Clock, chain
 from workers.kv.cache import Budget, PrefixCache
 from workers.kv.request_blocks import BlockRequestCache, make_prefix_cache
 from workers.kv.sizing import cache_for

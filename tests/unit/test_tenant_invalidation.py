@@ -4,7 +4,7 @@ prefixes, neither from the device cache nor from the disk tier."""
 
 from __future__ import annotations
 
-from tests.unit.test_cache import chain, make_cache
+from tests.unit.cache_kit import chain, make_cache
 from workers.kv.tier_index import TierBlock, TierIndex
 from workers.kv.tier_journal import TierJournal
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.auth import Forbidden, Grant, KeyRing
-from tests.unit.test_service_http import GatedLifecycle, wait_ready
+from tests.unit.worker_fakes import GatedLifecycle, wait_ready
 from workers.service import ServiceConfig, ServiceState, build_app
 
 RING = KeyRing("op-key", {"acme": "acme-key", "globex": "globex-key", "*": "ops2"})

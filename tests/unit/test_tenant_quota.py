@@ -7,8 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_cache import chain, make_cache
-from tests.unit.test_service_http import booted  # noqa: F401 - the fixture
+from tests.unit.cache_kit import chain, make_cache
 from workers.kv.cache import WarmupRefused
 from workers.kv.quota import capped, quota_refusal, tenant_quota
 from workers.kv.sizing import cache_for

@@ -11,7 +11,7 @@ import pytest
 from kafka.errors import KafkaTimeoutError
 
 from schemas import WarmupCommand, encode
-from tests.unit.test_service_http import GatedLifecycle, serve, wait_ready
+from tests.unit.worker_fakes import GatedLifecycle, serve, wait_ready
 from workers.commands import BrokerUnavailable, CommandConsumer, connect_with_retry
 from workers.service import STATE
 
