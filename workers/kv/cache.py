@@ -51,7 +51,7 @@ class PrefixCache:
     Hashes passed in must be chains from `block_hashes`: a block hash then identifies its
     whole leading chain, which is what makes lookup a binary search over dict probes.
     Every block in the pool is held by at least one entry, and by every entry whose chain
-    contains it; blocks leave the pool with their last holder (the engine's `take_plan`).
+    contains it; blocks leave the pool with their last holder (`take_plan` names them).
     """
 
     def __init__(
