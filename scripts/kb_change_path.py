@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import runpy
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -53,15 +54,18 @@ def main(argv: list[str]) -> None:
         elif event == "return" and target:
             depth -= 1
 
-    sys.argv = ["ragwarm", "bench", "strategies", "--model-free", *(argv or DEFAULT)]
-    sys.setprofile(profile)
-    try:
-        runpy.run_module("ragwarm", run_name="__main__")
-    except SystemExit as done:
-        if done.code not in (0, None):
-            raise
-    finally:
-        sys.setprofile(None)
+    # The bench's report goes to a scratch folder: this run must not replace a real one.
+    with tempfile.TemporaryDirectory() as out:
+        sys.argv = ["ragwarm", "bench", "strategies", "--model-free", "--out", out,
+                    *(argv or DEFAULT)]
+        sys.setprofile(profile)
+        try:
+            runpy.run_module("ragwarm", run_name="__main__")
+        except SystemExit as done:
+            if done.code not in (0, None):
+                raise
+        finally:
+            sys.setprofile(None)
     print(f"\n{len(calls)} product files called while a KB change or a prefix op was handled:")
     for rel in sorted(calls):
         print(f"  {rel}  ({calls[rel]} calls)")
