@@ -150,6 +150,7 @@ class CostEngine(PrefixEngine[int]):
         self.donors = DonorIndex(self.block_size)
         self.blend_costs = BlendCosts()  # the torch engine's `ChunkBlender.costs`
         self.tier = SimTier(TierIndex(tier_bytes)) if tier_bytes > 0 else None
+        self._read_blocks = 0  # blocks read back from the tier, ever
         if self.tier is not None:
             cache.tier = TierJournal(write_through=False)  # a host tier
 
@@ -169,29 +170,27 @@ class CostEngine(PrefixEngine[int]):
     def restorable(self, hashes: list[str], have: int) -> int:
         return 0 if self.tier is None else self.tier.index.run(hashes, have)
 
-    def _restore(self, hashes: list[str], have: int, tenant: str) -> int:
-        """As the torch engine's `Tiered._restore`, without tensors: the blocks after the
-        first `have` of `hashes` that the tier holds come back (`_readmit`); how many
-        leading blocks are on the device after it."""
-        n = self.restorable(hashes, have)
-        if self.tier is None or n == 0:
-            return have
-        chain = hashes[: have + n]
-        nbytes = prefix_kv_bytes(len(chain) * self.block_size, self.kv_bytes_per_token,
-                                 self.block_size)
-        if not self._readmit(chain, have, tenant, nbytes, self.tier.index):
-            return have
-        self.tier.index.touch(chain[have:])
-        self.sync()  # spills what the admission evicted
-        return len(chain)
+    def _tier_index(self) -> TierIndex | None:
+        return None if self.tier is None else self.tier.index
+
+    def _load(self, hashes: list[str]) -> list[None]:
+        """No tensors to read: the tier's blocks come back whole, a use as a read is."""
+        if self.tier is None:
+            return []
+        self.tier.index.touch(hashes)
+        self._read_blocks += len(hashes)  # charged to the request that reads them
+        return [None] * len(hashes)
+
+    @property
+    def block_bytes(self) -> int:
+        return self.kv_bytes_per_token * self.block_size
 
     def _held_bytes(self, held: int) -> int:
         return held
 
     def _prefix_kv(self, tokens: list[int], hashes: list[str], tenant: str) -> tuple[int, int]:
         # Blocks are shared: whatever chain is cached is reused, whoever stored it.
-        _, matched = self.cache.peek(hashes)
-        matched = self._restore(hashes, matched, tenant)
+        matched = self._held_run(hashes, tenant)
         nbytes = prefix_kv_bytes(len(tokens), self.kv_bytes_per_token, self.block_size)
         return nbytes, len(tokens) - matched * self.block_size
 
@@ -199,13 +198,9 @@ class CostEngine(PrefixEngine[int]):
         start = time.perf_counter()
         prompt = request.prompt
         hashes = self.block_hashes(prompt, tenant=request.tenant)
-        entry, matched = self._lookup(hashes)
-        on_device = matched
-        if self.tier is not None and matched < len(hashes):
-            restored = self._restore(hashes, matched, request.tenant)
-            if restored > matched:
-                entry, matched = self.cache.get(hashes[restored - 1]), restored
-        restore_ms = self.cost.restore_per_token_ms * (matched - on_device) * self.block_size
+        read = self._read_blocks
+        entry, matched = self._reusable(hashes, request.tenant)
+        restore_ms = self.cost.restore_per_token_ms * (self._read_blocks - read) * self.block_size
         cached = min(matched * self.block_size, len(prompt) - 1)
         exact_run = self.cache.pool.exact_run(hashes[:matched])
         approx_cached = max(0, cached - exact_run * self.block_size)

@@ -157,6 +157,11 @@ class PrefixEngine(ABC, Generic[H]):
         self.sync()
         return expired
 
+    @property
+    @abstractmethod
+    def block_bytes(self) -> int:
+        """KV bytes of one full block."""
+
     def memory(self) -> Memory:
         return Memory(used=self.cache.bytes_used, total=self.cache.budget.max_bytes)
 
@@ -169,6 +174,66 @@ class PrefixEngine(ABC, Generic[H]):
     def restorable(self, hashes: list[str], have: int) -> int:
         """Blocks after the first `have` of `hashes` a hit would read back from a disk tier."""
         return 0
+
+    # -- loads from the KV tier ------------------------------------------------------
+    # The bookkeeping of a read-back is the same for every engine with a tier, so the
+    # model-free engine restores exactly where the torch engine does: `restorable` decides
+    # how many blocks, the engine reads them (`_load`), the cache readmits them, then the
+    # engine holds what it read (`_place`).
+
+    def _tier_index(self) -> TierIndex | None:
+        """The index of the KV tier below device memory; None without one."""
+        return None
+
+    def _load(self, hashes: list[str]) -> Sequence[object]:
+        """Read `hashes` back from the tier: what the leading ones that read back hold (a
+        block that does not ends the run)."""
+        return ()
+
+    def _place(self, hashes: Sequence[str], loaded: Sequence[object]) -> None:
+        """Hold what `_load` read for `hashes`, which the cache has just readmitted."""
+
+    def _stored_run(self, hashes: list[str]) -> int:
+        """How many leading `hashes` of a cached chain the engine holds KV for: all of them,
+        unless it keeps KV per block and someone else filled the cache."""
+        return len(hashes)
+
+    def _restore(self, hashes: list[str], have: int, tenant: str) -> int:
+        """Read the blocks after the first `have` of `hashes` back from the tier when that
+        beats recomputing them; how many leading blocks are on the device after it."""
+        index = self._tier_index()
+        n = self.restorable(hashes, have)
+        if index is None or n == 0:
+            return have
+        loaded = self._load(hashes[have : have + n])
+        if not loaded:
+            return have
+        chain = hashes[: have + len(loaded)]
+        if not self._readmit(chain, have, tenant, len(chain) * self.block_bytes, index):
+            return have
+        self._place(chain[have:], loaded)
+        self.sync()  # spills what the admission evicted
+        return len(chain)
+
+    def _reusable(self, hashes: list[str], tenant: str) -> tuple[CacheEntry | None, int]:
+        """For a request: an entry holding the longest cached chain of `hashes` (whoever
+        stored it, on the device or read back from the tier) and how many leading blocks
+        the engine holds KV for; counts as a hit."""
+        entry, matched = self._lookup(hashes)
+        have = self._stored_run(hashes[:matched])
+        if have == matched:
+            restored = self._restore(hashes, have, tenant)
+            if restored > have:
+                entry, have = self.cache.get(hashes[restored - 1]), restored
+        return (entry, have) if have else (None, 0)
+
+    def _held_run(self, hashes: list[str], tenant: str) -> int:
+        """For a warmup: how many leading blocks of `hashes` the engine holds KV for, read
+        back from the tier where it can (a peek: a warmup is not a hit and must not reorder
+        eviction)."""
+        _, matched = self.cache.peek(hashes)
+        have = self._stored_run(hashes[:matched])
+        return self._restore(hashes, have, tenant) if have == matched else have
 
     def _readmit(self, chain: list[str], have: int, tenant: str, nbytes: int,
                  index: TierIndex) -> bool:
@@ -411,6 +476,10 @@ class ServerKVEngine(PrefixEngine[int]):
         # alone would serve a server too; chunk warmup targets the torch engine for now.)
         raise WarmupRefused(f"{type(self).__name__} holds no chunk KV (chunk reuse needs "
                             "the torch engine)")
+
+    @property
+    def block_bytes(self) -> int:
+        return self.kv_bytes_per_token * self.block_size
 
     def _held_bytes(self, held: int) -> int:
         return held

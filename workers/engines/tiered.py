@@ -1,15 +1,20 @@
 """The torch engine's side of its KV tier (host memory or disk): spill and drop after cache
-changes, restore on a hit, and what the tier holds for status events (`workers.engines.
-kv_tier` and its storages move the tensors)."""
+changes, read blocks back for a restore (`PrefixEngine._restore` keeps its books), and what
+the tier holds for status events (`workers.engines.kv_tier` and its storages move the
+tensors)."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
 
 from workers.engines.kv_blocks import BlockKV, as_block
 from workers.engines.kv_tier import KVTier
 from workers.kv.cache import PrefixCache, WarmupRefused
+from workers.kv.tier_index import TierIndex
 from workers.kv.tier_journal import TierOps
 
 
@@ -24,7 +29,7 @@ class Tiered:
 
     block_bytes: Any  # a property of the engine
     sync: Any  # the engine's sync
-    _readmit: Any  # `PrefixEngine._readmit`
+    _restore: Any  # `PrefixEngine._restore`, over the three below
 
     def tier_state(self) -> tuple[list[str], int]:
         """Ends of the chains the tier holds (on disk: what a restarted worker still serves) and
@@ -84,23 +89,15 @@ class Tiered:
         self.sync()
         return restored
 
-    def _restore(self, hashes: list[str], have: int, tenant: str) -> int:
-        """Read the blocks after the first `have` of `hashes` back from the tier when
-        that beats recomputing them; how many leading blocks are on the device after it."""
-        tier = self.tier
-        n = self.restorable(hashes, have)
-        if tier is None or n == 0:
-            return have
-        datas = tier.load(hashes[have : have + n])
-        if not datas:
-            return have
-        chain = hashes[: have + len(datas)]
-        if not self._readmit(chain, have, tenant, len(chain) * self.block_bytes, tier.index):
-            return have
-        for h, data in zip(chain[have:], datas, strict=True):
-            self._blocks.setdefault(h, as_block(data))
-        self.sync()  # spills what the admission evicted
-        return len(chain)
+    def _tier_index(self) -> TierIndex | None:
+        return None if self.tier is None else self.tier.index
+
+    def _load(self, hashes: list[str]) -> list[torch.Tensor]:
+        return [] if self.tier is None else self.tier.load(hashes)
+
+    def _place(self, hashes: Sequence[str], loaded: Sequence[object]) -> None:
+        for h, data in zip(hashes, loaded, strict=True):
+            self._blocks.setdefault(h, as_block(cast(torch.Tensor, data)))
 
     def _saw_compute(self, n_tokens: int, start: float) -> None:
         if self.tier is not None and n_tokens >= self.block_size:

@@ -221,11 +221,7 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
 
     def _prefix_kv(self, tokens: list[int], hashes: list[str], tenant: str) -> tuple[Pending, int]:
         """KV of exactly `tokens`, computing only the blocks no cached chain holds."""
-        # peek, not lookup: a warmup is not a hit and must not reorder eviction.
-        _, matched = self.cache.peek(hashes)
-        have = self._stored_run(hashes[:matched])
-        if have == matched:
-            have = self._restore(hashes, have, tenant)
+        have = self._held_run(hashes, tenant)
         if have == len(hashes):
             return Pending(None, have, have), 0
         base = have * self.block_size
@@ -337,17 +333,6 @@ class TorchEngine(Tiered, PrefixEngine[Pending]):
             return as_cache(self.model, result.kv), result.logits, n_blended
         past = chain_cache(self.model.config, exact, cached, self.model.dtype)
         return past, self._forward(request.prompt[cached:], past), 0
-
-    def _reusable(self, hashes: list[str], tenant: str) -> tuple[CacheEntry | None, int]:
-        """An entry holding the longest cached chain of `hashes` (whoever stored it, on the
-        device or restored from the tier) and how many leading blocks have tensors."""
-        entry, matched = self._lookup(hashes)
-        have = self._stored_run(hashes[:matched])
-        if have == matched and self.tier is not None:
-            restored = self._restore(hashes, have, tenant)
-            if restored > have:
-                entry, have = self.cache.get(hashes[restored - 1]), restored
-        return (entry, have) if have else (None, 0)
 
     def _keep_prompt(
         self, pending: Pending, hashes: list[str], request: Request, cached: int

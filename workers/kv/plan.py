@@ -2,8 +2,10 @@
 
 `PrefixCache` decides (admit, evict, invalidate, spill, expire) and only keeps books; the
 engine holds the KV (tensors, or a server's slots) and carries out the plan it takes from
-the cache with `PrefixCache.take_plan` (`PrefixEngine.sync`). Loads stay the engine's: a
-block is read back from the tier only on the lookup that wants it, which then admits it.
+the cache with `PrefixCache.take_plan` (`PrefixEngine.sync`). A load is not a plan: a block
+is read back from the tier only on the lookup that wants it, in one shared sequence
+(`PrefixEngine._restore`: how many blocks, the engine's read, the cache's readmission, the
+engine's hold), whose readmission may itself make a plan (the blocks it evicted).
 """
 
 from __future__ import annotations
