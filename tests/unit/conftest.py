@@ -177,3 +177,8 @@ async def booted() -> AsyncIterator[tuple[TestClient, GatedLifecycle]]:
     await wait_ready(client)
     yield client, lifecycle
     await client.close()
+
+
+def warm(tenant: str = "default") -> PrefixOp:
+    return PrefixOp(op="warm", prefix_hash=P1, tenant=tenant, chunk_refs=REFS,
+                    token_ids=[7] * 32, question="why?")

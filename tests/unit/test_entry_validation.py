@@ -15,16 +15,10 @@ from ragwarm.client.ingest import Skipped, file_change
 from schemas import DeadLetter, SchemaError, WarmupCommand, decode, encode
 from schemas.deadletter import Origin
 from schemas.events import MAX_TTL_S, MAX_VERSION, KbChange
-from tests.unit.worker_fakes import GatedLifecycle
+from tests.unit.worker_fakes import runtime_and_sink
 from workers.commands import CommandConsumer, addressing
 
 HASH = "ab" * 16
-
-
-def runtime_and_sink():
-    lifecycle = GatedLifecycle()
-    lifecycle.gate.set()
-    return lifecycle.start(lambda _m: None), lifecycle.sink
 
 
 def prefill(**fields: object) -> WarmupCommand:

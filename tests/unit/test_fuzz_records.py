@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 
 from schemas import KbChange, QueryEvent, SchemaError, WarmupCommand, WorkerEvent, decode, encode
 from tests.fuzz_records import VALID, Drawn, bad_record
-from tests.unit.test_entry_validation import runtime_and_sink
+from tests.unit.worker_fakes import runtime_and_sink
 from workers.commands import CommandConsumer
 from workers.runtime import WorkerRuntime
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.cache_kit import chain, make_cache
 from workers.kv.cache import WarmupRefused
 from workers.kv.retired import Retired
-
-from .test_cache import chain, make_cache
 
 OLD = ("d.md#0", "a" * 64)
 NEW = ("d.md#0", "b" * 64)

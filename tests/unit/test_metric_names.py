@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.unit.test_dashboard import scrapes
+from tests.unit.metrics_kit import scrapes
 from workers.metrics import SEED_ALIASES
 
 # vLLM's V1 metric names (docs.vllm.ai, "Production Metrics"; family names as the text

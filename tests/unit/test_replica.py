@@ -10,35 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag.chunking import Chunk, content_hash
-from rag.replica import ReplicaView, outgoing, plan_batch
+from rag.chunking import content_hash
+from rag.replica import ReplicaView, plan_batch
 from rag.store import DocRecord
 from schemas import IndexedChunk, IndexedDoc, SchemaError, encode
 from schemas.chunks import Tombstone, decode_record
 from schemas.events import VERSION_HEADER, pack_vector, unpack_vector
 from schemas.topics import chunk_key, chunk_partition_key, indexed_doc_key, split_chunks_key
-
-DIM = 4
-
-
-def chunks_of(doc_id: str, texts: list[str]) -> list[Chunk]:
-    return [Chunk(doc_id, i, t, content_hash(t), len(t)) for i, t in enumerate(texts)]
-
-
-def vec(text: str) -> np.ndarray:
-    rng = np.random.default_rng(abs(hash(text)) % 2**32)
-    return rng.standard_normal(DIM).astype(np.float32)
-
-
-def publish(doc_id: str, version: int, texts: list[str], before: list[str] | None = None,
-            tenant: str = "t", slots: int | None = None, deleted: bool = False):
-    """The records the owner sends after indexing `texts` as `version` (the store's slots
-    never shrink, as `ChunkStore.write_document` keeps them)."""
-    chunks = chunks_of(doc_id, texts)
-    removed = [f"{doc_id}#{i}" for i in range(len(texts), len(before or []))]
-    wide = max(len(texts), len(before or [])) if slots is None else slots
-    record = DocRecord(doc_id, tenant, version, deleted, wide)
-    return outgoing(record, chunks, {c.content_hash: vec(c.text) for c in chunks}, removed)
+from tests.unit.replica_kit import publish, vec
 
 
 def read(records) -> list:

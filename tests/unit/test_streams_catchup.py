@@ -9,8 +9,7 @@ from types import SimpleNamespace
 
 from streams.handle import catchup, handlers
 from streams.shell.replica import ChunkReplica
-from tests.unit.conftest import Port, pipeline
-from tests.unit.test_streams_replica import warm
+from tests.unit.conftest import Port, pipeline, warm
 
 
 def test_a_catch_up_begun_after_the_inputs_arrived_covers_them():

@@ -14,8 +14,8 @@ from streams.decide.records import PrefixOp, PrefixState
 from streams.handle import handlers
 from streams.handle.ports import WarmPrefix
 from streams.shell.replica import decode_batch, next_offsets
-from tests.unit.conftest import P1, REFS, Port, pipeline
-from tests.unit.test_replica import publish
+from tests.unit.conftest import P1, REFS, Port, pipeline, warm
+from tests.unit.replica_kit import publish
 
 
 class Replica:
@@ -32,11 +32,6 @@ class Replica:
         self.waits += 1
         self.port.current.update(self.pending)
         return True
-
-
-def warm(tenant: str = "default") -> PrefixOp:
-    return PrefixOp(op="warm", prefix_hash=P1, tenant=tenant, chunk_refs=REFS,
-                    token_ids=[7] * 32, question="why?")
 
 
 def test_a_warm_op_on_chunks_the_replica_has_not_applied_yet_waits_for_it():

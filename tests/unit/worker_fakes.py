@@ -132,3 +132,9 @@ async def complete(client: TestClient, prompt: list[int], **kw) -> dict:
     response = await client.post("/v1/completions", json=body)
     assert response.status == 200, await response.text()
     return await response.json()
+
+
+def runtime_and_sink():
+    lifecycle = GatedLifecycle()
+    lifecycle.gate.set()
+    return lifecycle.start(lambda _m: None), lifecycle.sink
