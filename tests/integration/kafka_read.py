@@ -1,13 +1,17 @@
-"""Reads a whole topic from the beginning with kafka-python, for the integration tests."""
+"""Reads from the broker with kafka-python, for the integration tests: a whole topic from the
+beginning, one worker's events, a consumer group's committed offsets and members."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 
+from ragwarm.kafka.admin import admin_client
 from ragwarm.settings import KafkaSettings
+from schemas import WorkerEvent, decode
 
 # kafka-python assigns a subscribed topic's partitions from its cluster metadata; a consumer
 # whose first metadata lacked them reads nothing until the next refresh, by default 300 s
@@ -53,3 +57,64 @@ def read_topic(
         return got
     finally:
         consumer.close()
+
+
+def committed_offsets(bootstrap: str, group: str) -> dict[int, int]:
+    with admin_client(bootstrap, KafkaSettings().client_options()) as admin:
+        found = admin.list_group_offsets(group).get(group, {})
+    return {tp.partition: meta.offset for tp, meta in found.items()}
+
+
+def wait_group_empty(bootstrap: str, group: str, timeout_s: float = 90.0) -> None:
+    """Until the broker drops a killed member from `group` (its session times out): a
+    member joining before that waits for the dead one through a whole rebalance timeout."""
+    with admin_client(bootstrap, KafkaSettings().client_options(), timeout_s) as admin:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not admin.describe_groups([group])[group]["members"]:
+                return
+            time.sleep(1.0)
+    raise AssertionError(f"group {group} still has members after {timeout_s} s")
+
+
+class WorkerEvents:
+    """Reads one worker's events from `worker.events` (all partitions, no group)."""
+
+    def __init__(self, bootstrap: str, topic: str, worker_id: str, *, from_start: bool) -> None:
+        self.worker_id = worker_id.encode()
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            **KafkaSettings().client_options(),
+        )
+        partitions = None
+        while not partitions:
+            partitions = self.consumer.partitions_for_topic(topic)
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        self.consumer.assign(tps)
+        if from_start:
+            self.consumer.seek_to_beginning(*tps)
+        else:
+            self.consumer.seek_to_end(*tps)
+        for tp in tps:
+            self.consumer.position(tp)  # resolve the seek now, before anything is sent
+        self.seen: list[tuple[bytes | None, WorkerEvent]] = []
+
+    def wait_for(
+        self, match: Callable[[WorkerEvent], bool], what: str, timeout_s: float = 90.0
+    ) -> WorkerEvent:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for records in self.consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    event = decode(record.value, WorkerEvent)
+                    assert isinstance(event, WorkerEvent)
+                    self.seen.append((record.key, event))
+            for key, event in self.seen:
+                if key == self.worker_id and match(event):
+                    return event
+        kinds = [e.kind for _, e in self.seen]
+        raise AssertionError(f"no {what} event within {timeout_s} s; seen kinds: {kinds}")
+
+    def close(self) -> None:
+        self.consumer.close()

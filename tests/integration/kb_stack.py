@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+from kafka import KafkaProducer
+
 from ragwarm.ports import free_port
 from ragwarm.settings import TRACE_DIR
 from ragwarm.stack.procs import Proc
@@ -73,3 +75,9 @@ def logged_query(bootstrap: str, topic: str, qid: str) -> QueryEvent:
     finally:
         consumer.close()
     raise AssertionError(f"query {qid} not found on {topic}")
+
+
+def send_docs(producer: KafkaProducer, topic: str, docs: list[KbChange]) -> None:
+    for doc in docs:
+        producer.send(topic, key=doc.doc_id.encode(), value=encode(doc))
+    producer.flush()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
 
 from ragwarm.ports import free_port
 from ragwarm.stack.procs import Proc
+from tests.integration.waiting import wait_for
 
 # Every streams app started by tests (see worker_proc.STARTED).
 STARTED: list[StreamsApp] = []
@@ -65,3 +67,17 @@ class StreamsApp:
 
     def stop(self) -> None:
         self.proc.stop()
+
+
+def wait_ready(app: StreamsApp, timeout_s: float = 240) -> float:
+    """Poll /ragwarm/health/ready until 200; the seconds it took."""
+    t0 = time.monotonic()
+
+    def ready() -> bool:
+        try:
+            return httpx.get(app.url + "/ragwarm/health/ready", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(ready, timeout_s, "/ragwarm/health/ready to answer 200")
+    return time.monotonic() - t0

@@ -13,19 +13,12 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
-from ragwarm.kafka.admin import admin_client
 from ragwarm.settings import KafkaSettings
 from schemas import ChunkRef, WarmupCommand, encode
-from tests.integration.test_disk_tier import wait_group_empty
+from tests.integration.kafka_read import committed_offsets, wait_group_empty
 from workers.commands import CommandConsumer
 
 pytestmark = pytest.mark.integration
-
-
-def _committed(bootstrap: str, group: str) -> dict[int, int]:
-    with admin_client(bootstrap, KafkaSettings().client_options()) as admin:
-        found = admin.list_group_offsets(group).get(group, {})
-    return {tp.partition: meta.offset for tp, meta in found.items()}
 
 
 def _start_and_hang(consumer: CommandConsumer, started: Any) -> None:
@@ -59,7 +52,7 @@ def test_a_worker_killed_right_after_start_resumes_where_it_started(
     wait_group_empty(kafka_bootstrap, first.group_id)
 
     # Committed at the positions resolved at start (the end: a new group), every partition.
-    assert _committed(kafka_bootstrap, first.group_id) == {0: 0, 1: 0, 2: 0, 3: 0}
+    assert committed_offsets(kafka_bootstrap, first.group_id) == {0: 0, 1: 0, 2: 0, 3: 0}
     # Sent while the worker is down: the restarted one must handle it, not start past it.
     command = WarmupCommand(command_id="c-missed", op="invalidate", worker_id=worker_id,
                             chunk_refs=[ChunkRef(chunk_id="d.md#0", content_hash="0" * 64)])

@@ -14,7 +14,7 @@ from kafka import KafkaProducer
 
 from ragwarm.settings import KafkaSettings
 from schemas import ChunkRef, DeadLetter, WarmupCommand, encode
-from tests.integration.test_command_offsets import _committed
+from tests.integration.kafka_read import committed_offsets
 from tests.integration.waiting import wait_for
 from workers.commands import CommandConsumer
 
@@ -68,7 +68,7 @@ def test_a_failing_command_is_retried_or_dead_lettered_never_skipped(
         assert handled == ["c-flaky", "c-after"]
     finally:
         first.stop()
-    assert _committed(kafka_bootstrap, first.group_id) == {0: 3}  # c-stuck's own offset
+    assert committed_offsets(kafka_bootstrap, first.group_id) == {0: 3}  # c-stuck's own offset
 
     # Restarted with the device back: it resumes at the stuck command, then the next.
     again: list[str] = []

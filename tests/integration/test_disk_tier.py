@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import signal
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -16,13 +15,12 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
-from ragwarm.kafka.admin import admin_client
 from ragwarm.models import llm_dir, load_tokenizer
-from ragwarm.settings import KafkaSettings, ModelSettings
+from ragwarm.settings import ModelSettings
 from schemas import WarmupCommand, encode
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS
-from tests.integration.test_worker_service import Events, completion
-from tests.integration.worker_proc import WorkerProc
+from tests.integration.kafka_read import WorkerEvents, wait_group_empty
+from tests.integration.worker_proc import WorkerProc, completion
 from workers.commands import command_group_id
 from workers.kv.blocks import block_hashes
 
@@ -39,18 +37,6 @@ QUESTION = "\nQuestion: How many stones does the mill turn? Answer:"
 
 def tier_file(root: Path, block_hash: str) -> Path:
     return root / block_hash[:2] / f"{block_hash}.safetensors"
-
-
-def wait_group_empty(bootstrap: str, group: str, timeout_s: float = 90.0) -> None:
-    """Until the broker drops a killed member from `group` (its session times out): a
-    member joining before that waits for the dead one through a whole rebalance timeout."""
-    with admin_client(bootstrap, KafkaSettings().client_options(), timeout_s) as admin:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not admin.describe_groups([group])[group]["members"]:
-                return
-            time.sleep(1.0)
-    raise AssertionError(f"group {group} still has members after {timeout_s} s")
 
 
 def ref(chunk_id: str) -> dict[str, str]:
@@ -83,7 +69,7 @@ def test_a_killed_worker_restarted_on_its_disk_serves_warm_prefixes_at_once(
     root = tmp_path / "tier"
     worker_id = f"tier-{uuid.uuid4().hex[:8]}"
     env = {"RAGWARM_WORKER_DISK_TIER": "true", "RAGWARM_WORKER_DISK_TIER_PATH": str(root)}
-    events = Events(kafka_bootstrap, namespace + WORKER_EVENTS, worker_id, from_start=True)
+    events = WorkerEvents(kafka_bootstrap, namespace + WORKER_EVENTS, worker_id, from_start=True)
 
     def invalidation(chunk_id: str) -> WarmupCommand:
         return WarmupCommand(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 
 from ragwarm.kafka.admin import create_topics
 from ragwarm.kafka.local import LocalKafka
@@ -27,7 +27,8 @@ from schemas import DeadLetter, KbChange, QueryEvent, decode, encode
 from schemas.topics import DEADLETTER, KB_CHANGES, RAG_QUERIES, TopicSpec
 from tests.integration.e2e_kit import QUESTION, Client, Events, initial_docs
 from tests.integration.kafka_read import read_topic, subscriber
-from tests.integration.streams_proc import StreamsApp
+from tests.integration.kb_stack import send_docs
+from tests.integration.streams_proc import StreamsApp, wait_ready
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -35,31 +36,11 @@ pytestmark = pytest.mark.integration
 RAGWARM = Path(sys.executable).parent / "ragwarm"
 
 
-def send_docs(producer: KafkaProducer, topic: str, docs: list[KbChange]) -> None:
-    for doc in docs:
-        producer.send(topic, key=doc.doc_id.encode(), value=encode(doc))
-    producer.flush()
-
-
 def letters(bootstrap: str, topic: str) -> list[DeadLetter]:
     consumer = subscriber(bootstrap, topic, consumer_timeout_ms=3000)
     found = [decode(m.value, DeadLetter) for m in consumer]
     consumer.close()
     return found
-
-
-def wait_ready(app: StreamsApp, timeout_s: float = 240) -> float:
-    """Poll /ragwarm/health/ready until 200; the seconds it took."""
-    t0 = time.monotonic()
-
-    def ready() -> bool:
-        try:
-            return httpx.get(app.url + "/ragwarm/health/ready", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(ready, timeout_s, "/ragwarm/health/ready to answer 200")
-    return time.monotonic() - t0
 
 
 # --- a record too large for its own dead letter --------------------------------------------

@@ -20,8 +20,7 @@ from schemas import DeadLetter, WarmupCommand, decode, encode
 from schemas.signing import COMMAND_SIGNATURE_HEADER, command_signature, derive_commands_key
 from schemas.topics import DEADLETTER, WARMUP_COMMANDS
 from tests.fuzz_records import bad_records, refusal
-from tests.integration.kafka_read import read_topic
-from tests.integration.test_fuzz_topics import (
+from tests.integration.fuzz_kit import (
     MAX_REASON,
     MAX_VALUE,
     SEED,
@@ -29,8 +28,9 @@ from tests.integration.test_fuzz_topics import (
     addressed_elsewhere,
     worker_events,
 )
+from tests.integration.kafka_read import read_topic
 from tests.integration.waiting import wait_for
-from tests.integration.worker_proc import metric
+from tests.integration.worker_proc import labelled, metric
 
 pytestmark = pytest.mark.integration
 
@@ -38,15 +38,6 @@ COUNT = int(os.environ.get("FUZZ_COMMANDS_COUNT", "2000"))
 MASTER = b"fuzz-master-secret"
 KEY = derive_commands_key(MASTER).encode()
 OTHER_KEY = derive_commands_key(b"a forger's guess").encode()
-
-
-def labelled(text: str, name: str, label: str) -> float:
-    """One labelled sample of a Prometheus exposition; 0 when absent."""
-    for line in text.splitlines():
-        sample, _, value = line.partition(" ")
-        if sample == f"{name}{{{label}}}":
-            return float(value)
-    return 0.0
 
 
 def signed(value: bytes, key: bytes | None) -> list[tuple[str, bytes]]:

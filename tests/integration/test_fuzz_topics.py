@@ -30,21 +30,23 @@ from schemas.topics import (
     kb_key,
 )
 from tests.fuzz_records import bad_records, refusal
+from tests.integration.fuzz_kit import (
+    MAX_REASON,
+    MAX_VALUE,
+    SEED,
+    WORKER,
+    addressed_elsewhere,
+    worker_events,
+)
 from tests.integration.kafka_read import read_topic
 from tests.integration.waiting import wait_for
 from tests.integration.worker_proc import metric
 
 pytestmark = pytest.mark.integration
 
-SEED = 13
 BAD = 10_000  # to each topic
 BATCH = 1_000  # records sent before the producer is flushed and their offsets read
-# The producer's (and the broker's) limit is about 1 MB a record: a larger bad record is
-# sent cut to this size, which leaves it bad (a JSON text cut short never parses).
-MAX_VALUE = 1_000_000
-MAX_REASON = 4096  # a dead letter's reason is cut there
 STREAMS_TOPICS = {KB_CHANGES: KbChange, RAG_QUERIES: QueryEvent, WORKER_EVENTS: WorkerEvent}
-WORKER = "fz-w1"
 
 Why = tuple[str, str | None]  # the decoder's reason and field
 
@@ -202,16 +204,6 @@ def test_10000_bad_records_to_each_streams_topic_are_dead_lettered_and_valid_one
 # --- a worker: warmup.commands --------------------------------------------------------------
 
 
-def addressed_elsewhere(raw: bytes) -> bool:
-    """A JSON object naming another worker: that worker's to refuse, not this one's."""
-    try:
-        obj = json.loads(raw)
-    except (ValueError, RecursionError):
-        return False
-    wid = obj.get("worker_id") if isinstance(obj, dict) else None
-    return isinstance(wid, str) and wid != WORKER
-
-
 def valid_commands() -> list[Record]:
     """Prefills of 3 blocks each (token ids well inside the vocabulary), to all workers."""
     commands = [
@@ -228,11 +220,6 @@ def elsewhere_commands() -> list[Record]:
     raws = [{**base, "worker_id": "fz-w2", "ttl_s": -i} for i in range(1, 26)]
     raws += [{**base, "worker_id": "fz-w2", "schema_version": 99 + i} for i in range(25)]
     return [Record(WARMUP_COMMANDS, b"k", json.dumps(r).encode(), elsewhere=True) for r in raws]
-
-
-def worker_events(bootstrap: str, namespace: str) -> list[WorkerEvent]:
-    return [decode(r.value, WorkerEvent)
-            for r in read_topic(bootstrap, namespace + WORKER_EVENTS)]  # fmt: skip
 
 
 @pytest.mark.timeout(1800)

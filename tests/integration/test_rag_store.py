@@ -17,25 +17,9 @@ from rag.retrieve import Retriever
 from rag.settings import QdrantSettings
 from rag.store import ChunkStore, StoreError, open_client
 from schemas import KbChange
+from tests.integration.rag_kit import V1, section
 
 pytestmark = pytest.mark.integration
-
-
-def _section(title: str, topic: str, n: int = 40) -> str:
-    sentences = " ".join(
-        f"{topic} detail number {i} explains the {topic} behaviour." for i in range(n)
-    )
-    return f"## {title}\n\n{sentences}"
-
-
-V1 = "\n\n".join(
-    [
-        "# Guide",
-        _section("Installing", "installation"),
-        _section("Sync waves", "sync wave"),
-        _section("Projects", "project"),
-    ]
-)
 
 
 @pytest.fixture
@@ -75,7 +59,7 @@ def test_an_edit_replaces_the_chunk_set_and_embeds_only_new_hashes(
 ) -> None:
     first = indexer.index_document(_upsert(1, V1))
     v2 = V1.replace("sync wave detail number 3 ", "sync wave detail number three ")
-    v2 = v2.replace(_section("Projects", "project"), "")
+    v2 = v2.replace(section("Projects", "project"), "")
     before = embedder.computed
     second = indexer.index_document(_upsert(2, v2))
     assert second.applied and second.previous_version == 1
@@ -88,7 +72,7 @@ def test_an_edit_replaces_the_chunk_set_and_embeds_only_new_hashes(
 
 def test_moved_chunks_reuse_their_vectors(indexer: Indexer, embedder: Embedder) -> None:
     indexer.index_document(_upsert(1, V1))
-    inserted = _section("Caveats", "caveat", 5) + "\n\n## Sync waves"
+    inserted = section("Caveats", "caveat", 5) + "\n\n## Sync waves"
     moved = V1.replace("## Sync waves", inserted)
     before = embedder.computed
     result = indexer.index_document(_upsert(2, moved))
@@ -150,7 +134,7 @@ def test_search_get_chunks_and_tenants(
 ) -> None:
     indexer.index_document(_upsert(1, V1))
     indexer.index_document(
-        _upsert(1, _section("Secrets", "vault secret"), doc="t2.md", tenant="t2")
+        _upsert(1, section("Secrets", "vault secret"), doc="t2.md", tenant="t2")
     )
     retriever = Retriever(store, embedder)
     hits = retriever.retrieve("How are sync waves ordered?", tenant="default")

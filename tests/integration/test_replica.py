@@ -11,8 +11,8 @@ from ragwarm.models import llm_dir
 from schemas import KbChange
 from schemas.topics import KB_CHANGES
 from tests.integration.e2e_kit import QUESTION, initial_docs
-from tests.integration.streams_proc import StreamsApp
-from tests.integration.test_faults import send_docs, wait_ready
+from tests.integration.kb_stack import send_docs
+from tests.integration.streams_proc import StreamsApp, wait_ready
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration

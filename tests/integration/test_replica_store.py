@@ -19,7 +19,7 @@ from rag.store import ChunkStore
 from ragwarm.rag_port import RagService
 from schemas import KbChange
 from schemas.chunks import decode_record
-from tests.integration.test_rag_store import V1, _section
+from tests.integration.rag_kit import V1, section
 
 pytestmark = pytest.mark.integration
 
@@ -60,8 +60,8 @@ def test_a_replica_retrieves_alike_drops_removed_chunks_and_reuses_vectors(
     assert refs(replica, question) == refs(owner, question)
 
     # The owner drops a section and edits another: the replica follows.
-    v2_text = "\n\n".join(["# Guide", _section("Installing", "installation"),
-                           _section("Sync waves", "sync wave ordering", 20)])
+    v2_text = "\n\n".join(["# Guide", section("Installing", "installation"),
+                           section("Sync waves", "sync wave ordering", 20)])
     owner.index(KbChange(op="upsert", doc_id="guide.md", version=2, text=v2_text))
     counts = ship(owner, replica)
     assert counts["deleted"] > 0

@@ -13,8 +13,8 @@ from schemas import ChunkRef, KbChange, WarmupCommand, WorkerEvent, encode
 from schemas.signing import derive_commands_key, derive_worker_key
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS
 from tests.integration.e2e_kit import QUESTION, Client, Events, initial_docs
-from tests.integration.test_fuzz_commands_signed import labelled
 from tests.integration.waiting import wait_for
+from tests.integration.worker_proc import labelled
 
 pytestmark = pytest.mark.integration
 

@@ -10,12 +10,13 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 
 from ragwarm.settings import KafkaSettings, ModelSettings
-from schemas import ChunkRef, WarmupCommand, WorkerEvent, decode, encode
+from schemas import ChunkRef, WarmupCommand, encode
 from schemas.topics import WARMUP_COMMANDS, WORKER_EVENTS, prefixed
-from tests.integration.worker_proc import WorkerProc, metric
+from tests.integration.kafka_read import WorkerEvents
+from tests.integration.worker_proc import WorkerProc, completion, metric
 from workers.kv.blocks import block_hashes
 
 pytestmark = pytest.mark.integration
@@ -70,52 +71,10 @@ def worker(
     proc.stop()
 
 
-class Events:
-    """Reads one worker's events from `worker.events` (all partitions, no group)."""
-
-    def __init__(self, bootstrap: str, topic: str, worker_id: str, *, from_start: bool) -> None:
-        self.worker_id = worker_id.encode()
-        self.consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap,
-            enable_auto_commit=False,
-            **KafkaSettings().client_options(),
-        )
-        partitions = None
-        while not partitions:
-            partitions = self.consumer.partitions_for_topic(topic)
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        self.consumer.assign(tps)
-        if from_start:
-            self.consumer.seek_to_beginning(*tps)
-        else:
-            self.consumer.seek_to_end(*tps)
-        for tp in tps:
-            self.consumer.position(tp)  # resolve the seek now, before anything is sent
-        self.seen: list[tuple[bytes | None, WorkerEvent]] = []
-
-    def wait_for(
-        self, match: Callable[[WorkerEvent], bool], what: str, timeout_s: float = 90.0
-    ) -> WorkerEvent:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for records in self.consumer.poll(timeout_ms=500).values():
-                for record in records:
-                    event = decode(record.value, WorkerEvent)
-                    assert isinstance(event, WorkerEvent)
-                    self.seen.append((record.key, event))
-            for key, event in self.seen:
-                if key == self.worker_id and match(event):
-                    return event
-        kinds = [e.kind for _, e in self.seen]
-        raise AssertionError(f"no {what} event within {timeout_s} s; seen kinds: {kinds}")
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
 @pytest.fixture
-def events(kafka_bootstrap: str, namespace: str, worker: WorkerProc) -> Iterator[Events]:
-    reader = Events(kafka_bootstrap, namespace + WORKER_EVENTS, worker.worker_id, from_start=False)
+def events(kafka_bootstrap: str, namespace: str, worker: WorkerProc) -> Iterator[WorkerEvents]:
+    reader = WorkerEvents(kafka_bootstrap, namespace + WORKER_EVENTS, worker.worker_id,
+                          from_start=False)
     yield reader
     reader.close()
 
@@ -128,13 +87,6 @@ def send(kafka_producer: KafkaProducer, namespace: str) -> Callable[..., None]:
         kafka_producer.flush()
 
     return send_command
-
-
-def completion(worker: WorkerProc, prompt: list[int] | str, tenant: str, **kw) -> dict:
-    body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "tenant": tenant, **kw}
-    response = worker.post("/v1/completions", body)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def cache_items(worker: WorkerProc) -> dict[str, dict]:
@@ -165,7 +117,8 @@ def test_ready_only_after_model_and_warm_set(worker: WorkerProc, tokenizer) -> N
 def test_ready_event_lists_the_warm_set_then_heartbeats(
     worker: WorkerProc, kafka_bootstrap: str, namespace: str, tokenizer
 ) -> None:
-    reader = Events(kafka_bootstrap, namespace + WORKER_EVENTS, worker.worker_id, from_start=True)
+    reader = WorkerEvents(kafka_bootstrap, namespace + WORKER_EVENTS, worker.worker_id,
+                          from_start=True)
     try:
         ready = reader.wait_for(lambda e: e.kind == "ready", "ready")
         heartbeat = reader.wait_for(lambda e: e.kind == "heartbeat", "heartbeat")
@@ -184,7 +137,7 @@ def test_ready_event_lists_the_warm_set_then_heartbeats(
 
 
 def test_prefill_command_makes_a_hit_and_invalidation_frees_it(
-    worker: WorkerProc, events: Events, send, tokenizer
+    worker: WorkerProc, events: WorkerEvents, send, tokenizer
 ) -> None:
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     chunks = [
@@ -257,7 +210,7 @@ def test_prefill_command_makes_a_hit_and_invalidation_frees_it(
 
 
 def test_foreign_and_malformed_commands_are_skipped(
-    worker: WorkerProc, events: Events, send, tokenizer
+    worker: WorkerProc, events: WorkerEvents, send, tokenizer
 ) -> None:
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     ids = tokens(tokenizer, WARM_TEXTS[0])
@@ -283,7 +236,7 @@ def test_foreign_and_malformed_commands_are_skipped(
     assert malformed - malformed_before == 2
 
 
-def test_extend_ttl_and_release(worker: WorkerProc, events: Events, send, tokenizer) -> None:
+def test_extend_ttl_and_release(worker: WorkerProc, events: WorkerEvents, send, tokenizer) -> None:
     target = prefix_hash(tokens(tokenizer, WARM_TEXTS[2]), WARM_TENANT)
     ttl_before = cache_items(worker)[target]["expires_in_s"]
     extend = WarmupCommand(command_id="c-ttl", op="extend_ttl", prefix_hash=target, ttl_s=86_400)
@@ -398,7 +351,7 @@ def test_prefill_endpoint_stores_a_prefix(worker: WorkerProc, tokenizer) -> None
 # -- shutdown (last: it stops the module's worker) ---------------------------------------------
 
 
-def test_clean_stop_publishes_stopped(worker: WorkerProc, events: Events) -> None:
+def test_clean_stop_publishes_stopped(worker: WorkerProc, events: WorkerEvents) -> None:
     assert worker.stop() == 0
     stopped = events.wait_for(lambda e: e.kind == "stopped", "stopped")
     assert stopped.url == worker.url

@@ -132,3 +132,19 @@ def metric(text: str, name: str) -> float:
     """Sum of a sample's values (all labels) in a Prometheus exposition; 0 when absent."""
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
                if s.name == name)
+
+
+def completion(worker: WorkerProc, prompt: list[int] | str, tenant: str, **kw) -> dict:
+    body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "tenant": tenant, **kw}
+    response = worker.post("/v1/completions", body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def labelled(text: str, name: str, label: str) -> float:
+    """One labelled sample of a Prometheus exposition; 0 when absent."""
+    for line in text.splitlines():
+        sample, _, value = line.partition(" ")
+        if sample == f"{name}{{{label}}}":
+            return float(value)
+    return 0.0

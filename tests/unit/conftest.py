@@ -182,3 +182,20 @@ async def booted() -> AsyncIterator[tuple[TestClient, GatedLifecycle]]:
 def warm(tenant: str = "default") -> PrefixOp:
     return PrefixOp(op="warm", prefix_hash=P1, tenant=tenant, chunk_refs=REFS,
                     token_ids=[7] * 32, question="why?")
+
+
+class IndexPort(Port):
+    """A port whose index applies changes (a streams instance with its own index)."""
+
+    def __init__(self, indexed):
+        super().__init__({})
+        self.indexed = indexed
+        self.applied: list[KbChange] = []
+
+    def indexed_versions(self):
+        return dict(self.indexed)
+
+    def index(self, change):
+        self.applied.append(change)
+        self.indexed[(change.tenant, change.doc_id)] = change.version
+        return {}

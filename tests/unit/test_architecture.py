@@ -126,3 +126,28 @@ def test_product_tests_do_not_import_the_benchmarks() -> None:
     found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted(tests.rglob("*.py")) if p not in bench
              for n in _imports_bench(p)]
     assert not found, "product tests importing ragwarm.bench:\n" + "\n".join(found)
+
+
+def _imports_a_test_module(path: Path) -> list[int]:
+    """Lines of `path` importing a test module (`test_*`): helpers shared by tests live in
+    kits (conftest.py, *_kit.py, *_fakes.py, *_proc.py), so no test depends on another."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            # `from .test_x import` or `from tests.unit.test_x import`
+            names = [node.module or ""] if node.level or (node.module or "").startswith(
+                "tests.") else []
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names if alias.name.startswith("tests.")]
+        else:
+            continue
+        if any(part.startswith("test_") for n in names for part in n.split(".")):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_test_module_imports_another() -> None:
+    tests = ROOT / "tests"
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted(tests.rglob("*.py"))
+             for n in _imports_a_test_module(p)]
+    assert not found, "imports of a test module:\n" + "\n".join(found)

@@ -8,7 +8,7 @@ from schemas import KbChange
 from streams.decide.records import DocState
 from streams.shell.faults import Backoff
 from streams.shell.recovery import pick_changes, plan_reindex, recover_index, recover_until_done
-from tests.unit.conftest import Port, pipeline
+from tests.unit.conftest import IndexPort, Port, pipeline
 
 
 def _doc(version: int, deleted: bool = False, tenant: str = "default") -> DocState:
@@ -41,21 +41,6 @@ def test_pick_changes_prefers_the_table_version_then_the_oldest_newer_one():
     assert chosen[("default", "a")].version == 3
     assert chosen[("default", "b")].version == 5  # compaction left only newer ones
     assert ("t2", "a") not in chosen
-
-
-class IndexPort(Port):
-    def __init__(self, indexed):
-        super().__init__({})
-        self.indexed = indexed
-        self.applied: list[KbChange] = []
-
-    def indexed_versions(self):
-        return dict(self.indexed)
-
-    def index(self, change):
-        self.applied.append(change)
-        self.indexed[(change.tenant, change.doc_id)] = change.version
-        return {}
 
 
 def test_recover_index_re_indexes_from_kb_changes_before_ready():

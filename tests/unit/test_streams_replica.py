@@ -14,7 +14,7 @@ from streams.decide.records import PrefixOp, PrefixState
 from streams.handle import handlers
 from streams.handle.ports import WarmPrefix
 from streams.shell.replica import decode_batch, next_offsets
-from tests.unit.conftest import P1, REFS, Port, pipeline, warm
+from tests.unit.conftest import P1, REFS, IndexPort, Port, pipeline, warm
 from tests.unit.replica_kit import publish
 
 
@@ -130,7 +130,6 @@ def test_a_batch_keeps_the_good_records_in_order_and_names_the_bad_ones():
 def test_recovery_rebuilds_from_the_replica_before_it_re_indexes_anything():
     from streams.decide.records import DocState
     from streams.shell.recovery import recover_index
-    from tests.unit.test_streams_recovery import IndexPort
 
     port = IndexPort({})  # an empty disk
     p, _ = pipeline(port)
