@@ -10,6 +10,7 @@ re-checks its own dependents only (event-rag).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from schemas import KbChange
 from streams.decide import asks, logic, priority
@@ -19,34 +20,40 @@ from streams.handle.deps import HandlerDeps
 from streams.handle.ports import WarmPrefix
 
 
-def rewarm_tokens(p: HandlerDeps) -> int:
-    """Tokens of KV one KB change may re-warm into prefixes no worker holds any more."""
-    per_token = p.kv_bytes_per_token()
-    memory = sum(w.mem_total for w in p.live_workers() if w.ready)
-    return int(p.settings.edit_rewarm_share * memory) // max(1, per_token)
+@dataclass(frozen=True)
+class EditBudget:
+    """What one KB change may re-warm, read once from the fleet's last reports.
+
+    `tokens`: KV tokens it may re-warm into prefixes no worker holds any more (the edit share
+    of the ready workers' memory). `older_tokens`: what of it the dependents asked before
+    the hot window may take (what no pin holds yet: the hot set's, earlier holds). `rest`:
+    how many dependents it may re-warm beyond those (`edit_rewarm_rest`) where every ready
+    worker keeps a KV tier, so holds spill there rather than pin device memory; else none.
+    A worker's heartbeats report its tier's spilled bytes: one that has spilled nothing yet
+    counts as without (its device still has room)."""
+
+    tokens: int
+    older_tokens: int
+    rest: int
 
 
-def rewarm_rest(p: HandlerDeps) -> int:
-    """How many dependents an edit may re-warm beyond those its budgets choose:
-    `edit_rewarm_rest` where every ready worker keeps a KV tier, so holds spill there rather
-    than pin device memory; else none. A worker's heartbeats report its tier's spilled bytes:
-    one that has spilled nothing yet counts as without (its device still has room)."""
+def edit_budget(p: HandlerDeps) -> EditBudget:
     ready = [w for w in p.live_workers() if w.ready]
+    per_token = max(1, p.kv_bytes_per_token())
+    tokens = int(p.settings.edit_rewarm_share * sum(w.mem_total for w in ready)) // per_token
+    pinned = sum(w.pinned for w in ready) // per_token
     spills = bool(ready) and all(w.tier_bytes > 0 for w in ready)
-    return p.settings.edit_rewarm_rest if spills else 0
+    return EditBudget(tokens, max(0, tokens - pinned),
+                      p.settings.edit_rewarm_rest if spills else 0)
 
 
 def older(p: HandlerDeps, dependents: Collection[str], recent: Sequence[logic.HotCandidate]
-          ) -> tuple[list[logic.HotCandidate], int]:
+          ) -> list[logic.HotCandidate]:
     """The dependents asked more than once before the hot window (`recent`), most asked
-    first, not the hot set's (pinned already); and the tokens they may take: the edit share
-    of the ready workers' memory that no pin holds yet (the hot set's, earlier holds)."""
+    first, not the hot set's (pinned already)."""
     skip = {c.prefix_hash for c in recent} | {op.prefix_hash for op in p.tracker.hot.values()}
-    found = [logic.HotCandidate(h, s.count, s.tokens)
-             for h, s in asks.often_asked(p.asks.seen, dependents, skip)]
-    per_token = p.kv_bytes_per_token()
-    pinned = sum(w.pinned for w in p.live_workers() if w.ready)
-    return found, max(0, rewarm_tokens(p) - pinned // max(1, per_token))
+    return [logic.HotCandidate(h, s.count, s.tokens)
+            for h, s in asks.often_asked(p.asks.seen, dependents, skip)]
 
 
 def candidates(p: HandlerDeps, dependents: Collection[str],

@@ -114,17 +114,18 @@ async def apply_indexed(
     links = p.tables.doc_prefixes.get(key) or {}
     dependents = {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
     now = p.clock()
-    recent, budget = edits.candidates(p, dependents, now), edits.rewarm_tokens(p)
-    plan = logic.plan_kb_change(change, prior, new_chunks, dependents, now, recent, budget,
-                                *edits.older(p, dependents, recent),
-                                rewarm_rest=edits.rewarm_rest(p))
+    recent, budget = edits.candidates(p, dependents, now), edits.edit_budget(p)
+    plan = logic.plan_kb_change(change, prior, new_chunks, dependents, now, recent,
+                                budget.tokens, edits.older(p, dependents, recent),
+                                budget.older_tokens, rewarm_rest=budget.rest)
     assert plan.state is not None  # not stale, so the plan carries the new state
     p.tables.doc_states[key] = plan.state
     p.stats["kb_events"] += 1
     for op in plan.ops:
         await p.out.op(op)
     if plan.state.chunks != (prior.chunks if prior else None):
-        await edits.recheck_others(p, change, new_chunks, dependents, plan.ops, recent, budget)
+        await edits.recheck_others(p, change, new_chunks, dependents, plan.ops, recent,
+                                   budget.tokens)
     await chunk_warm.warm_changed(p, change, prior, new_chunks, bool(dependents))
     await synthesize.on_kb_changed(p, prior, plan.state, change.doc_id)
     p.applying.pop((key, change.version), None)  # done: a later change reads the table
