@@ -5,7 +5,8 @@ same plans) and computes no prompt. Its TTFT is a linear cost model (fixed cost 
 prompt token not served from cache) fitted by least squares to a query log's own measured
 `ttft_ms`, `prompt_tokens`, `cached_tokens` (`fit_cost`). With `tier_bytes` it keeps a host
 KV tier as the torch engine's `HostTier` does (the same index and journal, no tensors): an
-evicted block spills there and a hit past the device's chain reads it back at
+evicted block spills there and a hit past the device's chain reads it back (the same
+`PrefixEngine._restore` as the torch engine's) at
 `restore_per_token_ms`.
 """
 
@@ -174,7 +175,8 @@ class CostEngine(PrefixEngine[int]):
         return None if self.tier is None else self.tier.index
 
     def _load(self, hashes: list[str]) -> list[None]:
-        """No tensors to read: the tier's blocks come back whole, a use as a read is."""
+        """No tensors to read: every block the tier holds comes back, and the read counts as
+        a use of it (as `KVTier.load` touches what it read)."""
         if self.tier is None:
             return []
         self.tier.index.touch(hashes)
