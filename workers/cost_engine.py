@@ -5,9 +5,8 @@ same plans) and computes no prompt. Its TTFT is a linear cost model (fixed cost 
 prompt token not served from cache) fitted by least squares to a query log's own measured
 `ttft_ms`, `prompt_tokens`, `cached_tokens` (`fit_cost`). With `tier_bytes` it keeps a host
 KV tier as the torch engine's `HostTier` does (the same index and journal, no tensors): an
-evicted block spills there and a hit past the device's chain reads it back (the same
-`PrefixEngine._restore` as the torch engine's) at
-`restore_per_token_ms`.
+evicted block spills there and a hit past the device's chain reads it back at
+`restore_per_token_ms`, by the torch engine's own books (`PrefixEngine._restore`).
 """
 
 from __future__ import annotations
