@@ -10,6 +10,7 @@ import pytest
 from schemas import ChunkRef, KbChange, WarmupCommand, decode, encode
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS
 from tests.integration.e2e_kit import QUESTION, Chunk, Client, Events, initial_docs
+from tests.integration.kb_stack import send_docs
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -36,9 +37,7 @@ def test_an_edit_to_a_hot_document_warms_its_new_chunk_and_drops_the_old_one(
     kafka_bootstrap, kafka_producer, namespace, streams_factory, worker_factory
 ):
     docs = initial_docs()
-    for doc in docs.values():
-        kafka_producer.send(namespace + KB_CHANGES, key=doc.doc_id.encode(), value=encode(doc))
-    kafka_producer.flush()
+    send_docs(kafka_producer, namespace + KB_CHANGES, list(docs.values()))
     app = streams_factory(namespace, "chunkwarm", {
         "RAGWARM_STREAMS_HOT_MIN_COUNT": "2", "RAGWARM_STREAMS_CHUNK_WARMUP": "true",
     }).start()

@@ -22,10 +22,10 @@ from ragwarm.kafka.admin import probe
 from ragwarm.kafka.local import LocalKafka
 from ragwarm.ports import free_port
 from ragwarm.settings import HomeSettings, KafkaSettings
-from schemas import encode
 from schemas.signing import derive_commands_key, derive_worker_key
 from schemas.topics import KB_CHANGES
 from tests.integration.e2e_kit import initial_docs, run_scenario
+from tests.integration.kb_stack import send_docs
 from tests.integration.streams_proc import StreamsApp
 from tests.integration.worker_proc import WorkerProc
 
@@ -103,9 +103,7 @@ def test_pipeline_runs_end_to_end_over_sasl_ssl(
     producer = KafkaProducer(bootstrap_servers=secure_kafka.bootstrap,
                              **settings.producer_options())  # fmt: skip
     docs = initial_docs()
-    for doc in docs.values():
-        producer.send(PREFIX + KB_CHANGES, key=doc.doc_id.encode(), value=encode(doc))
-    producer.flush()
+    send_docs(producer, PREFIX + KB_CHANGES, list(docs.values()))
     # Signed worker events and commands too: the app holds the master secret, the worker only
     # its own events key and the commands key derived from it (`ragwarm keys`).
     master = b"e2e-master-secret"

@@ -13,6 +13,7 @@ from schemas import ChunkRef, KbChange, WarmupCommand, WorkerEvent, encode
 from schemas.signing import derive_commands_key, derive_worker_key
 from schemas.topics import KB_CHANGES, RAG_QUERIES, WARMUP_COMMANDS, WORKER_EVENTS
 from tests.integration.e2e_kit import QUESTION, Client, Events, initial_docs
+from tests.integration.kb_stack import send_docs
 from tests.integration.waiting import wait_for
 from tests.integration.worker_proc import labelled
 
@@ -26,9 +27,7 @@ def test_a_signed_stack_runs_and_refuses_what_is_not_signed(
     kafka_bootstrap, kafka_producer, namespace, streams_factory, worker_factory
 ):
     docs: dict[str, KbChange] = initial_docs()
-    for doc in docs.values():
-        kafka_producer.send(namespace + KB_CHANGES, key=doc.doc_id.encode(), value=encode(doc))
-    kafka_producer.flush()
+    send_docs(kafka_producer, namespace + KB_CHANGES, list(docs.values()))
     app = streams_factory(namespace, "signed", {
         "RAGWARM_STREAMS_HOT_MIN_COUNT": "2",
         "RAGWARM_STREAMS_WORKER_EVENTS_SECRET": MASTER.decode(),

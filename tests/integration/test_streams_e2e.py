@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import encode
 from schemas.topics import KB_CHANGES
 from tests.integration.e2e_kit import initial_docs, run_scenario
+from tests.integration.kb_stack import send_docs
 
 pytestmark = pytest.mark.integration
 
@@ -20,9 +20,7 @@ def test_edit_rewarms_new_prefix_and_identical_reingest_extends_ttl(
     kafka_bootstrap, kafka_producer, namespace, streams_factory, worker_factory
 ):
     docs = initial_docs()
-    for doc in docs.values():
-        kafka_producer.send(namespace + KB_CHANGES, key=doc.doc_id.encode(), value=encode(doc))
-    kafka_producer.flush()
+    send_docs(kafka_producer, namespace + KB_CHANGES, list(docs.values()))
     app = streams_factory(namespace, "e2e", {"RAGWARM_STREAMS_HOT_MIN_COUNT": "2"}).start()
     worker = worker_factory(
         "w1",
