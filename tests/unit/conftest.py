@@ -180,6 +180,7 @@ async def booted() -> AsyncIterator[tuple[TestClient, GatedLifecycle]]:
 
 
 def warm(tenant: str = "default") -> PrefixOp:
+    """A warm op for P1 over REFS, as a query's hot-set tracking would send it."""
     return PrefixOp(op="warm", prefix_hash=P1, tenant=tenant, chunk_refs=REFS,
                     token_ids=[7] * 32, question="why?")
 

@@ -135,6 +135,7 @@ async def complete(client: TestClient, prompt: list[int], **kw) -> dict:
 
 
 def runtime_and_sink():
+    """A started worker runtime over the toy engine, and the sink keeping its events."""
     lifecycle = GatedLifecycle()
     lifecycle.gate.set()
     return lifecycle.start(lambda _m: None), lifecycle.sink
