@@ -21,8 +21,7 @@ from workers.engines.base import PrefixEngine, Request
 from workers.engines.protocol import GenerationResult, GenerationStep
 from workers.kv.blend_cost import BlendCosts, blend_computed, moved_layer_share
 from workers.kv.cache import PrefixCache, WarmupRefused
-from workers.kv.chunk_kv import plan_pieces
-from workers.kv.donors import DonorIndex
+from workers.kv.chunk_kv import DonorIndex, plan_pieces
 from workers.kv.memory import Budget
 from workers.kv.plan import KVPlan
 from workers.kv.request_blocks import make_prefix_cache

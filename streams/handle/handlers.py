@@ -9,6 +9,8 @@ simulated clock, so both run this same code.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
 from streams.decide import logic
@@ -16,6 +18,7 @@ from streams.decide.fleet import fold_worker_event
 from streams.decide.hot import HotPayload
 from streams.decide.records import (
     DocLink,
+    DocState,
     PrefixOp,
     ReadyRewarm,
     WorkerState,
@@ -71,6 +74,39 @@ async def on_kb_change(p: HandlerDeps, change: KbChange) -> None:
     indexed = await p.blocking(p.rag.index, change)
     await publish_indexed(p)
     await apply_indexed(p, change, indexed)
+
+
+# KB changes in batches (the Faust agent's bulk form): one index call, embeddings batched
+# across documents, then each change recorded in order as `on_kb_change` records one.
+
+
+def live_changes(docs: Mapping[str, Any], changes: Sequence[KbChange]) -> list[bool]:
+    """Per change, whether it is newer than the docs table and the batch's earlier changes
+    of its document (`docs`: doc_key -> stored DocState JSON); older ones index nothing."""
+    newest: dict[str, int] = {}
+    live = []
+    for change in changes:
+        key = doc_key(change.tenant, change.doc_id)
+        version = newest.get(key)
+        if version is None:
+            raw = docs.get(key)
+            version = DocState.model_validate(raw).version if raw else None
+        stale = change.is_stale(version)
+        live.append(not stale)
+        if not stale:
+            newest[key] = change.version
+    return live
+
+
+async def index_batch(p: HandlerDeps, changes: Sequence[KbChange]) -> list[dict[str, str] | None]:
+    """Index the live changes in one call, in order; per change its chunk hashes after it
+    (None: older than what the table or the store holds)."""
+    live = live_changes(p.tables.docs, changes)
+    todo = [c for c, ok in zip(changes, live, strict=True) if ok]
+    indexed = iter(await p.blocking(p.rag.index_many, todo) if todo else [])
+    if todo:
+        await publish_indexed(p)
+    return [next(indexed) if ok else None for ok in live]
 
 
 async def publish_indexed(p: HandlerDeps) -> None:

@@ -20,7 +20,7 @@ from schemas.signing import COMMAND_SIGNATURE_HEADER, command_signature, derive_
 from schemas.topics import kb_key
 from streams.decide import priority
 from streams.decide.records import DocLink, PrefixOp, ReadyRewarm
-from streams.handle import batch, catchup, handlers, synthesize
+from streams.handle import catchup, handlers, synthesize
 from streams.handle.handlers import HandlerDeps
 from streams.shell import faults
 from streams.shell.routes import ROUTES, Route
@@ -172,7 +172,7 @@ class KbBatchRunner:
 
         async def index() -> None:
             start = time.perf_counter()
-            results[:] = await batch.index_batch(self.p, changes)
+            results[:] = await handlers.index_batch(self.p, changes)
             self.p.stats["kb_index_ms"] += round((time.perf_counter() - start) * 1000)
 
         error = await faults.retry(index, self.one.backoff, self._on_retry,

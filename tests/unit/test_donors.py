@@ -7,8 +7,7 @@ import pytest
 
 from workers.kv.blocks import BLOCK_SIZE, block_hashes
 from workers.kv.cache import Budget, PrefixCache
-from workers.kv.chunk_kv import ChunkSpan
-from workers.kv.donors import DonorIndex, chunk_content_hash, donors_of
+from workers.kv.chunk_kv import ChunkSpan, DonorIndex, chunk_content_hash, donors_of
 
 OPENING = list(range(1000, 1020))
 A, B, C = ("doc#0", "a"), ("doc#1", "b"), ("doc#2", "c")

@@ -6,7 +6,7 @@ import pytest
 
 from tests.unit.cache_kit import chain, make_cache
 from workers.kv.cache import WarmupRefused
-from workers.kv.retired import Retired
+from workers.kv.entries import Retired
 
 OLD = ("d.md#0", "a" * 64)
 NEW = ("d.md#0", "b" * 64)

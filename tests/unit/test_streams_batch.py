@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import KbChange
-from streams.handle import batch
 from streams.handle import handlers as h
 from tests.unit.conftest import pipeline
 
@@ -56,7 +55,7 @@ def run_batched(changes: list[KbChange]):
     p, out = linked_pipeline(port)
 
     async def go():
-        results = await batch.index_batch(p, changes)
+        results = await h.index_batch(p, changes)
         for c, chunks in zip(changes, results, strict=True):
             await h.apply_indexed(p, c, chunks)
 
@@ -90,7 +89,7 @@ def test_an_older_change_in_the_batch_is_not_indexed() -> None:
 
 def test_live_changes_checks_the_table_first() -> None:
     docs = {"a": {"version": 5, "tenant": "default", "chunks": {}, "deleted": False}}
-    live = batch.live_changes(docs, [change("a", 4), change("a", 5), change("b", 1)])
+    live = h.live_changes(docs, [change("a", 4), change("a", 5), change("b", 1)])
     assert live == [False, True, True]
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tests.unit.cache_kit import chain, make_cache
 from workers.kv.cache import WarmupRefused
-from workers.kv.quota import capped, quota_refusal, tenant_quota
+from workers.kv.memory import capped, quota_refusal, tenant_quota
 from workers.kv.sizing import cache_for
 from workers.service import STATE
 from workers.settings import WorkerSettings

@@ -23,12 +23,13 @@ from workers.kv.blocks import block_hashes
 from workers.kv.cache import CacheEntry, ChunkKey, PrefixCache, WarmupRefused
 from workers.kv.chunk_kv import (
     ChunkSpan,
+    Donor,
+    DonorIndex,
     check_spans,
     chunk_prefix,
     held_chunk_tokens,
     plan_pieces,
 )
-from workers.kv.donors import Donor, DonorIndex
 from workers.kv.entries import Kind
 from workers.kv.plan import KVPlan
 from workers.kv.tier_index import TierIndex
@@ -87,7 +88,7 @@ class PrefixEngine(ABC, Generic[H]):
     _held: dict[str, H]
     # A served model (vLLM, a remote server) is warmed by its server when it loads.
     boot_warmup_tokens: int = 0
-    # Chunks of the prompts this engine stored, for blending into others (`workers.kv.donors`);
+    # Chunks of the prompts this engine stored, for blending into others (`workers.kv.chunk_kv`);
     # None where the engine holds no KV it could read chunks out of (a server's).
     donors: DonorIndex | None = None
 

@@ -1,5 +1,5 @@
 """Chunk KV for the torch engine: the KV of chunks held in other stored prompts (donors,
-`workers.kv.donors`) blended into a prompt after its exact prefix (`workers.engines.blend`),
+`workers.kv.chunk_kv`) blended into a prompt after its exact prefix (`workers.engines.blend`),
 where the cost estimate says that beats computing it (`workers.kv.blend_cost`)."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from workers.engines.blend import BlendResult, Piece, Selection, blend, require_
 from workers.engines.kv_blocks import KV, BlockKV, join
 from workers.kv.blend_cost import BlendCosts, blend_computed
 from workers.kv.cache import ChunkKey
-from workers.kv.chunk_kv import ChunkSpan, PiecePlan, plan_pieces
-from workers.kv.donors import Donor
+from workers.kv.chunk_kv import ChunkSpan, Donor, PiecePlan, plan_pieces
 
 
 class BlockHolder(Protocol):

@@ -38,7 +38,7 @@ from workers.kv.budgets import (
     quantization_method,
 )
 from workers.kv.cache import CacheEntry, PrefixCache, WarmupRefused
-from workers.kv.donors import DonorIndex
+from workers.kv.chunk_kv import DonorIndex
 from workers.kv.plan import KVPlan
 from workers.kv.sizing import cache_for, kv_bytes_per_token
 from workers.kv.tier_journal import TierJournal

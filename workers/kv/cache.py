@@ -21,6 +21,7 @@ from workers.kv.entries import (
     ChunkIndex,
     EventKind,
     Kind,
+    Retired,
     Stale,
     WarmupRefused,
     build_entry,
@@ -32,10 +33,8 @@ from workers.kv.entries import (
     observable,
 )
 from workers.kv.eviction import EvictionPolicy, make_policy
-from workers.kv.memory import Budget
+from workers.kv.memory import Budget, capped, quota_check, tenant_quota
 from workers.kv.plan import KVPlan
-from workers.kv.quota import capped, quota_check, tenant_quota
-from workers.kv.retired import Retired
 from workers.kv.tier_journal import TierJournal, TierOps
 
 __all__ = ["Budget", "CacheEntry", "CacheEvent", "ChunkKey", "PrefixCache", "WarmupRefused"]
