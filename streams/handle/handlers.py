@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
+from schemas.prefix import prefix_kv_bytes
 from streams.decide import logic
 from streams.decide.fleet import fold_worker_event
 from streams.decide.hot import HotPayload
@@ -275,7 +276,7 @@ async def warm_new_worker(p: HandlerDeps, event: WorkerEvent) -> None:
         return
     per_token = p.kv_bytes_per_token()
     # Room the hot set takes (its share at most); what it leaves unused is not kept empty.
-    hot = sum(len(op.token_ids) for op in p.tracker.hot.values()) * per_token
+    hot = sum(prefix_kv_bytes(len(op.token_ids), per_token) for op in p.tracker.hot.values())
     reserve = min(hot, int(p.settings.hot_share * event.mem_total_bytes))
     budget = event.mem_total_bytes - event.mem_used_bytes - reserve
     sent = hot_sent(p)

@@ -3,6 +3,7 @@ steps (`streams.decide.progressive`), then the next ones into its KV tier below 
 
 from __future__ import annotations
 
+from schemas.prefix import prefix_kv_bytes
 from streams.decide import logic, progressive
 from streams.decide.records import PrefixOp, PrefixState, ReadyRewarm, WorkerState
 from streams.handle.deps import HandlerDeps
@@ -63,7 +64,7 @@ async def on_ready_rewarm(p: HandlerDeps, req: ReadyRewarm) -> None:
     if req.steps > 1 and req.step:
         # Step `req.step` of the plan: the plan is made again at each step (the counts move a
         # little meanwhile; a prefix sent twice is a no-op on a worker holding it).
-        sizes = [(h, len(states[h].token_ids) * per_token) for h in planned]
+        sizes = [(h, prefix_kv_bytes(len(states[h].token_ids), per_token)) for h in planned]
         chosen = progressive.wave(sizes, req.budget_bytes // parts, req.step, req.steps)
     for prefix_hash in reversed(chosen):
         await _warm_on(p, req.worker_id, prefix_hash, states[prefix_hash], "worker ready")
