@@ -7,6 +7,7 @@ import json
 import click
 from kafka.errors import KafkaError
 
+from ragwarm.cli.tree import tree_of
 from ragwarm.kafka import deadletter as dl
 from ragwarm.kafka.common import quiet_client_logs, unreachable_message
 from ragwarm.settings import KafkaSettings
@@ -38,7 +39,7 @@ def _letters(settings: KafkaSettings, reason: str | None) -> list[dl.Letter]:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per letter.")
 def list_letters(reason: str | None, as_json: bool) -> None:
     """Every dead letter (or those matching --reason), oldest first."""
-    for letter in _letters(KafkaSettings(), reason):
+    for letter in _letters(tree_of().kafka, reason):
         row = dl.summary(letter)
         if as_json:
             click.echo(json.dumps(row))
@@ -66,7 +67,7 @@ def redrive(reason: str | None, dry_run: bool, allow: tuple[str, ...], again: bo
     second redrive skips it. Run it once the cause is fixed: a record that fails again is
     dead-lettered again.
     """
-    settings = KafkaSettings()
+    settings = tree_of().kafka
     allowed = set(allow) or {settings.topic(name) for name in dl.REDRIVE_TOPICS}
     letters = _letters(settings, reason)
     fetch = dl.original_fetcher(settings.servers, settings.client_options())

@@ -73,18 +73,19 @@ async def answer_alone(question: str, tenant: str | None, max_tokens: int | None
     """One answer while the streams app is down: the gateway's own path in this process (a
     replica of the index from rag.chunks, unless a Qdrant server is set, and a view of the
     workers from worker.events), read up to the topics' ends before the question is asked."""
+    from ragwarm.cli.tree import tree_of
     from ragwarm.client.independent import open_gateway_client
     from ragwarm.client.settings import ClientSettings
     from ragwarm.gateway.app import own_path
     from ragwarm.gateway.settings import GatewaySettings
-    from ragwarm.settings import ModelSettings
 
     async def echo(text: str) -> None:
         if on_token is not None:
             on_token(text)
 
-    client = await open_gateway_client(own_path(GatewaySettings()), ClientSettings(),
-                                       ModelSettings())
+    tree = tree_of()
+    client = await open_gateway_client(own_path(tree.get(GatewaySettings)),
+                                       tree.get(ClientSettings), tree.models)
     async with client:
         deadline = time.monotonic() + catch_up_s
         for feed in client.feeds:

@@ -44,16 +44,17 @@ def broker_options(kafka: KafkaSettings) -> Any:
 
 
 def check_security(settings: StreamsSettings, insecure: bool) -> None:
-    """Refuse open views or unsigned worker events beyond loopback unless opted out."""
+    """Refuse open views or unsigned worker events beyond loopback unless opted out
+    (`insecure`: the flag or RAGWARM_INSECURE)."""
     from ragwarm.secure import check_start, open_keys, unsigned_events
-    from ragwarm.settings import SecuritySettings
 
     exposures = open_keys("streams", settings.api_key is not None, bool(settings.tenant_keys))
     exposures += unsigned_events("streams", settings.worker_events_secret is not None)
-    check_start("streams", exposures, settings.web_host, insecure or SecuritySettings().insecure)
+    check_start("streams", exposures, settings.web_host, insecure)
 
 
-def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> StreamsApp:
+def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port,
+              home: HomeSettings | None = None) -> StreamsApp:
     """The Faust app with its topics, tables, agents and views around `rag_port`."""
 
     from schemas.topics import KB_CHANGES
@@ -74,7 +75,7 @@ def build_app(streams: StreamsSettings, kafka: KafkaSettings, rag_port) -> Strea
     from streams.shell.topics import define_topics
     from streams.shell.views import register_views
 
-    data_dir = streams.data_dir or HomeSettings().home / "faust" / streams.app_id
+    data_dir = streams.data_dir or (home or HomeSettings()).home / "faust" / streams.app_id
     data_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(streams, broker_options(kafka), data_dir)
     topics = define_topics(app, streams.partitions, kafka.topic_prefix)
@@ -206,20 +207,23 @@ def streams(web_port: int | None, loglevel: str, insecure: bool) -> None:
     """Run the streams app (a Faust worker): KB changes, token frequencies, placement."""
     from faust.worker import Worker
 
+    from ragwarm.cli.tree import tree_of
     from ragwarm.logs import faust_logging_config
+    from ragwarm.settings import SecuritySettings
 
-    settings = StreamsSettings()
+    tree = tree_of()  # the settings `ragwarm config` shows, read once for this process
+    settings = tree.get(StreamsSettings)
     if web_port is not None:
         settings = settings.model_copy(update={"web_port": web_port})
-    check_security(settings, insecure)
-    kafka = KafkaSettings()
+    check_security(settings, insecure or tree.get(SecuritySettings).insecure)
+    kafka = tree.kafka
     # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
-    rag = loading_rag(ModelSettings())
+    rag = loading_rag(tree.models)
     # Loading starts first: importing torch is the longest part of a restart (issue 40). A
     # model or index that will not open stops the app (SIGTERM: Faust leaves its group
     # cleanly) and the command fails with the reason, as when it was loaded before Faust.
     rag.start(on_failure=lambda exc: os.kill(os.getpid(), signal.SIGTERM))
-    built = build_app(settings, kafka, rag)
+    built = build_app(settings, kafka, rag, tree.home)
     built.deps.loading = rag.loading
     rag.count_embedding(built.deps.stats)
     wait_for_broker(kafka, settings.broker_wait_s)

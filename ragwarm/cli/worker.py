@@ -12,7 +12,14 @@ from typing import Any
 
 import click
 
-from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings, keyring
+from ragwarm.cli.tree import tree_of
+from ragwarm.settings import (
+    HomeSettings,
+    KafkaSettings,
+    ModelSettings,
+    SecuritySettings,
+    keyring,
+)
 from schemas.topics import DEADLETTER, WARMUP_COMMANDS, WORKER_EVENTS
 from workers.api import Limits, PrefillRequest, WarmSetError, parse_warm_set
 from workers.boot import warm_engine
@@ -48,7 +55,8 @@ def advertised_url(settings: WorkerSettings, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def make_engine(settings: WorkerSettings, models: ModelSettings) -> Engine:
+def make_engine(settings: WorkerSettings, models: ModelSettings,
+                home: HomeSettings | None = None) -> Engine:
     """Load the configured engine (blocking: model weights are read here)."""
     settings = settings.model_copy(update={"model_id": model_id(settings, models)})
     if settings.engine == "torch":
@@ -57,7 +65,7 @@ def make_engine(settings: WorkerSettings, models: ModelSettings) -> Engine:
 
         offline_hub()
         # One tier directory per worker id under RAGWARM_HOME unless the settings name one.
-        tier_path = HomeSettings().home / "kv-tier" / settings.worker_id
+        tier_path = (home or HomeSettings()).home / "kv-tier" / settings.worker_id
         return load_torch_engine(llm_dir(models=models), settings, tier_path=tier_path)
     if settings.engine == "vllm":
         from ragwarm.models import llm_dir
@@ -130,8 +138,9 @@ class WorkerLifecycle:
         models: ModelSettings,
         metrics: WorkerMetrics,
         url: str,
+        home: HomeSettings | None = None,
     ) -> None:
-        self.settings, self.kafka, self.models = settings, kafka, models
+        self.settings, self.kafka, self.models, self.home = settings, kafka, models, home
         self.metrics = metrics
         self.url = url
         self.consumer: CommandConsumer | None = None
@@ -142,7 +151,7 @@ class WorkerLifecycle:
         s = self.settings
         items = read_warm_set(s.warm_set)  # fail before the slow part
         report(f"loading model ({s.engine} engine)")
-        engine = make_engine(s, self.models)
+        engine = make_engine(s, self.models, self.home)
         if engine.boot_warmup_tokens:
             report(f"warming the engine ({engine.boot_warmup_tokens} tokens)")
             took = warm_engine(engine, engine.boot_warmup_tokens)
@@ -229,14 +238,14 @@ class WorkerLifecycle:
 
 
 def check_security(settings: WorkerSettings, insecure: bool) -> None:
-    """Refuse an open API or unsigned events beyond loopback unless opted out (ragwarm.secure)."""
+    """Refuse an open API or unsigned events beyond loopback unless opted out (ragwarm.secure;
+    `insecure`: the flag or RAGWARM_INSECURE)."""
     from ragwarm.secure import check_start, open_keys, unsigned_events
-    from ragwarm.settings import SecuritySettings
 
     exposures = open_keys("worker", settings.api_key is not None, bool(settings.tenant_keys))
     if settings.kafka:
         exposures += unsigned_events("worker", settings.events_secret is not None)
-    check_start("worker", exposures, settings.host, insecure or SecuritySettings().insecure)
+    check_start("worker", exposures, settings.host, insecure)
 
 
 def _overrides(**options: Any) -> dict[str, Any]:
@@ -265,12 +274,13 @@ def worker(no_kafka: bool, insecure: bool, **options: Any) -> None:
     overrides = _overrides(**options)
     if no_kafka:
         overrides["kafka"] = False
-    settings = WorkerSettings(**overrides)
-    check_security(settings, insecure)
-    models = ModelSettings()
+    tree = tree_of()  # the settings `ragwarm config` shows, read once for this process
+    settings = WorkerSettings(**overrides)  # the flags over the environment
+    check_security(settings, insecure or tree.get(SecuritySettings).insecure)
+    models = tree.models
     metrics = WorkerMetrics(worker_id=settings.worker_id, model_name=model_id(settings, models))
     url = advertised_url(settings, settings.port)
-    lifecycle = WorkerLifecycle(settings, KafkaSettings(), models, metrics, url)
+    lifecycle = WorkerLifecycle(settings, tree.kafka, models, metrics, url, tree.home)
     config = ServiceConfig(
         worker_id=settings.worker_id,
         keyring=keyring(settings.api_key, settings.tenant_keys),
