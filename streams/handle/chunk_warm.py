@@ -119,9 +119,8 @@ def _asked(p: HandlerDeps, tenant: str, doc_id: str | None = None) -> list[
         if op.tenant == tenant:
             asked.setdefault(h, (list(op.chunk_refs), 1.0))
     if doc_id is not None:
-        links = p.tables.doc_prefixes.get(doc_key(tenant, doc_id)) or {}
-        for h, refs in links.items():
-            asked.setdefault(h, ([ChunkRef.model_validate(r) for r in refs], 1.0))
+        for h, refs in p.tables.dependents(doc_key(tenant, doc_id)).items():
+            asked.setdefault(h, (refs, 1.0))
     return list(asked.values())
 
 

@@ -16,7 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from schemas import WarmupCommand
+from schemas import ChunkRef, WarmupCommand
 from streams.decide.asks import AskLog
 from streams.decide.chunks import WarmedChunks
 from streams.decide.fleet import EpochCheck, mark_stale
@@ -114,6 +114,12 @@ class StreamTables:
     @property
     def worker_states(self) -> Rows[WorkerState]:
         return Rows(self.workers, WorkerState)
+
+    def dependents(self, key: str) -> dict[str, list[ChunkRef]]:
+        """The prefixes built from document `key`'s chunks, each with its chunk refs (the
+        `doc_prefixes` row, decoded; `streams.decide.logic.apply_doc_link` writes it)."""
+        links = self.doc_prefixes.get(key) or {}
+        return {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
 
 
 @dataclass

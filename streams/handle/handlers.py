@@ -9,8 +9,7 @@ simulated clock, so both run this same code.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from schemas import ChunkRef, KbChange, QueryEvent, WorkerEvent
 from schemas.prefix import prefix_kv_bytes
@@ -31,6 +30,7 @@ from streams.handle.deps import (  # noqa: F401 - re-exported: the handlers' inp
     HandlerDeps,
     Outbox,
     Readiness,
+    Rows,
     StreamTables,
     Table,
 )
@@ -81,17 +81,17 @@ async def on_kb_change(p: HandlerDeps, change: KbChange) -> None:
 # across documents, then each change recorded in order as `on_kb_change` records one.
 
 
-def live_changes(docs: Mapping[str, Any], changes: Sequence[KbChange]) -> list[bool]:
+def live_changes(docs: Rows[DocState], changes: Sequence[KbChange]) -> list[bool]:
     """Per change, whether it is newer than the docs table and the batch's earlier changes
-    of its document (`docs`: doc_key -> stored DocState JSON); older ones index nothing."""
+    of its document; older ones index nothing."""
     newest: dict[str, int] = {}
     live = []
     for change in changes:
         key = doc_key(change.tenant, change.doc_id)
         version = newest.get(key)
         if version is None:
-            raw = docs.get(key)
-            version = DocState.model_validate(raw).version if raw else None
+            prior = docs.get(key)
+            version = prior.version if prior is not None else None
         stale = change.is_stale(version)
         live.append(not stale)
         if not stale:
@@ -102,7 +102,7 @@ def live_changes(docs: Mapping[str, Any], changes: Sequence[KbChange]) -> list[b
 async def index_batch(p: HandlerDeps, changes: Sequence[KbChange]) -> list[dict[str, str] | None]:
     """Index the live changes in one call, in order; per change its chunk hashes after it
     (None: older than what the table or the store holds)."""
-    live = live_changes(p.tables.docs, changes)
+    live = live_changes(p.tables.doc_states, changes)
     todo = [c for c, ok in zip(changes, live, strict=True) if ok]
     indexed = iter(await p.blocking(p.rag.index_many, todo) if todo else [])
     if todo:
@@ -148,8 +148,7 @@ async def apply_indexed(
         p.applying.pop((key, change.version), None)
         p.stats["stale_events"] += 1
         return
-    links = p.tables.doc_prefixes.get(key) or {}
-    dependents = {h: [ChunkRef.model_validate(r) for r in refs] for h, refs in links.items()}
+    dependents = p.tables.dependents(key)
     now = p.clock()
     recent, budget = edits.candidates(p, dependents, now), edits.edit_budget(p)
     plan = logic.plan_kb_change(change, prior, new_chunks, dependents, now, recent,

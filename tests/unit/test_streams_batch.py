@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import KbChange
+from streams.decide.records import DocState
 from streams.handle import handlers as h
 from tests.unit.conftest import pipeline
 
@@ -89,7 +90,7 @@ def test_an_older_change_in_the_batch_is_not_indexed() -> None:
 
 def test_live_changes_checks_the_table_first() -> None:
     docs = {"a": {"version": 5, "tenant": "default", "chunks": {}, "deleted": False}}
-    live = h.live_changes(docs, [change("a", 4), change("a", 5), change("b", 1)])
+    live = h.live_changes(h.Rows(docs, DocState), [change("a", 4), change("a", 5), change("b", 1)])
     assert live == [False, True, True]
 
 
