@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ragwarm.settings import HomeSettings, KafkaSettings, ModelSettings, keyring
+from ragwarm.settings import HomeSettings, KafkaSettings, keyring
 from streams.settings import StreamsSettings
 
 if TYPE_CHECKING:
+    from ragwarm.cli.tree import ConfigTree
     from ragwarm.rag_loading import LoadingRag
     from streams.shell.replica import ChunkReplica
 
@@ -218,7 +219,7 @@ def streams(web_port: int | None, loglevel: str, insecure: bool) -> None:
     check_security(settings, insecure or tree.get(SecuritySettings).insecure)
     kafka = tree.kafka
     # This process owns the embedded Qdrant store; others reach it through /ragwarm/retrieve.
-    rag = loading_rag(tree.models)
+    rag = loading_rag(tree)
     # Loading starts first: importing torch is the longest part of a restart (issue 40). A
     # model or index that will not open stops the app (SIGTERM: Faust leaves its group
     # cleanly) and the command fails with the reason, as when it was loaded before Faust.
@@ -241,7 +242,7 @@ def streams(web_port: int | None, loglevel: str, insecure: bool) -> None:
             raise click.ClickException(f"streams: the RAG layer failed to load: {rag.error}")
 
 
-def loading_rag(models: ModelSettings) -> LoadingRag:
+def loading_rag(tree: ConfigTree) -> LoadingRag:
     """The RAG layer, to load beside Faust's start (`ragwarm.rag_loading`). The model
     directories are checked here, so a missing model fails at once with its hint."""
     from rag.settings import RagSettings
@@ -250,9 +251,10 @@ def loading_rag(models: ModelSettings) -> LoadingRag:
     from ragwarm.rag_port import RagService
     from ragwarm.settings import qdrant_settings
 
+    models = tree.models
     llm_dir(models=models)
     embed_model_dir(models)
-    rag, qdrant = RagSettings(), qdrant_settings()
+    rag, qdrant = tree.get(RagSettings), qdrant_settings(tree.home)
     return LoadingRag(
         lambda on_part: RagService.open(models, rag, qdrant, on_part),
         RagService.params_of(models, rag),
